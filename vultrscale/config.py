@@ -1,0 +1,547 @@
+"""Typed, frozen configuration: ``load(path, env, flags)`` and a validation that lists every problem.
+
+Precedence: command-line flag > environment > config file > default (DESIGN §3). Secrets come
+only from the environment or a ``.env`` file next to the config file, never from the TOML.
+Settings can also be given in the environment as ``VULTRSCALE_<SECTION>_<KEY>``
+(``VULTRSCALE_POLICY_MAX_INSTANCES=3``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from vultrscale.errors import ConfigError
+
+DEFAULT_API_URL = "https://api.vultr.com"
+DEFAULT_CONFIG_NAME = "vultrscale.toml"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+_APP = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def parse_duration(value: object, key: str = "duration") -> timedelta:
+    """Parse ``90s``, ``5m``, ``1h``, ``1.5h``, ``250ms``; a bare number means seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"{key}: expected a duration like 90s, 5m or 1h, got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"{key}: a duration cannot be negative ({value})")
+        return timedelta(seconds=float(value))
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+    raise ValueError(f"{key}: expected a duration like 90s, 5m or 1h, got {value!r}")
+
+
+def format_duration(td: timedelta) -> str:
+    seconds = td.total_seconds()
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+class Secret:
+    """A string that never shows itself in repr, str or format."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __repr__(self) -> str:
+        return "Secret('***')" if self._value else "Secret('')"
+
+    def __str__(self) -> str:
+        return "***" if self._value else ""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def mask_url(url: str) -> str:
+    """A database URL with its password replaced by ``***`` (``postgresql://u:***@h/db``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "***"
+    if parts.password is None and "password=" not in (parts.query or ""):
+        return url
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hostinfo = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{hostinfo}"
+    query = re.sub(r"(password=)[^&]*", r"\1***", parts.query or "")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    name: str = "workers"
+    region: str = "ewr"
+    plan: str = "vc2-1c-2gb"
+    snapshot_id: str = ""
+    tag: str = "vultrscale-workers"
+    label_prefix: str = "worker"
+    service: str = "worker"
+    ssh_user: str = "worker"
+    ssh_key: str = "~/.ssh/vultrscale_ed25519"
+    ssh_port: int = 22
+    ssh_address: str = "main_ip"
+    vpc_ids: tuple[str, ...] = ()
+    firewall_group_id: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    app: str = "myjobs:handle"
+    concurrency: int = 4
+    drain_seconds: float = 20.0
+    lease_seconds: float = 60.0
+    queue: str = "default"
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    preset: str = "vultrscale"
+    jobs_per_instance: int = 4
+    queue: str = ""  # empty: every queue of the preset's table
+    ready_sql: str = ""
+    in_flight_sql: str = ""
+    oldest_ready_seconds_sql: str = ""
+
+
+@dataclass(frozen=True)
+class FloorConfig:
+    cron: str
+    timezone: str = "UTC"
+    min_instances: int = 1
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    min_instances: int = 0
+    max_instances: int = 5
+    scale_up_cooldown: timedelta = timedelta(seconds=60)
+    scale_down_cooldown: timedelta = timedelta(minutes=5)
+    idle_before_scale_down: timedelta = timedelta(seconds=90)
+    max_step_up: int = 0
+    boot_timeout: timedelta = timedelta(minutes=15)
+    billing_hour_aware: bool = True
+    on_signal_error: str = "hold"
+    floor: tuple[FloorConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    monthly_ceiling_usd: float = 50.0
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    timeout: timedelta = timedelta(minutes=5)
+    poll_interval: timedelta = timedelta(seconds=10)
+    unreachable_grace: timedelta = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class Secrets:
+    api_key: Secret = field(default_factory=lambda: Secret(""))
+    database_url: Secret = field(default_factory=lambda: Secret(""))
+    worker_database_url: Secret = field(default_factory=lambda: Secret(""))
+
+    def values(self) -> list[str]:
+        """Every secret string, including the password inside the database URLs."""
+        out = []
+        for s in (self.api_key, self.database_url, self.worker_database_url):
+            v = s.reveal()
+            if v:
+                out.append(v)
+                try:
+                    pw = urlsplit(v).password
+                except ValueError:
+                    pw = None
+                if pw:
+                    out.append(pw)
+        return out
+
+
+@dataclass(frozen=True)
+class Config:
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    secrets: Secrets = field(default_factory=Secrets)
+    api_url: str = DEFAULT_API_URL
+    source: str = "defaults"  # which file (if any) the values came from
+
+    @property
+    def worker_database_url(self) -> Secret:
+        """The address the workers use: WORKER_DATABASE_URL, else DATABASE_URL."""
+        return self.secrets.worker_database_url or self.secrets.database_url
+
+    def masked(self) -> dict[str, Any]:
+        """The resolved configuration as plain data with every secret masked."""
+        out: dict[str, Any] = {}
+        for section in ("fleet", "worker", "queue", "policy", "budget", "drain"):
+            out[section] = _plain(getattr(self, section))
+        db = self.secrets.database_url.reveal()
+        wdb = self.secrets.worker_database_url.reveal()
+        out["environment"] = {
+            "VULTR_API_URL": self.api_url,
+            "VULTR_API_KEY": "*** (set)" if self.secrets.api_key else "(not set)",
+            "DATABASE_URL": mask_url(db) if db else "(not set)",
+            "WORKER_DATABASE_URL": mask_url(wdb) if wdb else "(not set: DATABASE_URL is used)",
+        }
+        out["source"] = self.source
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+_SECTIONS: dict[str, type] = {
+    "fleet": FleetConfig,
+    "worker": WorkerConfig,
+    "queue": QueueConfig,
+    "policy": PolicyConfig,
+    "budget": BudgetConfig,
+    "drain": DrainConfig,
+}
+_ENV_SECRETS = ("VULTR_API_KEY", "DATABASE_URL", "WORKER_DATABASE_URL", "VULTR_API_URL")
+
+
+def resolve_config_path(explicit: str | None, env: Mapping[str, str]) -> tuple[Path, bool]:
+    """The config file to read and whether it must exist (named explicitly)."""
+    if explicit:
+        return Path(explicit).expanduser(), True
+    if env.get("VULTRSCALE_CONFIG"):
+        return Path(env["VULTRSCALE_CONFIG"]).expanduser(), True
+    return Path(DEFAULT_CONFIG_NAME), False
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of a .env file (``export`` and quotes allowed); absent file: empty."""
+    if not path.is_file():
+        return {}
+    from dotenv import dotenv_values
+
+    return {k: v for k, v in dotenv_values(path).items() if v is not None}
+
+
+def load(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    *,
+    require_file: bool | None = None,
+) -> Config:
+    """Load and validate the configuration. Raises ConfigError listing every problem.
+
+    ``path`` None means: ``$VULTRSCALE_CONFIG``, else ``./vultrscale.toml`` if present.
+    ``flags`` maps dotted keys (``"policy.max_instances"``) to values given on the command line.
+    """
+    env = dict(os.environ if env is None else env)
+    if path is None:
+        cfg_path, must_exist = resolve_config_path(None, env)
+    else:
+        cfg_path, must_exist = Path(path).expanduser(), True
+    if require_file is not None:
+        must_exist = require_file
+
+    problems: list[str] = []
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if cfg_path.is_file():
+        try:
+            data = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+            source = str(cfg_path)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(
+                [f"{cfg_path} is not valid TOML: {exc}"],
+                hint="Fix the TOML syntax (strings in quotes, one key per line).",
+            ) from None
+        except OSError as exc:
+            raise ConfigError([f"cannot read {cfg_path}: {exc.strerror}"]) from None
+    elif must_exist:
+        raise ConfigError(
+            [f"config file {cfg_path} does not exist"],
+            hint="Pass an existing file with --config, or unset VULTRSCALE_CONFIG to use defaults.",
+        )
+
+    # .env next to the config file (or in the working directory): weaker than the real env.
+    dotenv = read_dotenv(cfg_path.parent / ".env" if source != "defaults" else Path(".env"))
+    merged_env = {**dotenv, **env}
+
+    if "secrets" in data or any(k in data for k in ("api_key", "database_url")):
+        problems.append(
+            "secrets are not read from the config file: set VULTR_API_KEY and DATABASE_URL "
+            "in the environment or .env instead"
+        )
+        data = {k: v for k, v in data.items() if k not in ("secrets", "api_key", "database_url")}
+
+    for key in data:
+        if key not in _SECTIONS:
+            problems.append(f"unknown section [{key}] (known: {', '.join(_SECTIONS)})")
+
+    # Environment overrides: VULTRSCALE_<SECTION>_<KEY>.
+    layered: dict[str, dict[str, Any]] = {
+        s: dict(data.get(s, {})) if isinstance(data.get(s), dict) else {} for s in _SECTIONS
+    }
+    for s in _SECTIONS:
+        if s in data and not isinstance(data[s], dict):
+            problems.append(f"[{s}] must be a table")
+    for name, value in merged_env.items():
+        if not name.startswith("VULTRSCALE_") or name == "VULTRSCALE_CONFIG":
+            continue
+        rest = name[len("VULTRSCALE_") :].lower()
+        section, _, key = rest.partition("_")
+        if section in _SECTIONS and key:
+            layered[section][key] = _from_env(value)
+    for dotted, value in (flags or {}).items():
+        if value is None:
+            continue
+        section, _, key = dotted.partition(".")
+        layered.setdefault(section, {})[key] = value
+
+    built: dict[str, Any] = {}
+    for section, cls in _SECTIONS.items():
+        built[section] = _build_section(section, cls, layered[section], problems)
+
+    api_url = merged_env.get("VULTR_API_URL", "") or DEFAULT_API_URL
+    if not re.match(r"^https?://[^\s/]+", api_url):
+        problems.append(
+            f"VULTR_API_URL: {api_url!r} is not an http(s) URL (example: https://api.vultr.com)"
+        )
+    secrets = Secrets(
+        api_key=Secret(merged_env.get("VULTR_API_KEY", "").strip()),
+        database_url=Secret(merged_env.get("DATABASE_URL", "").strip()),
+        worker_database_url=Secret(merged_env.get("WORKER_DATABASE_URL", "").strip()),
+    )
+    cfg = None
+    if not problems:
+        cfg = Config(**built, secrets=secrets, api_url=api_url.rstrip("/"), source=source)
+        problems.extend(validate(cfg))
+    if problems:
+        raise ConfigError(problems)
+    assert cfg is not None
+    return cfg
+
+
+def _from_env(value: str) -> Any:
+    """Environment values are strings; let TOML read numbers and booleans."""
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
+
+
+def _build_section(section: str, cls: type, raw: dict[str, Any], problems: list[str]) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        where = f"{section}.{key}"
+        f = fields.get(key)
+        if f is None:
+            known = ", ".join(fields)
+            problems.append(f"{where}: unknown key (known in [{section}]: {known})")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        try:
+            if key == "floor":
+                kwargs[key] = _build_floors(value, problems)
+            else:
+                kwargs[key] = _coerce(where, value, default)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return cls(**kwargs)
+
+
+def _coerce(where: str, value: Any, default: Any) -> Any:
+    if isinstance(default, timedelta):
+        return parse_duration(value, where)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{where}: expected true or false, got {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{where}: expected a whole number, got {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    if isinstance(default, tuple):
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ValueError(f"{where}: expected a list of strings, got {value!r}")
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{where}: expected a string, got {value!r}")
+
+
+def _build_floors(value: Any, problems: list[str]) -> tuple[FloorConfig, ...]:
+    if not isinstance(value, list):
+        raise ValueError("policy.floor: expected [[policy.floor]] tables with cron and min_instances")
+    floors = []
+    for i, item in enumerate(value):
+        where = f"policy.floor[{i}]"
+        if not isinstance(item, dict):
+            problems.append(f"{where}: expected a table with cron, timezone, min_instances")
+            continue
+        unknown = set(item) - {"cron", "timezone", "min_instances"}
+        for key in sorted(unknown):
+            problems.append(f"{where}.{key}: unknown key (known: cron, timezone, min_instances)")
+        cron = item.get("cron")
+        if not isinstance(cron, str):
+            problems.append(f"{where}.cron: required, e.g. \"* 8-18 * * mon-fri\"")
+            continue
+        tz = item.get("timezone", "UTC")
+        n = item.get("min_instances", 1)
+        if not isinstance(tz, str):
+            problems.append(f"{where}.timezone: expected a name like \"Europe/Berlin\"")
+            continue
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            problems.append(f"{where}.min_instances: expected a whole number >= 0, got {n!r}")
+            continue
+        floors.append(FloorConfig(cron=cron, timezone=tz, min_instances=n))
+    return tuple(floors)
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every problem with a built config, each naming its key. Empty list: valid."""
+    p: list[str] = []
+    f, w, q, pol, b, d = cfg.fleet, cfg.worker, cfg.queue, cfg.policy, cfg.budget, cfg.drain
+    if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", f.name):
+        p.append(f"fleet.name: {f.name!r} must be 1-64 letters, digits, '.', '_' or '-'")
+    if not f.region:
+        p.append('fleet.region: required (a Vultr region id such as "ewr")')
+    if not f.plan:
+        p.append('fleet.plan: required (a Vultr plan id such as "vc2-1c-2gb")')
+    if not f.tag:
+        p.append("fleet.tag: required: every instance the fleet owns carries it")
+    if not _LABEL_PREFIX.match(f.label_prefix):
+        p.append(f"fleet.label_prefix: {f.label_prefix!r} must be lowercase letters, digits, '-'")
+    if not SERVICE_NAME.match(f.service):
+        p.append(f"fleet.service: {f.service!r} is not a valid systemd unit name")
+    if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", f.ssh_user):
+        p.append(f"fleet.ssh_user: {f.ssh_user!r} is not a valid user name")
+    if not 1 <= f.ssh_port <= 65535:
+        p.append(f"fleet.ssh_port: {f.ssh_port} must be between 1 and 65535")
+    if f.ssh_address not in ("main_ip", "internal_ip"):
+        p.append(f"fleet.ssh_address: {f.ssh_address!r} must be main_ip or internal_ip")
+    if not _APP.match(w.app):
+        p.append(f"worker.app: {w.app!r} must be MODULE:FUNC, e.g. myjobs:handle")
+    if w.concurrency < 1:
+        p.append(f"worker.concurrency: {w.concurrency} must be at least 1")
+    if w.lease_seconds < 3:
+        p.append(f"worker.lease_seconds: {w.lease_seconds:g} must be at least 3")
+    if w.drain_seconds < 0:
+        p.append(f"worker.drain_seconds: {w.drain_seconds:g} must be >= 0")
+    if not _QUEUE_NAME.match(w.queue):
+        p.append(f"worker.queue: {w.queue!r} must be 1-64 letters, digits, '_', '.', ':' or '-'")
+    if q.preset not in ("vultrscale", "procrastinate", "pgqueuer", "custom"):
+        p.append(
+            f"queue.preset: {q.preset!r} must be one of vultrscale, procrastinate, pgqueuer, custom"
+        )
+    if q.preset == "custom":
+        for key in ("ready_sql", "in_flight_sql", "oldest_ready_seconds_sql"):
+            if not getattr(q, key).strip():
+                p.append(f"queue.{key}: required with preset = \"custom\" (a query returning one number)")
+    if q.jobs_per_instance < 1:
+        p.append(f"queue.jobs_per_instance: {q.jobs_per_instance} must be at least 1")
+    if pol.min_instances < 0:
+        p.append(f"policy.min_instances: {pol.min_instances} must be >= 0")
+    if pol.max_instances < 0:
+        p.append(f"policy.max_instances: {pol.max_instances} must be >= 0")
+    if pol.min_instances > pol.max_instances:
+        p.append(
+            f"policy.min_instances ({pol.min_instances}) is above policy.max_instances "
+            f"({pol.max_instances}): raise the cap or lower the floor"
+        )
+    if pol.max_step_up < 0:
+        p.append(f"policy.max_step_up: {pol.max_step_up} must be >= 0 (0 means no limit)")
+    if pol.on_signal_error not in ("hold", "floor"):
+        p.append(f"policy.on_signal_error: {pol.on_signal_error!r} must be hold or floor")
+    if pol.boot_timeout <= timedelta(0):
+        p.append("policy.boot_timeout: must be longer than 0s")
+    for i, fl in enumerate(pol.floor):
+        where = f"policy.floor[{i}]"
+        try:
+            ZoneInfo(fl.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            p.append(f"{where}.timezone: unknown time zone {fl.timezone!r} (e.g. \"Europe/Berlin\")")
+        problem = cron_problem(fl.cron)
+        if problem:
+            p.append(f"{where}.cron: {problem}")
+        if fl.min_instances > pol.max_instances:
+            p.append(
+                f"{where}.min_instances ({fl.min_instances}) is above policy.max_instances "
+                f"({pol.max_instances})"
+            )
+    if b.monthly_ceiling_usd <= 0:
+        p.append(f"budget.monthly_ceiling_usd: {b.monthly_ceiling_usd:g} must be above 0")
+    if d.poll_interval <= timedelta(0):
+        p.append("drain.poll_interval: must be longer than 0s")
+    stop = timeout_stop_seconds(w)
+    if d.timeout.total_seconds() < stop:
+        p.append(
+            f"drain.timeout ({format_duration(d.timeout)}) is shorter than the unit's "
+            f"TimeoutStopSec ({stop}s, from worker.drain_seconds = {w.drain_seconds:g}): "
+            "the scaler would give up before systemd does; raise drain.timeout"
+        )
+    return p
+
+
+def cron_problem(expr: str) -> str | None:
+    """None if ``expr`` is a valid five-field cron expression, else what is wrong."""
+    from croniter import croniter
+
+    if len(expr.split()) != 5:
+        return f"{expr!r} must have five fields: minute hour day month weekday"
+    if not croniter.is_valid(expr):
+        return f"{expr!r} is not a valid cron expression"
+    return None
+
+
+def timeout_stop_seconds(worker: WorkerConfig) -> int:
+    """TimeoutStopSec for the unit: the drain time plus a margin for giving jobs back."""
+    return int(worker.drain_seconds + max(10.0, worker.drain_seconds * 0.5))

