@@ -140,3 +140,31 @@ class Plan:
     @property
     def drains(self) -> tuple[Action, ...]:
         return tuple(a for a in self.actions if a.kind is ActionKind.DRAIN)
+
+
+class ServiceState(enum.StrEnum):
+    """What `systemctl is-active <service>` said on an instance."""
+
+    ACTIVE = "active"
+    ACTIVATING = "activating"
+    DEACTIVATING = "deactivating"
+    INACTIVE = "inactive"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+    @property
+    def stopped(self) -> bool:
+        """The worker is no longer running: safe to delete the instance."""
+        return self in (ServiceState.INACTIVE, ServiceState.FAILED)
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """Where and how to reach one instance's worker service over SSH."""
+
+    label: str
+    address: str
+    port: int
+    user: str
+    host_key: str  # pinned public key, OpenSSH format: "ssh-ed25519 AAAA..."
+    service: str
