@@ -113,6 +113,24 @@ def config_check(
         console.print(table)
 
 
+# --- db, worker, enqueue (the built-in queue) ------------------------------------------------
+
+_DB_HINT = "Set DATABASE_URL, e.g. export DATABASE_URL=postgresql://user:password@host:5432/db"
+
+
+def _database_url() -> str:
+    return require(os.environ.get("DATABASE_URL", "").strip(), "DATABASE_URL", _DB_HINT)
+
+
+@db_app.command("init")
+def db_init() -> None:
+    """Create or upgrade the schema (idempotent, versioned)."""
+    from vultrscale.db import schema
+
+    version = schema.migrate(_database_url())
+    typer.echo(f"Schema is at version {version}.")
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 

@@ -1,0 +1,173 @@
+"""The database schema: a versioned list of migrations applied under an advisory lock.
+
+``migrate`` is idempotent and safe to run from several processes at once: the first takes a
+transaction-scoped advisory lock, applies what is missing and records each version in
+``vultrscale_schema``; the others wait for the lock and find nothing to do.
+
+All lease and liveness times are the database's ``now()`` (DESIGN §4). The partial indexes
+cover only the rows the hot queries read (ready jobs, live leases), so claims and the scaler's
+counts stay fast when the table holds millions of finished rows.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from vultrscale.config import mask_url
+from vultrscale.errors import DatabaseError
+
+# Any constant unique to this project: hashtext('vultrscale.schema') would need a round trip.
+_LOCK_KEY = 0x76_73_63_68_65_6D  # "vschem"
+
+_V1 = """
+CREATE TABLE jobs (
+    id bigserial PRIMARY KEY,
+    queue text NOT NULL DEFAULT 'default',
+    state text NOT NULL DEFAULT 'ready'
+        CHECK (state IN ('ready', 'leased', 'succeeded', 'failed', 'dead')),
+    attempts int NOT NULL DEFAULT 0,
+    max_attempts int NOT NULL DEFAULT 3,
+    run_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz,
+    payload jsonb NOT NULL DEFAULT '{}',
+    last_error text
+);
+-- The claim walks this index in order; the scaler counts due rows from it.
+CREATE INDEX jobs_ready_idx ON jobs (queue, run_at, id) WHERE state = 'ready';
+-- Oldest ready age across every queue (the scaler may watch all queues).
+CREATE INDEX jobs_ready_run_at_idx ON jobs (run_at) WHERE state = 'ready';
+-- Depth by state without touching the finished rows.
+CREATE INDEX jobs_active_state_idx ON jobs (state) WHERE state IN ('ready', 'leased');
+
+CREATE TABLE job_leases (
+    job_id bigint PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
+    worker_id text NOT NULL,
+    leased_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    token uuid NOT NULL
+);
+CREATE INDEX job_leases_expires_idx ON job_leases (expires_at);
+CREATE INDEX job_leases_worker_idx ON job_leases (worker_id);
+
+CREATE TABLE job_steps (
+    job_id bigint REFERENCES jobs (id) ON DELETE CASCADE,
+    name text NOT NULL,
+    result jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (job_id, name)
+);
+
+CREATE TABLE workers (
+    worker_id text PRIMARY KEY,
+    instance_label text,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    last_seen timestamptz NOT NULL DEFAULT now(),
+    draining boolean NOT NULL DEFAULT false,
+    stopped_at timestamptz
+);
+CREATE INDEX workers_instance_label_idx ON workers (instance_label);
+
+CREATE TABLE fleet_instances (
+    label text PRIMARY KEY,
+    fleet text NOT NULL,
+    instance_id text UNIQUE,
+    state text NOT NULL,
+    plan text,
+    region text,
+    hourly_rate double precision,
+    monthly_cost double precision,
+    host_key text,
+    main_ip text,
+    internal_ip text,
+    created_at timestamptz NOT NULL,
+    posted_at timestamptz,
+    active_at timestamptz,
+    running_at timestamptz,
+    draining_at timestamptz,
+    deleting_at timestamptz,
+    gone_at timestamptz,
+    state_since timestamptz NOT NULL,
+    delete_attempts int NOT NULL DEFAULT 0,
+    last_error text
+);
+CREATE INDEX fleet_instances_fleet_state_idx ON fleet_instances (fleet, state);
+
+CREATE TABLE fleet_events (
+    id bigserial PRIMARY KEY,
+    fleet text NOT NULL,
+    at timestamptz NOT NULL,
+    dry_run boolean NOT NULL DEFAULT false,
+    inputs jsonb,
+    plan jsonb,
+    actions jsonb,
+    results jsonb,
+    errors jsonb,
+    exit_code int
+);
+CREATE INDEX fleet_events_fleet_at_idx ON fleet_events (fleet, at);
+
+CREATE TABLE fleet_state (
+    fleet text PRIMARY KEY,
+    snapshot_id text,
+    last_scale_up timestamptz,
+    last_scale_down timestamptz,
+    idle_since timestamptz,
+    updated_at timestamptz
+);
+
+CREATE TABLE fleet_snapshots (
+    snapshot_id text PRIMARY KEY,
+    fleet text NOT NULL,
+    description text,
+    created_at timestamptz NOT NULL,
+    status text
+);
+"""
+
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1),)
+"""(version, SQL) in order. Append new versions; never edit one that has shipped."""
+
+LATEST = MIGRATIONS[-1][0]
+
+
+def current_version(conn: psycopg.Connection) -> int:
+    """The highest applied version, 0 for a database without the schema."""
+    row = conn.execute("SELECT to_regclass('vultrscale_schema') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return 0
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM vultrscale_schema").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conninfo: str) -> int:
+    """Create or upgrade the schema; return the version the database is at afterwards."""
+    try:
+        with psycopg.connect(conninfo, connect_timeout=10) as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS vultrscale_schema ("
+                " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            have = current_version(conn)
+            for version, sql in MIGRATIONS:
+                if version <= have:
+                    continue
+                conn.execute(sql.encode())
+                conn.execute("INSERT INTO vultrscale_schema (version) VALUES (%s)", (version,))
+            return current_version(conn)
+    except psycopg.OperationalError as exc:
+        raise DatabaseError(
+            f"cannot reach the database at {mask_url(conninfo)}: {_first_line(exc)}",
+            hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
+        ) from exc
+    except psycopg.Error as exc:
+        raise DatabaseError(
+            f"migrating the schema at {mask_url(conninfo)} failed: {_first_line(exc)}",
+            hint="Check that the user may create tables in this database.",
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
