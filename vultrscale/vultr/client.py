@@ -1,0 +1,548 @@
+"""The Vultr v2 API client (httpx + tenacity): safe to call from cron.
+
+- Idempotent calls (GET, DELETE) are retried on 429 (honouring ``Retry-After``), on
+  500/502/503/504 and on connection errors and timeouts, with capped exponential backoff.
+- A POST that creates (instance, snapshot) is never replayed once it may have reached the
+  server: a 5xx, a timeout or a dropped connection raises ``AmbiguousCreate`` and the caller
+  looks the label up. Only outcomes where the server certainly did nothing are retried: a 429
+  (refused) and a connection that was never established.
+- Every request has a timeout. The API key is sent by an auth flow and never appears in a
+  repr, a log record or an exception; error texts from the server are redacted too.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import email.utils
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+import httpx
+import tenacity
+
+from vultrscale import __version__
+from vultrscale.errors import UsageError, redact
+from vultrscale.vultr.errors import (
+    AmbiguousCreate,
+    ApiUnreachable,
+    AuthError,
+    BadRequest,
+    InstanceLocked,
+    NotFound,
+    RateLimited,
+    ServerError,
+    VultrError,
+)
+from vultrscale.vultr.models import VAccount, VCharge, VInstance, VPlan, VSnapshot
+
+log = logging.getLogger("vultrscale.vultr")
+
+DEFAULT_BASE_URL = "https://api.vultr.com"
+PER_PAGE = 500  # the documented maximum: fewest requests for a large fleet
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+MAX_RETRY_AFTER = 60.0  # seconds; a larger Retry-After is capped, not obeyed blindly
+_LOCKED = re.compile(r"currently locked", re.IGNORECASE)
+# 400 "invalid instance ID" (2021), "... not found", "Server is pending destruction": all mean
+# the resource is gone or going, for calls that name a resource by id.
+_GONE = re.compile(r"invalid\b.*\bid\b|not found|pending destruction", re.IGNORECASE)
+_TAGS = re.compile(r"<[^>]*>")
+
+
+class _BearerAuth(httpx.Auth):
+    """Adds the Authorization header per request, so no client-level header holds the key."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self._key}"
+        yield request
+
+    def __repr__(self) -> str:
+        return "_BearerAuth('***')"
+
+
+class _Retry(Exception):
+    """Internal: this attempt failed in a way that is safe to repeat."""
+
+    def __init__(self, error: VultrError, retry_after: float | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retry_after = retry_after
+
+
+def _validate_base_url(base_url: str) -> str:
+    hint = "Set VULTR_API_URL to an http(s) URL such as https://api.vultr.com (without /v2)."
+    try:
+        url = httpx.URL(base_url.strip())
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise UsageError(f"Vultr API URL {base_url!r} is not a valid URL.", hint=hint) from exc
+    if url.scheme not in ("http", "https") or not url.host:
+        raise UsageError(f"Vultr API URL {base_url!r} is not an http(s) URL.", hint=hint)
+    text = str(url).rstrip("/")
+    return text[: -len("/v2")] if text.endswith("/v2") else text
+
+
+def _validate_key(api_key: str) -> str:
+    hint = "Set VULTR_API_KEY to the key shown at my.vultr.com > Account > API."
+    key = (api_key or "").strip()
+    if not key:
+        raise UsageError("VULTR_API_KEY is empty.", hint=hint)
+    if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        # The key itself is never echoed.
+        raise UsageError("VULTR_API_KEY contains spaces or non-ASCII characters.", hint=hint)
+    return key
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds (delta-seconds or an HTTP date), None when absent or bad."""
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _api_message(response: httpx.Response) -> str:
+    """The ``error`` text of a Vultr error body, in whatever key order; for a body that is not
+    JSON (an HTML 504 during maintenance), its text without tags, shortened."""
+    try:
+        body = response.json()
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, str) and error.strip():
+            return error.strip()
+        if error is not None:
+            return json.dumps(error)[:300]
+    try:
+        text = response.text
+    except (UnicodeDecodeError, LookupError):
+        text = ""
+    text = " ".join(_TAGS.sub(" ", text).split())
+    if not text:
+        return response.reason_phrase or "(empty body)"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class VultrClient:
+    """A client for the Vultr v2 API (``base_url`` without ``/v2``). Use it as a context manager
+    or call ``close()``. ``sleep`` is what waits between retries (tests inject a recorder)."""
+
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+        max_attempts: int = 5,
+        sleep: Callable[[float], None] = time.sleep,
+        user_agent: str = f"vultrscale/{__version__}",
+    ) -> None:
+        self.base_url = _validate_base_url(base_url)
+        key = _validate_key(api_key)
+        if max_attempts < 1:
+            raise UsageError(f"max_attempts must be at least 1, got {max_attempts}.")
+        if timeout <= 0:
+            raise UsageError(f"timeout must be positive, got {timeout}.")
+        self._secrets: list[str | None] = [key]
+        self.max_attempts = max_attempts
+        self.timeout = timeout
+        self._sleep = sleep
+        self._backoff = tenacity.wait_exponential_jitter(initial=0.5, max=8.0, jitter=0.25)
+        self._plans: dict[str | None, list[VPlan]] = {}
+        self.requests_made = 0
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            auth=_BearerAuth(key),
+            timeout=httpx.Timeout(timeout),
+            transport=transport,
+            headers={"User-Agent": user_agent, "Accept": "application/json"},
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"VultrClient(base_url={self.base_url!r}, api_key='***')"
+
+    def __enter__(self) -> VultrClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    # --- instances ---------------------------------------------------------------------------
+
+    def list_instances(self, tag: str | None = None, label: str | None = None) -> list[VInstance]:
+        """Every instance (all pages), optionally only those with ``tag`` and/or ``label``."""
+        params = {"tag": tag, "label": label}
+        return [VInstance.from_api(d) for d in self._paginate("/v2/instances", "instances", params)]
+
+    def get_instance(self, instance_id: str) -> VInstance:
+        """One instance. Raises NotFound (also shortly after a create: not visible yet)."""
+        body = self._call("GET", f"/v2/instances/{_seg(instance_id)}", by_id=True)
+        return VInstance.from_api(_object(body, "instance"))
+
+    def create_instance(
+        self,
+        *,
+        region: str,
+        plan: str,
+        label: str,
+        tags: Sequence[str],
+        snapshot_id: str | None = None,
+        os_id: int | None = None,
+        user_data: str | None = None,
+        hostname: str | None = None,
+        attach_vpc: Sequence[str] = (),
+        firewall_group_id: str | None = None,
+        enable_ipv6: bool = False,
+    ) -> VInstance:
+        """POST /v2/instances (202). Exactly one of ``snapshot_id``/``os_id``; ``user_data`` is
+        plain text (base64-encoded here). Raises AmbiguousCreate when the outcome is unknown:
+        look the label up before creating again."""
+        if bool(snapshot_id) == (os_id is not None):
+            raise UsageError(
+                "create_instance needs exactly one image source: snapshot_id or os_id.",
+                hint="Set fleet.snapshot_id or run `vultrscale snapshot --from-instance ID`.",
+            )
+        body: dict[str, Any] = {"region": region, "plan": plan, "label": label, "tags": list(tags)}
+        if snapshot_id:
+            body["snapshot_id"] = snapshot_id
+        if os_id is not None:
+            body["os_id"] = os_id
+        if user_data is not None:
+            body["user_data"] = base64.b64encode(user_data.encode("utf-8")).decode("ascii")
+        if hostname:
+            body["hostname"] = hostname
+        if attach_vpc:
+            body["attach_vpc"] = list(attach_vpc)
+        if firewall_group_id:
+            body["firewall_group_id"] = firewall_group_id
+        if enable_ipv6:
+            body["enable_ipv6"] = True
+        answer = self._call("POST", "/v2/instances", json_body=body, create_label=label)
+        try:
+            return VInstance.from_api(_object(answer, "instance"))
+        except VultrError as exc:
+            # Accepted, but the answer is unreadable: the instance may exist.
+            raise AmbiguousCreate(
+                f"POST /v2/instances for {label!r} succeeded but the answer was unreadable.",
+                label=label,
+            ) from exc
+
+    def delete_instance(self, instance_id: str) -> None:
+        """DELETE (204). NotFound if already gone; InstanceLocked while pending or locked."""
+        self._call("DELETE", f"/v2/instances/{_seg(instance_id)}", by_id=True)
+
+    def get_user_data(self, instance_id: str) -> str:
+        """The instance's user-data as text (decoded from base64)."""
+        body = self._call("GET", f"/v2/instances/{_seg(instance_id)}/user-data", by_id=True)
+        data = _object(body, "user_data").get("data") or ""
+        try:
+            return base64.b64decode(str(data), validate=True).decode("utf-8")
+        except (binascii.Error, ValueError) as exc:
+            raise VultrError(
+                f"User-data of instance {instance_id} is not valid base64 text."
+            ) from exc
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def create_snapshot(self, instance_id: str, description: str = "") -> VSnapshot:
+        """POST /v2/snapshots (201). AmbiguousCreate when the outcome is unknown: look the
+        description up before creating again."""
+        body = {"instance_id": instance_id, "description": description}
+        answer = self._call("POST", "/v2/snapshots", json_body=body, create_label=description)
+        try:
+            return VSnapshot.from_api(_object(answer, "snapshot"))
+        except VultrError as exc:
+            raise AmbiguousCreate(
+                "POST /v2/snapshots succeeded but the answer was unreadable.", label=description
+            ) from exc
+
+    def get_snapshot(self, snapshot_id: str) -> VSnapshot:
+        """One snapshot. Raises NotFound."""
+        body = self._call("GET", f"/v2/snapshots/{_seg(snapshot_id)}", by_id=True)
+        return VSnapshot.from_api(_object(body, "snapshot"))
+
+    def list_snapshots(self, description: str | None = None) -> list[VSnapshot]:
+        """Every snapshot (all pages), optionally only those with ``description``."""
+        params = {"description": description}
+        return [VSnapshot.from_api(d) for d in self._paginate("/v2/snapshots", "snapshots", params)]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """DELETE (204). NotFound if already gone."""
+        self._call("DELETE", f"/v2/snapshots/{_seg(snapshot_id)}", by_id=True)
+
+    # --- plans, regions, billing -------------------------------------------------------------
+
+    def list_plans(self, plan_type: str | None = None) -> list[VPlan]:
+        """Every plan (all pages) of ``plan_type`` (``vc2``, ``vhf``, ...; None: the API's
+        default). Cached for the life of this client: prices change rarely."""
+        if plan_type not in self._plans:
+            params = {"type": plan_type}
+            items = self._paginate("/v2/plans", "plans", params)
+            self._plans[plan_type] = [VPlan.from_api(d) for d in items]
+        return list(self._plans[plan_type])
+
+    def get_plan(self, plan_id: str) -> VPlan:
+        """One plan, from the cached list. Raises NotFound."""
+        for plan in self.list_plans():
+            if plan.id == plan_id:
+                return plan
+        raise NotFound(
+            f"Vultr has no plan {plan_id!r}.",
+            hint="Set fleet.plan to a plan id from GET /v2/plans, e.g. vc2-1c-2gb.",
+        )
+
+    def region_availability(self, region: str) -> set[str]:
+        """The plan ids that can be deployed in ``region`` now."""
+        body = self._call("GET", f"/v2/regions/{_seg(region)}/availability")
+        plans = body.get("available_plans") if isinstance(body, dict) else None
+        return {str(p) for p in plans} if isinstance(plans, list) else set()
+
+    def account(self) -> VAccount:
+        """The account: name, email, balance, pending charges."""
+        return VAccount.from_api(_object(self._call("GET", "/v2/account"), "account"))
+
+    def pending_charges(self) -> list[VCharge]:
+        """This month's unbilled charges, one line per product."""
+        items = self._paginate("/v2/billing/pending-charges", "pending_charges", {}, per_page=None)
+        return [VCharge.from_api(d) for d in items]
+
+    # --- transport ---------------------------------------------------------------------------
+
+    def _paginate(
+        self,
+        path: str,
+        key: str,
+        params: dict[str, Any],
+        *,
+        per_page: int | None = PER_PAGE,
+    ) -> Iterator[dict[str, Any]]:
+        """Items of every page: follow ``meta.links.next`` until it is empty."""
+        query = {k: v for k, v in params.items() if v is not None}
+        if per_page is not None:
+            query["per_page"] = per_page
+        seen: set[str] = set()
+        while True:
+            body = self._call("GET", path, params=query)
+            items = body.get(key) if isinstance(body, dict) else None
+            if not isinstance(items, list):
+                raise VultrError(f"GET {path} returned no {key!r} list.", hint=_BAD_BODY_HINT)
+            yield from (item for item in items if isinstance(item, dict))
+            meta = body.get("meta")
+            links = meta.get("links") if isinstance(meta, dict) else None
+            cursor = links.get("next") if isinstance(links, dict) else None
+            if not cursor:
+                return
+            if cursor in seen:
+                raise VultrError(f"GET {path}: the API repeated a page cursor.")
+            seen.add(cursor)
+            query["cursor"] = cursor
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json_body: dict[str, Any] | None = None,
+        by_id: bool = False,
+        create_label: str | None = None,
+    ) -> Any:
+        """One API call with retries; returns the decoded body (None for 204).
+
+        ``by_id``: the path names a resource, so a 400 "invalid ... ID" means NotFound.
+        ``create_label``: a non-idempotent create; its ambiguous failures raise AmbiguousCreate.
+        """
+        creating = create_label is not None
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_Retry),
+            stop=tenacity.stop_after_attempt(self.max_attempts),
+            wait=self._wait,
+            sleep=self._sleep,
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    number = attempt.retry_state.attempt_number
+                    response = self._send(method, path, params, json_body, number, create_label)
+                    return self._decode(method, path, response, by_id, creating, create_label)
+        except _Retry as exhausted:
+            raise exhausted.error from exhausted.__cause__
+        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, Any] | None,
+        json_body: dict[str, Any] | None,
+        attempt: int,
+        create_label: str | None,
+    ) -> httpx.Response:
+        """Send once; translate transport errors (which may carry request details) into ours."""
+        started = time.monotonic()
+        self.requests_made += 1
+        try:
+            response = self._http.request(method, path, params=params, json=json_body)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # The request never left this machine: repeating it is safe, even for a create.
+            error = ApiUnreachable(
+                f"{method} {path}: cannot connect to {self.base_url} "
+                f"({type(exc).__name__}: {self._redact(str(exc)) or 'no detail'}).",
+            )
+            self._log_attempt(method, path, type(exc).__name__, attempt, started)
+            raise _Retry(error) from exc
+        except httpx.TransportError as exc:
+            # Sent, but no answer was read (timeout, dropped connection).
+            detail = f"{type(exc).__name__}: {self._redact(str(exc)) or 'no detail'}"
+            self._log_attempt(method, path, type(exc).__name__, attempt, started)
+            if create_label is not None:
+                raise AmbiguousCreate(
+                    f"{method} {path} for {create_label!r}: no answer ({detail}); it may or may "
+                    "not have been created.",
+                    label=create_label,
+                ) from exc
+            raise _Retry(ApiUnreachable(f"{method} {path}: no answer ({detail}).")) from exc
+        self._log_attempt(method, path, response.status_code, attempt, started)
+        return response
+
+    def _decode(
+        self,
+        method: str,
+        path: str,
+        response: httpx.Response,
+        by_id: bool,
+        creating: bool,
+        create_label: str | None,
+    ) -> Any:
+        status = response.status_code
+        if 200 <= status < 300:
+            if status == 204 or not response.content:
+                return None
+            try:
+                return response.json()
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise VultrError(
+                    f"{method} {path}: the API answered {status} with a body that is not JSON.",
+                    status=status,
+                    hint=_BAD_BODY_HINT,
+                ) from exc
+        self._raise_for(method, path, response, by_id, creating, create_label)
+
+    def _raise_for(
+        self,
+        method: str,
+        path: str,
+        response: httpx.Response,
+        by_id: bool,
+        creating: bool,
+        create_label: str | None,
+    ) -> NoReturn:
+        status = response.status_code
+        message = self._redact(_api_message(response))
+        text = f"{method} {path} failed: {status} {message}"
+        if status == 401:
+            raise AuthError(
+                f"Vultr refused the API key ({status}: {message}).",
+                status=status,
+                api_message=message,
+            )
+        if status == 429:
+            # A refusal: the server did nothing, so even a create may be repeated.
+            raise _Retry(
+                RateLimited(text, status=status, api_message=message), _retry_after(response)
+            )
+        if status >= 500 and _LOCKED.search(message):
+            raise InstanceLocked(text, status=status, api_message=message)
+        if creating and status >= 500:
+            raise AmbiguousCreate(
+                f"{text}; it may or may not have been created.",
+                label=create_label,
+                status=status,
+                api_message=message,
+            )
+        if status in RETRY_STATUSES:
+            raise _Retry(
+                ServerError(text, status=status, api_message=message), _retry_after(response)
+            )
+        if status >= 500:
+            raise ServerError(text, status=status, api_message=message)
+        if status == 404 or (by_id and status == 400 and _GONE.search(message)):
+            raise NotFound(text, status=status, api_message=message)
+        hint = None
+        if status == 403:
+            hint = "The API key may lack the permission (ACL) for this action."
+        raise BadRequest(text, status=status, api_message=message, hint=hint)
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, _Retry) and exc.retry_after is not None:
+            return min(exc.retry_after, MAX_RETRY_AFTER)
+        return float(self._backoff(state))
+
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        reason = exc.error.message if isinstance(exc, _Retry) else repr(exc)
+        log.debug("retrying in %.2fs (attempt %d failed: %s)", delay, state.attempt_number, reason)
+
+    def _log_attempt(
+        self, method: str, path: str, status: int | str, attempt: int, started: float
+    ) -> None:
+        elapsed_ms = (time.monotonic() - started) * 1000
+        log.debug(
+            "%s %s -> %s (attempt %d/%d, %.0f ms)",
+            method,
+            path,
+            status,
+            attempt,
+            self.max_attempts,
+            elapsed_ms,
+        )
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._secrets)
+
+
+_BAD_BODY_HINT = "A proxy or VULTR_API_URL may point at something other than the Vultr API."
+
+
+def _object(body: Any, key: str) -> dict[str, Any]:
+    """``body[key]`` as a dict, or a VultrError saying the answer was not what Vultr sends."""
+    value = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(value, dict):
+        raise VultrError(f"The API answer has no {key!r} object.", hint=_BAD_BODY_HINT)
+    return value
+
+
+def _seg(value: str) -> str:
+    """A path segment: ids are opaque, so refuse anything that would change the path."""
+    if not value or "/" in value or value in (".", "..") or any(c.isspace() for c in value):
+        raise UsageError(f"{value!r} is not a valid Vultr id.")
+    return value
