@@ -1,0 +1,129 @@
+"""The fleet's snapshots in Postgres: which ones `vultrscale snapshot` made, and the current one.
+
+``fleet_snapshots`` lists every snapshot baked for a fleet (pending ones too, so a bake that was
+interrupted or timed out is never lost track of); ``fleet_state.snapshot_id`` is the one new
+instances boot from when ``fleet.snapshot_id`` is empty in the config. Only a ``complete``
+snapshot ever becomes the fleet's snapshot: Vultr cannot create an instance from a pending one.
+
+Each function runs in its own transaction (a savepoint when the caller already has one open)
+and translates psycopg errors into ``DatabaseError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+
+from vultrscale.config import mask_url
+from vultrscale.errors import DatabaseError
+
+COMPLETE = "complete"
+PENDING = "pending"
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """One row of ``fleet_snapshots``."""
+
+    snapshot_id: str
+    fleet: str
+    description: str | None
+    created_at: datetime
+    status: str | None
+
+
+def connect(url: str) -> psycopg.Connection:
+    """An autocommit connection to ``url``; an unreachable database is a ``DatabaseError``."""
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise DatabaseError(
+            f"cannot reach the database at {mask_url(url)}: {_first_line(exc)}",
+            hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
+        ) from exc
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as exc:
+        raise DatabaseError(
+            f"{what}: the vultrscale tables are missing ({_first_line(exc)})",
+            hint="Run `vultrscale db init` against this DATABASE_URL first.",
+        ) from exc
+    except psycopg.Error as exc:
+        raise DatabaseError(f"{what}: {_first_line(exc)}") from exc
+
+
+def record_snapshot(
+    conn: psycopg.Connection,
+    fleet: str,
+    snapshot_id: str,
+    description: str | None,
+    created_at: datetime,
+    status: str,
+) -> None:
+    """Insert or update the snapshot's row; a ``complete`` one also becomes the fleet's snapshot.
+
+    Idempotent: recording the same snapshot again updates its status (``pending`` then
+    ``complete``). A snapshot in any other status is listed but never made the fleet's one.
+    """
+    with _translated(f"recording snapshot {snapshot_id}"), conn.transaction():
+        conn.execute(
+            "INSERT INTO fleet_snapshots (snapshot_id, fleet, description, created_at, status)"
+            " VALUES (%s, %s, %s, %s, %s)"
+            " ON CONFLICT (snapshot_id) DO UPDATE SET status = EXCLUDED.status,"
+            " description = EXCLUDED.description",
+            (snapshot_id, fleet, description, created_at, status),
+        )
+        if status == COMPLETE:
+            conn.execute(
+                "INSERT INTO fleet_state (fleet, snapshot_id, updated_at) VALUES (%s, %s, now())"
+                " ON CONFLICT (fleet) DO UPDATE SET snapshot_id = EXCLUDED.snapshot_id,"
+                " updated_at = now()",
+                (fleet, snapshot_id),
+            )
+
+
+def recorded_snapshot(conn: psycopg.Connection, fleet: str) -> str | None:
+    """The snapshot id new instances of ``fleet`` boot from, or None if none was baked yet."""
+    with _translated(f"reading the snapshot of fleet {fleet!r}"):
+        row = conn.execute(
+            "SELECT snapshot_id FROM fleet_state WHERE fleet = %s", (fleet,)
+        ).fetchone()
+    return row[0] if row and row[0] else None
+
+
+def fleet_snapshots(conn: psycopg.Connection, fleet: str) -> list[FleetSnapshot]:
+    """Every snapshot recorded for ``fleet``, newest first."""
+    with _translated(f"listing the snapshots of fleet {fleet!r}"):
+        rows = conn.execute(
+            "SELECT snapshot_id, fleet, description, created_at, status FROM fleet_snapshots"
+            " WHERE fleet = %s ORDER BY created_at DESC, snapshot_id DESC",
+            (fleet,),
+        ).fetchall()
+    return [FleetSnapshot(*row) for row in rows]
+
+
+def forget_snapshot(conn: psycopg.Connection, snapshot_id: str) -> None:
+    """Remove the snapshot's row (it was deleted at Vultr, or is gone).
+
+    A fleet whose current snapshot it was is left without one rather than pointing at an image
+    that no longer exists; its next bake (or ``fleet.snapshot_id``) sets a new one.
+    """
+    with _translated(f"forgetting snapshot {snapshot_id}"), conn.transaction():
+        conn.execute("DELETE FROM fleet_snapshots WHERE snapshot_id = %s", (snapshot_id,))
+        conn.execute(
+            "UPDATE fleet_state SET snapshot_id = NULL, updated_at = now() WHERE snapshot_id = %s",
+            (snapshot_id,),
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
