@@ -51,6 +51,7 @@ class Instance:
     draining_since: datetime | None = None
     billed_usd: float = 0.0  # this calendar month
     hourly_rate: float = 0.0
+    monthly_cost: float = 0.0  # the plan's monthly cost when created; 0: use the current price
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,9 @@ class Plan:
     warnings: tuple[str, ...] = ()
     idle_since: datetime | None = None  # to persist for the next pass
     next_scale_in_at: datetime | None = None  # earliest time a scale-in could happen
+    demand: int | None = None  # ready + in flight + expired leases; None: signals unreadable
+    month_to_date_usd: float | None = None  # this UTC month's bill so far (None: price unknown)
+    committed_usd: float | None = None  # month to date + the current fleet run to month end
 
     @property
     def creates(self) -> int:

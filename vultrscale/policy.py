@@ -1,0 +1,478 @@
+"""The policy: ``decide(observation, config, now) -> Plan``. Pure: no I/O, ``now`` is an argument.
+
+Order of the decision (DESIGN §6):
+
+1. Errors first. Signals that could not be read, or an API error, hold the fleet: no scale-in,
+   no replacement, no scale-up, except that ``on_signal_error = "floor"`` may still bring the
+   fleet up to its floor. "No data" is never read as an empty queue.
+2. Instances stuck in pending or booting past ``boot_timeout`` are replaced: they stop
+   counting as capacity, so the ordinary arithmetic below creates their successor.
+3. desired = ceil((ready + in flight + expired leases) / jobs_per_instance); the fleet wants
+   max(desired, floor), clamped by ``max_instances`` and the budget rule (pending counted), by
+   the up cool-down and by ``max_step_up``. Every clamp that applied is listed in the plan.
+4. Scale-in only after the queue has been empty, with no live lease, for
+   ``idle_before_scale_down``, once the down cool-down has passed, and never below the floor.
+   Victims hold no lease; the youngest go first. With ``billing_hour_aware`` an idle instance
+   is kept until its paid hour is nearly over.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+
+from vultrscale import budget
+from vultrscale.config import Config, FloorConfig, PolicyConfig, format_duration
+from vultrscale.model import (
+    Action,
+    ActionKind,
+    Instance,
+    InstanceState,
+    Observation,
+    Plan,
+)
+
+# An idle instance is drained once it is this close to the end of its paid hour. The drain of
+# an idle worker takes seconds, but the DELETE lands one or two passes later (cron runs every
+# 30 s; a locked DELETE is retried on the next pass), and it must land before the next hour
+# starts or that hour is billed too. Five minutes is ten passes of slack; an instance that
+# misses the window keeps running until the next one, which costs nothing extra.
+BILLING_HOUR_MARGIN = timedelta(minutes=5)
+
+_BOOT_STATES = (InstanceState.PENDING, InstanceState.BOOTING)
+# Drainable: the instance exists at Vultr. A CREATING row is only an intent the reconcile pass
+# has not confirmed yet; it is settled there, not drained here.
+_DRAINABLE = (InstanceState.PENDING, InstanceState.BOOTING, InstanceState.RUNNING)
+
+
+@dataclass(frozen=True)
+class ActiveFloor:
+    """A floor that applies at ``now``: where it comes from and how many instances it asks."""
+
+    source: str
+    min_instances: int
+
+
+def active_floors(policy: PolicyConfig, now: datetime) -> list[ActiveFloor]:
+    """``policy.min_instances`` and every ``[[policy.floor]]`` whose cron matches ``now``."""
+    out = [ActiveFloor("policy.min_instances", policy.min_instances)]
+    for i, fl in enumerate(policy.floor):
+        if floor_matches(fl, now):
+            out.append(
+                ActiveFloor(f"policy.floor[{i}] ({fl.cron}, {fl.timezone})", fl.min_instances)
+            )
+    return out
+
+
+def floor_matches(floor: FloorConfig, now: datetime) -> bool:
+    """Does the floor's cron match ``now`` on the wall clock of its time zone (per minute)?
+
+    Matching the naive local wall time makes daylight-saving changes behave as a person reads
+    the cron: ``* 8-18 * * *`` starts at 08:00 local in summer and in winter; a local time that
+    does not exist (spring forward) never matches, one that happens twice matches both times.
+    """
+    local = budget.utc(now).astimezone(ZoneInfo(floor.timezone))
+    wall = local.replace(tzinfo=None, second=0, microsecond=0)
+    return bool(croniter.match(floor.cron, wall))
+
+
+def _minutes_into_paid_hour(instance: Instance, now: datetime) -> timedelta:
+    """How far ``now`` is into the instance's current billed hour."""
+    month_start, _ = budget.month_bounds(now)
+    anchor = max(budget.utc(instance.created_at or month_start), month_start)
+    return (budget.utc(now) - anchor) % budget.HOUR
+
+
+def drain_window_opens(instance: Instance, now: datetime) -> datetime:
+    """The first moment at or after ``now`` when the instance is near the end of a paid hour."""
+    into = _minutes_into_paid_hour(instance, now)
+    threshold = budget.HOUR - BILLING_HOUR_MARGIN
+    return now if into >= threshold else now + (threshold - into)
+
+
+def _age(instance: Instance, now: datetime) -> timedelta | None:
+    since = instance.created_at or instance.state_since
+    return None if since is None else budget.utc(now) - budget.utc(since)
+
+
+def _youngest_first(instance: Instance) -> tuple[float, str]:
+    created = instance.created_at or instance.state_since
+    return (-(budget.utc(created).timestamp()) if created else 0.0, instance.label)
+
+
+def _secs(td: timedelta) -> str:
+    s = max(0, math.ceil(td.total_seconds()))
+    if s < 120:
+        return f"{s}s"
+    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def _hhmm(dt: datetime) -> str:
+    return budget.utc(dt).strftime("%H:%M:%S UTC")
+
+
+def decide(observation: Observation, config: Config, now: datetime) -> Plan:
+    """Turn one observation into a plan: actions, each with its reason, and every clamp."""
+    return _Decision(observation, config, budget.utc(now)).run()
+
+
+class _Decision:
+    """One call of ``decide``; a class only to share the working lists between its steps."""
+
+    def __init__(self, obs: Observation, config: Config, now: datetime) -> None:
+        self.obs = obs
+        self.cfg = config
+        self.pol = config.policy
+        self.now = now
+        self.actions: list[Action] = []
+        self.reasons: list[str] = []
+        self.clamps: list[str] = []
+        self.warnings: list[str] = []
+
+    def run(self) -> Plan:
+        obs, pol, now = self.obs, self.pol, self.now
+        signals = None if obs.signal_error else obs.signals
+        errors = []
+        if signals is None:
+            errors.append(f"queue signals unavailable ({obs.signal_error or 'not read'})")
+        if obs.api_error:
+            errors.append(f"Vultr API error ({obs.api_error})")
+        holding = bool(errors)
+
+        capacity = [i for i in obs.instances if i.state.counts_as_capacity]
+        self.reasons.append(self._describe_capacity(capacity))
+
+        # Floor.
+        floors = active_floors(pol, now)
+        top = max(floors, key=lambda f: f.min_instances)
+        floor = top.min_instances
+        if floor:
+            self.reasons.append(f"floor {floor} from {top.source}")
+
+        # Replacements (never while holding: a stale view may only look stuck).
+        replaced: list[Instance] = []
+        if not holding:
+            replaced = self._replacements(capacity)
+        staying = [i for i in capacity if i not in replaced]
+        n_now = len(staying)
+
+        # Demand.
+        demand: int | None = None
+        if signals is not None:
+            demand = signals.demand
+            desired = math.ceil(demand / self.cfg.queue.jobs_per_instance)
+            self.reasons.append(
+                f"demand {demand} job(s) (ready {signals.ready}, in flight {signals.in_flight}, "
+                f"expired leases {signals.expired_leases}) at {self.cfg.queue.jobs_per_instance} "
+                f"per instance -> {desired} instance(s)"
+            )
+        else:
+            desired = n_now  # unknown demand: hold what there is
+
+        # Cap: max_instances and the budget rule.
+        check = None
+        if obs.price is not None:
+            check = budget.check(
+                obs,
+                obs.price,
+                self.cfg.budget.monthly_ceiling_usd,
+                now,
+                leaving=[i.label for i in replaced],
+            )
+            budget_max = max(check.max_total, 0)
+            if check.over_budget:
+                self.warnings.append(
+                    f"over budget: {check.current} instance(s) exceed the ${check.ceiling:.2f} "
+                    f"monthly ceiling ({'; '.join(check.reasons)}); no scale-up until it fits "
+                    "(nothing is removed for it)"
+                )
+        else:
+            budget_max = n_now
+            self.warnings.append(
+                "plan price unknown: the budget cannot be checked, so no instance is created"
+            )
+        cap = min(pol.max_instances, budget_max)
+
+        idle_since = self._idle_since()
+        creates = 0
+        drains: list[Instance] = []
+
+        if holding:
+            self.reasons.append("holding the fleet: " + "; ".join(errors))
+            if pol.on_signal_error == "floor" and n_now < floor:
+                want = floor
+                creates = self._scale_up(
+                    n_now, want, cap, check, why="bring the fleet to its floor"
+                )
+            elif n_now < floor:
+                self.clamps.append(
+                    f"error hold: on_signal_error=hold keeps {n_now} instance(s) below the floor "
+                    f"of {floor}"
+                )
+        else:
+            want = max(desired, floor)
+            if want > n_now:
+                why = f"the queue needs {desired}" if desired >= floor else f"the floor is {floor}"
+                creates = self._scale_up(n_now, want, cap, check, why=why)
+            drains = self._over_cap(staying, pol.max_instances)
+            if not drains and signals is not None and want < n_now:
+                drains = self._scale_in(staying, floor, desired, idle_since)
+
+        target = n_now + creates - len(drains)
+        next_in = self._next_scale_in(staying, floor, desired, idle_since, holding, drains)
+        return Plan(
+            desired=desired,
+            target=target,
+            capacity=len(capacity),
+            floor=floor,
+            cap=cap,
+            actions=tuple(self.actions),
+            reasons=tuple(self.reasons),
+            clamps=tuple(self.clamps),
+            warnings=tuple(self.warnings),
+            idle_since=idle_since,
+            next_scale_in_at=next_in,
+            demand=demand,
+            month_to_date_usd=check.month_to_date_usd if check else None,
+            committed_usd=check.committed_usd if check else None,
+        )
+
+    # --- pieces ---------------------------------------------------------------------------
+
+    def _describe_capacity(self, capacity: list[Instance]) -> str:
+        counts: dict[str, int] = {}
+        for i in capacity:
+            counts[i.state.value] = counts.get(i.state.value, 0) + 1
+        parts = ", ".join(f"{n} {s}" for s, n in counts.items())
+        leaving = sum(
+            1
+            for i in self.obs.instances
+            if i.state in (InstanceState.DRAINING, InstanceState.DELETING)
+        )
+        tail = f"; {leaving} draining or deleting, not counted" if leaving else ""
+        return f"capacity {len(capacity)}" + (f" ({parts})" if parts else "") + tail
+
+    def _idle_since(self) -> datetime | None:
+        """When the queue went idle; None when busy or when the queue could not be read."""
+        obs = self.obs
+        if obs.signals is None or obs.signal_error:
+            return None  # unknown: an outage must not count towards the idle window
+        busy_instances = any(i.live_leases for i in obs.instances)
+        if not obs.signals.idle or busy_instances:
+            return None
+        return obs.idle_since if obs.idle_since is not None else self.now
+
+    def _replacements(self, capacity: list[Instance]) -> list[Instance]:
+        out = []
+        limit = self.pol.boot_timeout
+        for inst in capacity:
+            if inst.state not in _BOOT_STATES or inst.live_leases:
+                continue
+            age = _age(inst, self.now)
+            if age is not None and age > limit:
+                out.append(inst)
+                self.actions.append(
+                    Action(
+                        ActionKind.REPLACE,
+                        f"{inst.state.value} for {_secs(age)}, past boot_timeout "
+                        f"{format_duration(limit)}: delete it; a new one is created in its place",
+                        inst.label,
+                    )
+                )
+        return out
+
+    def _scale_up(
+        self, n_now: int, want: int, cap: int, check: budget.BudgetCheck | None, *, why: str
+    ) -> int:
+        pol, obs, now = self.pol, self.obs, self.now
+        goal = want
+        if goal > pol.max_instances:
+            self.clamps.append(
+                f"cap: max_instances={pol.max_instances} limits {goal} -> {pol.max_instances}"
+            )
+            goal = pol.max_instances
+        if check is None:
+            if goal > n_now:
+                self.clamps.append(f"budget: plan price unknown, holds {goal} -> {n_now}")
+            return 0
+        if goal > check.max_total:
+            allowed = max(check.max_total, n_now)
+            rule = (
+                "(a) monthly cost"
+                if check.by_monthly <= check.by_month_end
+                else ("(b) this month's bill")
+            )
+            self.clamps.append(
+                f"budget: rule {rule} within ${check.ceiling:.2f} limits {goal} -> {allowed} "
+                f"({check.reasons[0] if rule.startswith('(a)') else check.reasons[1]})"
+            )
+            goal = allowed
+        if goal <= n_now:
+            return 0
+        if obs.last_scale_up is not None:
+            ready_at = budget.utc(obs.last_scale_up) + pol.scale_up_cooldown
+            if now < ready_at:
+                self.clamps.append(
+                    f"cool-down: scale-up waits {_secs(ready_at - now)} more "
+                    f"(scale_up_cooldown={format_duration(pol.scale_up_cooldown)} since the last "
+                    f"scale-up at {_hhmm(obs.last_scale_up)})"
+                )
+                return 0
+        n = goal - n_now
+        if pol.max_step_up and n > pol.max_step_up:
+            self.clamps.append(
+                f"max_step_up: {pol.max_step_up} limits {n} -> {pol.max_step_up} "
+                "new instance(s) this pass"
+            )
+            n = pol.max_step_up
+        reason = (
+            f"{why}; {n_now} counted (pending and booting included), creating {n} toward {goal}"
+        )
+        for _ in range(n):
+            self.actions.append(Action(ActionKind.CREATE, reason))
+        return n
+
+    def _over_cap(self, staying: list[Instance], max_instances: int) -> list[Instance]:
+        """More instances than max_instances (lowered in the config, or adopted): drain the
+        excess now, idle ones first. The budget never forces this; only the hard cap does."""
+        excess = len(staying) - max_instances
+        if excess <= 0:
+            return []
+        drainable = [i for i in staying if i.state in _DRAINABLE]
+        drainable.sort(key=lambda i: (i.live_leases, _youngest_first(i)))
+        chosen = drainable[:excess]
+        self.clamps.append(
+            f"cap: {len(staying)} instance(s) above max_instances={max_instances}; "
+            f"draining {len(chosen)}"
+        )
+        for inst in chosen:
+            lease = f", {inst.live_leases} job(s) given back" if inst.live_leases else ", idle"
+            self.actions.append(
+                Action(
+                    ActionKind.DRAIN,
+                    f"the fleet is above max_instances={max_instances}{lease}",
+                    inst.label,
+                )
+            )
+        return chosen
+
+    def _scale_in_gate(self, idle_since: datetime | None) -> tuple[datetime | None, list[str]]:
+        """The earliest time the idle window and the down cool-down allow a scale-in, and the
+        clamps that apply now. None: not idle, so no time can be given."""
+        pol, obs = self.pol, self.obs
+        if idle_since is None:
+            return None, []
+        waits: list[tuple[datetime, str]] = [
+            (
+                budget.utc(idle_since) + pol.idle_before_scale_down,
+                f"idle window: the queue has been empty since {_hhmm(idle_since)}; "
+                f"idle_before_scale_down={format_duration(pol.idle_before_scale_down)}",
+            )
+        ]
+        cd = pol.scale_down_cooldown
+        if obs.last_scale_up is not None:
+            waits.append(
+                (
+                    budget.utc(obs.last_scale_up) + cd,
+                    f"cool-down: scale_down_cooldown={format_duration(cd)} since the last "
+                    f"scale-up at {_hhmm(obs.last_scale_up)}",
+                )
+            )
+        # Drains within one unbroken idle period are one scale-in, staggered only by billing
+        # hours: the cool-down damps flapping, and an empty queue gives nothing to flap on.
+        if obs.last_scale_down is not None and budget.utc(obs.last_scale_down) < budget.utc(
+            idle_since
+        ):
+            waits.append(
+                (
+                    budget.utc(obs.last_scale_down) + cd,
+                    f"cool-down: scale_down_cooldown={format_duration(cd)} since the last "
+                    f"scale-in at {_hhmm(obs.last_scale_down)}",
+                )
+            )
+        gate = max(t for t, _ in waits)
+        clamps = [
+            f"{text}: scale-in waits {_secs(t - self.now)} more"
+            for t, text in waits
+            if t > self.now
+        ]
+        return gate, clamps
+
+    def _scale_in(
+        self, staying: list[Instance], floor: int, desired: int, idle_since: datetime | None
+    ) -> list[Instance]:
+        pol, now = self.pol, self.now
+        keep = max(floor, desired)
+        surplus = len(staying) - keep
+        if surplus <= 0:
+            return []
+        gate, clamps = self._scale_in_gate(idle_since)
+        if gate is None:
+            return []  # not idle: demand keeps every instance
+        if gate > now:
+            self.clamps.extend(clamps)
+            return []
+        # Never a busy instance for scale-in; the idle queue makes busy ones rare (a lease seen
+        # in the ledger a moment after the signals were read) and they simply stay.
+        idle = [i for i in staying if i.state in _DRAINABLE and not i.live_leases]
+        idle.sort(key=_youngest_first)
+        chosen: list[Instance] = []
+        kept_for_billing: list[tuple[Instance, datetime]] = []
+        for inst in idle:
+            if len(chosen) >= surplus:
+                break
+            if pol.billing_hour_aware:
+                opens = drain_window_opens(inst, now)
+                if opens > now:
+                    kept_for_billing.append((inst, opens))
+                    continue
+            chosen.append(inst)
+        if kept_for_billing and len(chosen) < surplus:
+            first = min(t for _, t in kept_for_billing)
+            self.clamps.append(
+                f"billing hour: {len(kept_for_billing)} idle instance(s) already paid for this "
+                f"hour are kept; the first drain is due at {_hhmm(first)} "
+                f"({format_duration(BILLING_HOUR_MARGIN)} before its hour ends)"
+            )
+        if floor and len(staying) - len(chosen) == floor and surplus > 0:
+            self.reasons.append(f"scale-in stops at the floor of {floor}")
+        for inst in chosen:
+            when = "near the end of its paid hour" if pol.billing_hour_aware else "idle"
+            self.actions.append(
+                Action(
+                    ActionKind.DRAIN,
+                    f"queue empty since {_hhmm(idle_since or now)}, no job on this instance, "
+                    f"{len(staying)} > {keep} needed; {when}",
+                    inst.label,
+                )
+            )
+        return chosen
+
+    def _next_scale_in(
+        self,
+        staying: list[Instance],
+        floor: int,
+        desired: int,
+        idle_since: datetime | None,
+        holding: bool,
+        drains: list[Instance],
+    ) -> datetime | None:
+        if holding or idle_since is None:
+            return None
+        remaining = [i for i in staying if i not in drains]
+        if len(remaining) <= max(floor, desired):
+            return None
+        gate, _ = self._scale_in_gate(idle_since)
+        if gate is None:
+            return None
+        gate = max(gate, self.now)
+        idle = [i for i in remaining if i.state in _DRAINABLE and not i.live_leases]
+        if not idle:
+            return None
+        if not self.pol.billing_hour_aware:
+            return gate
+        return min(drain_window_opens(i, gate) for i in idle)
