@@ -1,0 +1,312 @@
+"""The scaler's own tables: the fleet ledger, the pass lock, the fleet state and the events.
+
+Times written here come from the caller's clock (so a pass is testable with a fake clock);
+lease liveness is always judged by the database's ``now()`` in the signals query.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from vultrscale.model import InstanceState
+
+_LOCK_NAMESPACE = 0x56534C  # "VSL": keeps our advisory locks apart from an app's own
+
+
+def lock_key(fleet: str) -> int:
+    """A stable 32-bit key per fleet for pg_try_advisory_lock(int, int)."""
+    return zlib.crc32(fleet.encode()) & 0x7FFFFFFF
+
+
+def try_lock(conn: psycopg.Connection[Any], fleet: str) -> bool:
+    """Take the fleet's session advisory lock; False if another pass holds it."""
+    row = conn.execute(
+        "SELECT pg_try_advisory_lock(%s, %s)", (_LOCK_NAMESPACE, lock_key(fleet))
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def unlock(conn: psycopg.Connection[Any], fleet: str) -> None:
+    conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_LOCK_NAMESPACE, lock_key(fleet)))
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    label: str
+    fleet: str
+    state: InstanceState
+    instance_id: str | None
+    plan: str | None
+    region: str | None
+    hourly_rate: float | None
+    monthly_cost: float | None
+    host_key: str | None
+    main_ip: str | None
+    internal_ip: str | None
+    created_at: datetime
+    posted_at: datetime | None
+    active_at: datetime | None
+    running_at: datetime | None
+    draining_at: datetime | None
+    deleting_at: datetime | None
+    gone_at: datetime | None
+    state_since: datetime
+    delete_attempts: int
+    last_error: str | None
+
+
+_COLUMNS = (
+    "label, fleet, state, instance_id, plan, region, hourly_rate, monthly_cost, host_key, "
+    "main_ip, internal_ip, created_at, posted_at, active_at, running_at, draining_at, "
+    "deleting_at, gone_at, state_since, delete_attempts, last_error"
+)
+
+
+def _row(r: dict[str, Any]) -> LedgerRow:
+    return LedgerRow(**{**r, "state": InstanceState(r["state"])})
+
+
+def rows(
+    conn: psycopg.Connection[Any], fleet: str, *, since: datetime | None = None
+) -> list[LedgerRow]:
+    """The fleet's ledger: every row not gone, plus gone rows that ended after ``since``."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            f"SELECT {_COLUMNS} FROM fleet_instances WHERE fleet = %s "
+            "AND (state <> 'gone' OR (%s::timestamptz IS NOT NULL AND gone_at >= %s)) "
+            "ORDER BY created_at, label",
+            (fleet, since, since),
+        )
+        return [_row(r) for r in cur.fetchall()]
+
+
+def insert_intent(
+    conn: psycopg.Connection[Any],
+    *,
+    fleet: str,
+    label: str,
+    plan: str,
+    region: str,
+    hourly_rate: float,
+    monthly_cost: float,
+    host_key: str,
+    now: datetime,
+) -> None:
+    """Write the create intent before the POST, so a crash after it is found by label."""
+    conn.execute(
+        "INSERT INTO fleet_instances (label, fleet, state, plan, region, hourly_rate, "
+        "monthly_cost, host_key, created_at, state_since) "
+        "VALUES (%s, %s, 'creating', %s, %s, %s, %s, %s, %s, %s)",
+        (label, fleet, plan, region, hourly_rate, monthly_cost, host_key, now, now),
+    )
+
+
+def adopt(
+    conn: psycopg.Connection[Any],
+    *,
+    fleet: str,
+    label: str,
+    instance_id: str,
+    state: InstanceState,
+    plan: str,
+    region: str,
+    created_at: datetime,
+    now: datetime,
+    hourly_rate: float | None,
+    monthly_cost: float | None,
+) -> None:
+    """Record a tagged instance the ledger did not know (made by hand, or a lost intent)."""
+    conn.execute(
+        "INSERT INTO fleet_instances (label, fleet, state, instance_id, plan, region, "
+        "hourly_rate, monthly_cost, created_at, posted_at, state_since, last_error) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (label) DO UPDATE SET instance_id = EXCLUDED.instance_id, "
+        "state = EXCLUDED.state, state_since = EXCLUDED.state_since, gone_at = NULL",
+        (
+            label,
+            fleet,
+            state.value,
+            instance_id,
+            plan,
+            region,
+            hourly_rate,
+            monthly_cost,
+            created_at,
+            created_at,
+            now,
+            "adopted: tagged at Vultr but missing from the ledger",
+        ),
+    )
+
+
+_TRANSITION_COLUMN = {
+    InstanceState.PENDING: "posted_at",
+    InstanceState.BOOTING: "active_at",
+    InstanceState.RUNNING: "running_at",
+    InstanceState.DRAINING: "draining_at",
+    InstanceState.DELETING: "deleting_at",
+    InstanceState.GONE: "gone_at",
+}
+
+
+def transition(
+    conn: psycopg.Connection[Any],
+    label: str,
+    state: InstanceState,
+    now: datetime,
+    *,
+    instance_id: str | None = None,
+    main_ip: str | None = None,
+    internal_ip: str | None = None,
+    last_error: str | None = None,
+) -> None:
+    """Move a row to ``state`` and stamp that state's transition time (first time only)."""
+    column = _TRANSITION_COLUMN.get(state)
+    stamp = f", {column} = COALESCE({column}, %(now)s)" if column else ""
+    conn.execute(
+        "UPDATE fleet_instances SET state = %(state)s, state_since = CASE WHEN state = "
+        "%(state)s THEN state_since ELSE %(now)s END"
+        f"{stamp}, instance_id = COALESCE(%(iid)s, instance_id), "
+        "main_ip = COALESCE(%(ip)s, main_ip), internal_ip = COALESCE(%(iip)s, internal_ip), "
+        "last_error = %(err)s WHERE label = %(label)s",
+        {
+            "state": state.value,
+            "now": now,
+            "iid": instance_id,
+            "ip": main_ip,
+            "iip": internal_ip,
+            "err": last_error,
+            "label": label,
+        },
+    )
+
+
+def note_error(
+    conn: psycopg.Connection[Any], label: str, error: str, *, delete: bool = False
+) -> None:
+    extra = ", delete_attempts = delete_attempts + 1" if delete else ""
+    conn.execute(
+        f"UPDATE fleet_instances SET last_error = %s{extra} WHERE label = %s", (error, label)
+    )
+
+
+def update_address(
+    conn: psycopg.Connection[Any], label: str, main_ip: str | None, internal_ip: str | None
+) -> None:
+    conn.execute(
+        "UPDATE fleet_instances SET main_ip = COALESCE(%s, main_ip), "
+        "internal_ip = COALESCE(%s, internal_ip) WHERE label = %s",
+        (main_ip or None, internal_ip or None, label),
+    )
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    instance_label: str
+    last_seen: datetime
+    draining: bool
+    live_leases: int
+
+
+def workers_by_label(conn: psycopg.Connection[Any]) -> dict[str, WorkerView]:
+    """Per instance label: the newest worker's last heartbeat, draining flag and live leases."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            "SELECT w.instance_label, max(w.last_seen) AS last_seen, bool_or(w.draining) AS "
+            "draining, (SELECT count(*) FROM job_leases l JOIN workers w2 ON w2.worker_id = "
+            "l.worker_id WHERE w2.instance_label = w.instance_label AND l.expires_at > now()) "
+            "AS live_leases FROM workers w WHERE w.instance_label IS NOT NULL "
+            "AND w.stopped_at IS NULL GROUP BY w.instance_label"
+        )
+        return {
+            r["instance_label"]: WorkerView(
+                r["instance_label"], r["last_seen"], bool(r["draining"]), int(r["live_leases"])
+            )
+            for r in cur.fetchall()
+        }
+
+
+def mark_draining(conn: psycopg.Connection[Any], label: str, now: datetime) -> None:
+    """Mark the instance and its workers draining in one transaction, before the SSH stop."""
+    with conn.transaction():
+        transition(conn, label, InstanceState.DRAINING, now)
+        conn.execute("UPDATE workers SET draining = true WHERE instance_label = %s", (label,))
+
+
+@dataclass(frozen=True)
+class FleetState:
+    snapshot_id: str | None = None
+    last_scale_up: datetime | None = None
+    last_scale_down: datetime | None = None
+    idle_since: datetime | None = None
+
+
+def fleet_state(conn: psycopg.Connection[Any], fleet: str) -> FleetState:
+    row = conn.execute(
+        "SELECT snapshot_id, last_scale_up, last_scale_down, idle_since FROM fleet_state "
+        "WHERE fleet = %s",
+        (fleet,),
+    ).fetchone()
+    return FleetState(*row) if row else FleetState()
+
+
+def save_fleet_state(
+    conn: psycopg.Connection[Any],
+    fleet: str,
+    now: datetime,
+    *,
+    last_scale_up: datetime | None,
+    last_scale_down: datetime | None,
+    idle_since: datetime | None,
+) -> None:
+    conn.execute(
+        "INSERT INTO fleet_state (fleet, last_scale_up, last_scale_down, idle_since, updated_at) "
+        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (fleet) DO UPDATE SET "
+        "last_scale_up = EXCLUDED.last_scale_up, last_scale_down = EXCLUDED.last_scale_down, "
+        "idle_since = EXCLUDED.idle_since, updated_at = EXCLUDED.updated_at",
+        (fleet, last_scale_up, last_scale_down, idle_since, now),
+    )
+
+
+def record_event(
+    conn: psycopg.Connection[Any],
+    *,
+    fleet: str,
+    at: datetime,
+    dry_run: bool,
+    inputs: dict[str, Any],
+    plan: dict[str, Any],
+    actions: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    errors: list[str],
+    exit_code: int,
+) -> None:
+    """One row per pass: what it saw, decided, did, and what went wrong."""
+
+    def js(v: Any) -> str:
+        return json.dumps(v, default=str)
+
+    conn.execute(
+        "INSERT INTO fleet_events (fleet, at, dry_run, inputs, plan, actions, results, errors, "
+        "exit_code) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (fleet, at, dry_run, js(inputs), js(plan), js(actions), js(results), js(errors), exit_code),
+    )
+
+
+def events(
+    conn: psycopg.Connection[Any], fleet: str, since: datetime, limit: int = 1000
+) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            "SELECT id, at, dry_run, inputs, plan, actions, results, errors, exit_code "
+            "FROM fleet_events WHERE fleet = %s AND at >= %s ORDER BY at, id LIMIT %s",
+            (fleet, since, limit),
+        )
+        return list(cur.fetchall())
