@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Turn a fresh Debian or Ubuntu instance into a vultrscale worker base image.
+#
+#   scp -r cloud-init/ root@HOST:/root/vultrscale-cloud-init
+#   ssh root@HOST 'APP_SPEC="myjobs==1.2" bash /root/vultrscale-cloud-init/bake.sh'
+#   vultrscale snapshot --from-instance <instance id>
+#
+# Safe to run again: every step checks before it changes anything.
+# Settings (environment):
+#   WORKER_USER      login user for the scaler and the unit (default: worker; = fleet.ssh_user)
+#   WORKER_SERVICE   unit name (default: worker; = fleet.service)
+#   VULTRSCALE_SPEC  what pip installs for vultrscale (default: vultrscale)
+#   APP_SPEC         what pip installs for your job handlers (default: nothing)
+#   VENV             virtualenv (default: /opt/vultrscale/venv)
+set -euo pipefail
+
+WORKER_USER="${WORKER_USER:-worker}"
+WORKER_SERVICE="${WORKER_SERVICE:-worker}"
+VULTRSCALE_SPEC="${VULTRSCALE_SPEC:-vultrscale}"
+APP_SPEC="${APP_SPEC:-}"
+VENV="${VENV:-/opt/vultrscale/venv}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+log() { printf 'bake: %s\n' "$*"; }
+die() { printf 'bake: error: %s\n' "$*" >&2; exit 1; }
+
+[[ "$(id -u)" -eq 0 ]] || die "run as root"
+[[ "$WORKER_USER" =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "WORKER_USER '$WORKER_USER' is not a user name"
+[[ "$WORKER_SERVICE" =~ ^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$ ]] || die "WORKER_SERVICE '$WORKER_SERVICE' is not a unit name"
+[[ -f "$HERE/worker.service" ]] || die "worker.service not found next to bake.sh"
+[[ -f "$HERE/sudoers-worker.tmpl" ]] || die "sudoers-worker.tmpl not found next to bake.sh"
+
+log "packages"
+export DEBIAN_FRONTEND=noninteractive
+missing=()
+for pkg in python3 python3-venv sudo openssh-server cloud-init; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    apt-get update -q
+    apt-get install -y -q "${missing[@]}"
+fi
+
+log "user $WORKER_USER"
+if ! id -u "$WORKER_USER" >/dev/null 2>&1; then
+    useradd --create-home --shell /bin/bash "$WORKER_USER"
+fi
+usermod -p '*' "$WORKER_USER"  # no password, but not locked: sshd key login must work
+install -d -m 0700 -o "$WORKER_USER" -g "$WORKER_USER" "$(getent passwd "$WORKER_USER" | cut -d: -f6)/.ssh"
+
+log "virtualenv $VENV"
+[[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip
+# shellcheck disable=SC2086  # APP_SPEC may name several requirements
+"$VENV/bin/pip" install -q --upgrade "$VULTRSCALE_SPEC" $APP_SPEC
+
+log "unit $WORKER_SERVICE.service"
+install -d -m 0755 /etc/vultrscale
+install -m 0644 "$HERE/worker.service" "/etc/systemd/system/$WORKER_SERVICE.service"
+systemctl daemon-reload
+# Enabled at boot by cloud-init once /etc/vultrscale/worker.env exists, not here.
+systemctl disable "$WORKER_SERVICE.service" >/dev/null 2>&1 || true
+
+log "sudoers"
+tmp="$(mktemp)"
+trap 'rm -f "$tmp"' EXIT
+sed -e "s|\${user}|$WORKER_USER|g" -e "s|\${service}|$WORKER_SERVICE|g" \
+    -e "s|\${systemctl}|/usr/bin/systemctl|g" "$HERE/sudoers-worker.tmpl" >"$tmp"
+visudo -cqf "$tmp" || die "the rendered sudoers rule is invalid"
+install -m 0440 -o root -g root "$tmp" /etc/sudoers.d/vultrscale-worker
+
+log "cloud-init: forget this boot so instances made from the snapshot run their user-data"
+cloud-init clean --logs
+rm -f /etc/vultrscale/worker.env
+
+log "done: power off and take a snapshot (vultrscale snapshot --from-instance <id>)"

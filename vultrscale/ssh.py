@@ -1,0 +1,428 @@
+"""The SSH drain transport: paramiko with pinned host keys, key auth and timeouts.
+
+Reconcile asks two things of an instance: ``sudo -n systemctl stop --no-block <service>`` and
+``systemctl is-active <service>``. Nothing else is ever sent. The host must present exactly the
+key the scaler generated for it at create (``HostTarget.host_key``); any other key is refused
+before a command runs. Connections are cached per target for one pass and closed by ``close()``.
+
+paramiko is imported inside the methods so that ``import vultrscale.ssh`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from vultrscale.config import SERVICE_NAME
+from vultrscale.errors import HostKeyMismatch, HostUnreachable, SSHError, UsageError
+from vultrscale.model import HostTarget, ServiceState
+
+if TYPE_CHECKING:
+    import paramiko
+
+T = TypeVar("T")
+
+# `systemctl is-active` exits 0 for these and 3 (program not running) for the others.
+_ACTIVE_STDOUT = {"active": ServiceState.ACTIVE, "reloading": ServiceState.ACTIVE}
+_NOT_RUNNING_STDOUT = {
+    "inactive": ServiceState.INACTIVE,
+    "failed": ServiceState.FAILED,
+    "activating": ServiceState.ACTIVATING,
+    "deactivating": ServiceState.DEACTIVATING,
+}
+_MAX_STDERR = 300  # characters of a remote error shown to the user
+
+
+def validate_service(service: str) -> str:
+    """``service`` if it is a plain systemd unit name; UsageError before anything is sent."""
+    if not isinstance(service, str) or not SERVICE_NAME.fullmatch(service):
+        raise UsageError(
+            f"refusing service name {service!r}: only letters, digits, '_', '.', '@' and '-' "
+            "are allowed (max 64 characters)",
+            hint='Set fleet.service to a plain unit name such as "worker".',
+        )
+    return service
+
+
+def stop_command(service: str) -> str:
+    """The exact command a drain sends."""
+    return f"sudo -n systemctl stop --no-block {validate_service(service)}"
+
+
+def is_active_command(service: str) -> str:
+    """The exact command a drain poll sends."""
+    return f"systemctl is-active {validate_service(service)}"
+
+
+def parse_is_active(stdout: str, exit_code: int) -> ServiceState:
+    """Map `systemctl is-active` output and exit code to a ServiceState."""
+    word = stdout.strip().splitlines()[0].strip() if stdout.strip() else ""
+    if exit_code == 0:
+        return _ACTIVE_STDOUT.get(word, ServiceState.UNKNOWN)
+    if exit_code == 3:
+        return _NOT_RUNNING_STDOUT.get(word, ServiceState.UNKNOWN)
+    return ServiceState.UNKNOWN
+
+
+def generate_host_key() -> tuple[str, str]:
+    """A fresh ed25519 host key: (private key in OpenSSH PEM format, ``ssh-ed25519 AAAA...``)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode("ascii")
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return private, public.decode("ascii")
+
+
+def check_key_file(key_path: str | os.PathLike[str]) -> Path:
+    """The expanded path of a private key that exists and is readable by its owner only."""
+    path = Path(key_path).expanduser()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise UsageError(
+            f"SSH private key {path} does not exist",
+            hint=f"Create one with `ssh-keygen -t ed25519 -N '' -f {path}` "
+            "or point fleet.ssh_key at your key.",
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read SSH private key {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(
+            f"SSH private key {path} is not a regular file",
+            hint="Point fleet.ssh_key at the private key file.",
+        )
+    if st.st_mode & 0o077:
+        raise UsageError(
+            f"SSH private key {path} is accessible by group or others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}); refusing to use it",
+            hint=f"chmod 600 {path}",
+        )
+    return path
+
+
+def load_private_key(key_path: str | os.PathLike[str]) -> paramiko.PKey:
+    """Load an unencrypted private key (ed25519, ECDSA or RSA). Errors never show key material."""
+    import paramiko
+
+    path = check_key_file(key_path)
+    try:
+        return paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        raise UsageError(
+            f"SSH private key {path} is encrypted with a passphrase",
+            hint="Use a key without a passphrase, dedicated to the scaler "
+            f"(`ssh-keygen -t ed25519 -N '' -f {path}`).",
+        ) from None
+    except (paramiko.SSHException, ValueError, OSError, binascii.Error):
+        raise UsageError(
+            f"SSH private key {path} could not be read as an OpenSSH or PEM private key",
+            hint="Point fleet.ssh_key at a private key made by ssh-keygen.",
+        ) from None
+
+
+def public_key_line(key_path: str | os.PathLike[str]) -> str:
+    """The scaler's public key (``ssh-ed25519 AAAA...``): ``<key>.pub`` if present, else derived."""
+    path = check_key_file(key_path)
+    pub = path.with_name(path.name + ".pub")
+    if pub.is_file():
+        fields = pub.read_text(encoding="ascii", errors="replace").split()
+        if len(fields) >= 2:
+            return f"{fields[0]} {fields[1]}"
+    key = load_private_key(path)
+    return f"{key.get_name()} {key.get_base64()}"
+
+
+def _parse_host_key(target: HostTarget) -> paramiko.PKey:
+    import paramiko
+
+    fields = (target.host_key or "").split()
+    if len(fields) < 2:
+        raise SSHError(
+            f"{target.label}: no pinned host key recorded",
+            hint="The instance's host key is stored at create; without it the scaler "
+            "will not connect. Replace the instance.",
+        )
+    try:
+        return paramiko.PKey.from_type_string(fields[0], base64.b64decode(fields[1]))
+    except (paramiko.SSHException, ValueError, binascii.Error) as exc:
+        raise SSHError(
+            f"{target.label}: the pinned host key is not a valid OpenSSH public key ({exc})",
+            hint="Replace the instance; its ledger row holds a damaged host key.",
+        ) from None
+
+
+def _where(target: HostTarget) -> str:
+    return f"{target.label} ({target.user}@{target.address}:{target.port})"
+
+
+class SSHDrain:
+    """Stop and poll worker services over SSH with pinned host keys.
+
+    One instance serves one reconcile pass: connections are opened on first use, reused for
+    later commands to the same target, and closed by ``close()`` (or ``with``).
+    """
+
+    def __init__(
+        self,
+        key_path: str,
+        *,
+        connect_timeout: float = 10.0,
+        command_timeout: float = 20.0,
+        max_parallel: int = 16,
+    ) -> None:
+        self._key = load_private_key(key_path)
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self.max_parallel = max(1, max_parallel)
+        self._clients: dict[HostTarget, paramiko.SSHClient] = {}
+        self._target_locks: dict[HostTarget, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SSHDrain(connections={len(self._clients)})"
+
+    # --- one host ------------------------------------------------------------------------
+
+    def stop(self, target: HostTarget) -> None:
+        """Ask systemd to stop the worker service and return at once (the drain runs on)."""
+        command = stop_command(target.service)
+        code, _out, err = self._run(target, command)
+        if code != 0:
+            hint = "Check the sudoers rule on the instance (cloud-init/sudoers-worker.tmpl)."
+            if "password is required" in err or "not allowed" in err:
+                hint = (
+                    f"{target.user} may not run `systemctl stop --no-block {target.service}` "
+                    "with sudo -n; install the sudoers drop-in from cloud-init/."
+                )
+            raise SSHError(
+                f"{_where(target)}: `{command}` exited {code}: {err.strip()[:_MAX_STDERR]}",
+                hint=hint,
+            )
+
+    def is_active(self, target: HostTarget) -> ServiceState:
+        """What `systemctl is-active <service>` says on the host."""
+        code, out, _err = self._run(target, is_active_command(target.service))
+        return parse_is_active(out, code)
+
+    # --- many hosts in parallel ----------------------------------------------------------
+
+    def stop_many(self, targets: Iterable[HostTarget]) -> dict[str, None | SSHError]:
+        """``stop`` on every target in parallel; per label None (sent) or the SSHError."""
+        return self._many(list(targets), self.stop)
+
+    def is_active_many(self, targets: Iterable[HostTarget]) -> dict[str, ServiceState | SSHError]:
+        """``is_active`` on every target in parallel; per label the state or the SSHError."""
+        return self._many(list(targets), self.is_active)
+
+    def _many(
+        self, targets: list[HostTarget], fn: Callable[[HostTarget], T]
+    ) -> dict[str, T | SSHError]:
+        # Every service name is checked before any host is contacted.
+        for target in targets:
+            validate_service(target.service)
+        if not targets:
+            return {}
+
+        def one(target: HostTarget) -> T | SSHError:
+            try:
+                return fn(target)
+            except SSHError as exc:
+                return exc
+
+        workers = min(self.max_parallel, len(targets))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vultrscale-ssh") as pool:
+            results = list(pool.map(one, targets))
+        return {t.label: r for t, r in zip(targets, results, strict=True)}
+
+    # --- connections ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every cached connection."""
+        with self._lock:
+            clients = list(self._clients.values())
+            self._clients.clear()
+        for client in clients:
+            client.close()
+
+    def __enter__(self) -> SSHDrain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _target_lock(self, target: HostTarget) -> threading.Lock:
+        with self._lock:
+            return self._target_locks.setdefault(target, threading.Lock())
+
+    def _client(self, target: HostTarget) -> paramiko.SSHClient:
+        with self._lock:
+            client = self._clients.get(target)
+        if client is not None:
+            transport = client.get_transport()
+            if transport is not None and transport.is_active():
+                return client
+            client.close()
+        client = self._connect(target)
+        with self._lock:
+            self._clients[target] = client
+        return client
+
+    def _connect(self, target: HostTarget) -> paramiko.SSHClient:
+        import paramiko
+
+        pinned = _parse_host_key(target)
+        client = paramiko.SSHClient()
+        name = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
+        client.get_host_keys().add(name, pinned.get_name(), pinned)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        where = _where(target)
+        try:
+            client.connect(
+                target.address,
+                port=target.port,
+                username=target.user,
+                pkey=self._key,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                channel_timeout=self.command_timeout,
+                allow_agent=False,
+                look_for_keys=False,
+            )
+        except paramiko.BadHostKeyException:
+            client.close()
+            raise HostKeyMismatch(
+                f"{where} presented a host key other than the one pinned at create; "
+                "nothing was run on it",
+                hint="Do not trust this host: it may not be the instance the scaler created. "
+                "Inspect it in the Vultr console; replace the instance if unsure.",
+            ) from None
+        except paramiko.AuthenticationException:
+            client.close()
+            raise SSHError(
+                f"{where} refused the scaler's SSH key",
+                hint=f"Authorize the public half of fleet.ssh_key for {target.user} on the "
+                "instance (the cloud-init user-data does this at boot).",
+            ) from None
+        except (
+            TimeoutError,
+            paramiko.ssh_exception.NoValidConnectionsError,
+        ) as exc:
+            client.close()
+            raise HostUnreachable(
+                f"{where} did not answer within {self.connect_timeout:g}s ({_reason(exc)})",
+                hint="The instance may still be booting or be gone; the drain retries on the "
+                "next pass.",
+            ) from None
+        except paramiko.SSHException as exc:
+            client.close()
+            text = str(exc)
+            if "banner" in text.lower():
+                raise HostUnreachable(
+                    f"{where} accepted a connection but sent no SSH banner within "
+                    f"{self.connect_timeout:g}s",
+                    hint="sshd may be overloaded or not running on that port.",
+                ) from None
+            if "host key" in text.lower():
+                raise HostKeyMismatch(
+                    f"{where} offered no host key of the pinned type; nothing was run on it",
+                    hint="The instance does not serve the key the scaler generated for it.",
+                ) from None
+            raise SSHError(f"{where}: SSH failed: {text}") from None
+        except OSError as exc:
+            client.close()
+            raise HostUnreachable(
+                f"{where} is unreachable ({_reason(exc)})",
+                hint="Check the address and the firewall group (port "
+                f"{target.port} must be open to the scaler).",
+            ) from None
+        return client
+
+    def _run(self, target: HostTarget, command: str) -> tuple[int, str, str]:
+        """Run ``command`` on ``target``: (exit code, stdout, stderr) within command_timeout."""
+        import paramiko
+
+        validate_service(target.service)
+        with self._target_lock(target):
+            client = self._client(target)
+            try:
+                return self._exec(client, command)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                # A cached connection that died between commands: one fresh try.
+                self._drop(target, client)
+                if isinstance(exc, _CommandTimeout):
+                    raise SSHError(
+                        f"{_where(target)}: `{command}` gave no answer within "
+                        f"{self.command_timeout:g}s",
+                        hint="The host is overloaded or hung; the drain retries next pass.",
+                    ) from None
+                client = self._client(target)
+                try:
+                    return self._exec(client, command)
+                except (paramiko.SSHException, OSError, EOFError) as exc2:
+                    self._drop(target, client)
+                    raise SSHError(f"{_where(target)}: `{command}` failed: {exc2}") from None
+
+    def _drop(self, target: HostTarget, client: paramiko.SSHClient) -> None:
+        with self._lock:
+            if self._clients.get(target) is client:
+                del self._clients[target]
+        client.close()
+
+    def _exec(self, client: paramiko.SSHClient, command: str) -> tuple[int, str, str]:
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise EOFError("connection closed")
+        deadline = time.monotonic() + self.command_timeout
+        channel = transport.open_session(timeout=self.command_timeout)
+        try:
+            channel.settimeout(self.command_timeout)
+            channel.exec_command(command)
+            out = _read_all(channel.recv, deadline)
+            err = _read_all(channel.recv_stderr, deadline)
+            if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
+                raise _CommandTimeout("no exit status")
+            return channel.recv_exit_status(), out, err
+        except TimeoutError as exc:
+            raise _CommandTimeout(str(exc)) from None
+        finally:
+            channel.close()
+
+
+class _CommandTimeout(OSError):
+    """A command gave no answer within command_timeout."""
+
+
+def _read_all(recv: Callable[[int], Any], deadline: float) -> str:
+    chunks: list[bytes] = []
+    while True:
+        if time.monotonic() > deadline:
+            raise _CommandTimeout("output not finished")
+        data = recv(65536)
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = getattr(exc, "strerror", None) or str(exc)
+    return text or type(exc).__name__
