@@ -27,6 +27,7 @@ import httpx
 import tenacity
 
 from vultrscale import __version__
+from vultrscale.config import Secret
 from vultrscale.errors import UsageError, redact
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
@@ -163,11 +164,15 @@ class VultrClient:
             raise UsageError(f"max_attempts must be at least 1, got {max_attempts}.")
         if timeout <= 0:
             raise UsageError(f"timeout must be positive, got {timeout}.")
-        self._secrets: list[str | None] = [key]
+        self._key = Secret(key)  # kept only to redact echoes of it
         self.max_attempts = max_attempts
         self.timeout = timeout
         self._sleep = sleep
-        self._backoff = tenacity.wait_exponential_jitter(initial=0.5, max=8.0, jitter=0.25)
+        # 0.5 s, 1 s, 2 s ... capped at 8 s, plus up to 0.25 s of jitter so that several
+        # clients behind one address do not retry in step.
+        self._backoff = tenacity.wait_exponential(multiplier=0.5, max=8.0) + tenacity.wait_random(
+            0, 0.25
+        )
         self._plans: dict[str | None, list[VPlan]] = {}
         self.requests_made = 0
         self._http = httpx.Client(
@@ -392,9 +397,11 @@ class VultrClient:
                     number = attempt.retry_state.attempt_number
                     response = self._send(method, path, params, json_body, number, create_label)
                     return self._decode(method, path, response, by_id, creating, create_label)
-        except _Retry as exhausted:
-            raise exhausted.error from exhausted.__cause__
-        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+        except _Retry as exc:
+            exhausted = exc
+        else:  # pragma: no cover
+            raise AssertionError("unreachable: tenacity either returns or raises")
+        raise exhausted.error from None  # the last attempt's error, without the retry wrapper
 
     def _send(
         self,
@@ -410,27 +417,30 @@ class VultrClient:
         self.requests_made += 1
         try:
             response = self._http.request(method, path, params=params, json=json_body)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            # The request never left this machine: repeating it is safe, even for a create.
-            error = ApiUnreachable(
-                f"{method} {path}: cannot connect to {self.base_url} "
-                f"({type(exc).__name__}: {self._redact(str(exc)) or 'no detail'}).",
-            )
-            self._log_attempt(method, path, type(exc).__name__, attempt, started)
-            raise _Retry(error) from exc
         except httpx.TransportError as exc:
-            # Sent, but no answer was read (timeout, dropped connection).
-            detail = f"{type(exc).__name__}: {self._redact(str(exc)) or 'no detail'}"
-            self._log_attempt(method, path, type(exc).__name__, attempt, started)
-            if create_label is not None:
-                raise AmbiguousCreate(
-                    f"{method} {path} for {create_label!r}: no answer ({detail}); it may or may "
-                    "not have been created.",
-                    label=create_label,
-                ) from exc
-            raise _Retry(ApiUnreachable(f"{method} {path}: no answer ({detail}).")) from exc
-        self._log_attempt(method, path, response.status_code, attempt, started)
-        return response
+            failure = exc
+        else:
+            self._log_attempt(method, path, response.status_code, attempt, started)
+            return response
+        # Raised outside the except block, so the httpx exception (which holds the request and
+        # its Authorization header) is neither the cause nor the context of ours; its type and
+        # redacted text are in our message.
+        name = type(failure).__name__
+        detail = f"{name}: {self._redact(str(failure)) or 'no detail'}"
+        self._log_attempt(method, path, name, attempt, started)
+        if isinstance(failure, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+            # The request never left this machine: repeating it is safe, even for a create.
+            raise _Retry(
+                ApiUnreachable(f"{method} {path}: cannot connect to {self.base_url} ({detail}).")
+            )
+        if create_label is not None:
+            # Sent, but no answer was read: the server may have acted on it.
+            raise AmbiguousCreate(
+                f"{method} {path} for {create_label!r}: no answer ({detail}); it may or may "
+                "not have been created.",
+                label=create_label,
+            )
+        raise _Retry(ApiUnreachable(f"{method} {path}: no answer ({detail})."))
 
     def _decode(
         self,
@@ -527,7 +537,7 @@ class VultrClient:
         )
 
     def _redact(self, text: str) -> str:
-        return redact(text, self._secrets)
+        return redact(text, [self._key.reveal()])
 
 
 _BAD_BODY_HINT = "A proxy or VULTR_API_URL may point at something other than the Vultr API."
