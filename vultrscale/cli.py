@@ -131,6 +131,41 @@ def db_init() -> None:
     typer.echo(f"Schema is at version {version}.")
 
 
+# --- cloud-init (what a new instance boots with) ---------------------------------------------
+
+
+@cloudinit_app.command("render")
+def cloudinit_render(
+    label: Annotated[
+        str | None,
+        typer.Option("--label", help="Instance label (default: <fleet.label_prefix>-preview)."),
+    ] = None,
+    show_secrets: Annotated[
+        bool,
+        typer.Option("--show-secrets", help="Print the database password and private host key."),
+    ] = False,
+) -> None:
+    """Print the user-data a new instance would get (secrets masked unless --show-secrets)."""
+    from vultrscale import cloudinit, ssh
+
+    cfg = load_config()
+    scaler_key = ssh.public_key_line(cfg.fleet.ssh_key)
+    host_private, host_public = ssh.generate_host_key()
+    text = cloudinit.render_user_data(
+        cfg,
+        label or f"{cfg.fleet.label_prefix}-preview",
+        host_private,
+        host_public,
+        scaler_key,
+        show_secrets=show_secrets,
+    )
+    typer.echo(text, nl=False)
+    typer.echo(
+        "# (host key generated for this preview; each instance gets its own at create)",
+        err=True,
+    )
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
