@@ -1,0 +1,413 @@
+"""Queue signals against real Postgres: our schema, the real Procrastinate and PgQueuer, custom SQL.
+
+The foreign presets are checked against the libraries themselves: they create their own schema,
+jobs are deferred/enqueued and run (or dequeued) with their own APIs, and our numbers are
+compared with what their own APIs report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+
+from vultrscale.config import QueueConfig
+from vultrscale.db.signals import read_signals
+from vultrscale.errors import ConfigError, DatabaseError
+
+# --- vultrscale preset ---------------------------------------------------------------------------
+
+
+def _job(conn: psycopg.Connection, queue: str, state: str, run_at: str = "now()") -> int:
+    row = conn.execute(
+        f"INSERT INTO jobs (queue, state, run_at, attempts, finished_at) VALUES (%s, %s, {run_at},"
+        " CASE WHEN %s = 'ready' THEN 0 ELSE 1 END,"
+        " CASE WHEN %s IN ('succeeded', 'failed', 'dead') THEN now() END) RETURNING id",
+        (queue, state, state, state),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _lease(conn: psycopg.Connection, job_id: int, worker: str, expires: str) -> None:
+    conn.execute(
+        "INSERT INTO job_leases (job_id, worker_id, expires_at, token)"
+        f" VALUES (%s, %s, {expires}, %s)",
+        (job_id, worker, uuid.uuid4()),
+    )
+
+
+@pytest.fixture
+def populated(db_url: str) -> str:
+    """Rows of every kind, in two queues (see the comments for what each should count as)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        # ready and due: 3 in 'default' (oldest 120 s), 1 in 'other' (300 s)
+        _job(conn, "default", "ready", "now() - interval '120 seconds'")
+        _job(conn, "default", "ready", "now() - interval '5 seconds'")
+        _job(conn, "default", "ready")
+        _job(conn, "other", "ready", "now() - interval '300 seconds'")
+        # ready but not due (backoff or scheduled): not demand yet
+        _job(conn, "default", "ready", "now() + interval '1 hour'")
+        _job(conn, "other", "ready", "now() + interval '10 minutes'")
+        # live leases: w1 holds 2, w2 holds 1 in 'default'; w3 holds 1 in 'other'
+        for worker in ("w1", "w1", "w2"):
+            _lease(conn, _job(conn, "default", "leased"), worker, "now() + interval '60 seconds'")
+        _lease(conn, _job(conn, "other", "leased"), "w3", "now() + interval '60 seconds'")
+        # expired, not reaped: 2 in 'default' (w1 and a dead w9), 1 in 'other'
+        _lease(conn, _job(conn, "default", "leased"), "w1", "now() - interval '1 second'")
+        _lease(conn, _job(conn, "default", "leased"), "w9", "now() - interval '10 minutes'")
+        _lease(conn, _job(conn, "other", "leased"), "w9", "now() - interval '2 seconds'")
+        # finished: never counted
+        for state in ("succeeded", "succeeded", "failed", "dead"):
+            _job(conn, "default", state, "now() - interval '1 day'")
+        _job(conn, "other", "succeeded", "now() - interval '2 days'")
+    return db_url
+
+
+def test_vultrscale_all_queues(populated: str) -> None:
+    s = read_signals(populated, QueueConfig(preset="vultrscale"))
+    assert s.ready == 4
+    assert s.in_flight == 4
+    assert s.expired_leases == 3
+    assert s.leases_by_worker == {"w1": 2, "w2": 1, "w3": 1}
+    assert 300 <= s.oldest_ready_seconds < 330
+    assert s.demand == 11
+
+
+def test_vultrscale_one_queue(populated: str) -> None:
+    s = read_signals(populated, QueueConfig(preset="vultrscale", queue="default"))
+    assert s.ready == 3
+    assert s.in_flight == 3
+    assert s.expired_leases == 2
+    assert s.leases_by_worker == {"w1": 2, "w2": 1}
+    assert 120 <= s.oldest_ready_seconds < 150
+
+
+def test_vultrscale_empty_queue_is_zero_not_missing(db_url: str) -> None:
+    s = read_signals(db_url, QueueConfig(preset="vultrscale"))
+    assert (s.ready, s.in_flight, s.expired_leases, s.oldest_ready_seconds) == (0, 0, 0, 0.0)
+    assert s.leases_by_worker == {}
+
+
+def test_vultrscale_on_open_connection_leaves_it_usable(populated: str) -> None:
+    with psycopg.connect(populated) as conn:  # not autocommit
+        first = read_signals(conn, QueueConfig(preset="vultrscale", queue="other"))
+        assert (first.ready, first.in_flight, first.expired_leases) == (1, 1, 1)
+        # The read ended its transaction: a write on the same connection works.
+        conn.execute(
+            "UPDATE jobs SET state = 'succeeded' WHERE queue = 'other' AND state = 'ready'"
+        )
+        conn.commit()
+        again = read_signals(conn, QueueConfig(preset="vultrscale", queue="other"))
+        assert again.ready == 0
+        assert again.oldest_ready_seconds == 0.0
+
+
+def test_connection_inside_a_transaction_is_refused(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        conn.execute("SELECT 1")  # opens a transaction
+        with pytest.raises(DatabaseError, match="no transaction in progress"):
+            read_signals(conn, QueueConfig(preset="vultrscale"))
+
+
+# --- custom preset -------------------------------------------------------------------------------
+
+
+def test_custom_preset(populated: str) -> None:
+    cfg = QueueConfig(
+        preset="custom",
+        queue="default",
+        ready_sql="SELECT count(*) FROM jobs WHERE state = 'ready' AND run_at <= now()"
+        " AND (%(queue)s::text IS NULL OR queue = %(queue)s)",
+        in_flight_sql="SELECT count(*) FROM job_leases WHERE expires_at > now()",
+        oldest_ready_seconds_sql="SELECT 42.5",
+    )
+    s = read_signals(populated, cfg)
+    assert (s.ready, s.in_flight, s.expired_leases, s.oldest_ready_seconds) == (3, 4, 0, 42.5)
+    assert s.leases_by_worker == {}
+
+
+@pytest.mark.parametrize(
+    ("oldest_sql", "message"),
+    [
+        ("SELECT NULL::float8", "returned NULL"),
+        ("SELECT 1 FROM generate_series(1, 2)", "got 2 row"),
+        ("SELECT 'soon'::text", "expected a number"),
+        ("SELECT 1 FROM jobs WHERE false", "got 0 row"),
+    ],
+    ids=["null", "two-rows", "text", "no-row"],
+)
+def test_custom_no_data_is_never_zero(db_url: str, oldest_sql: str, message: str) -> None:
+    cfg = QueueConfig(
+        preset="custom",
+        ready_sql="SELECT 0",
+        in_flight_sql="SELECT 0",
+        oldest_ready_seconds_sql=oldest_sql,
+    )
+    with pytest.raises(DatabaseError, match=message):
+        read_signals(db_url, cfg)
+
+
+def test_transaction_is_read_only(db_url: str) -> None:
+    cfg = QueueConfig(
+        preset="custom",
+        ready_sql="SELECT nextval('jobs_id_seq')",  # a write: refused in a read-only transaction
+        in_flight_sql="SELECT 0",
+        oldest_ready_seconds_sql="SELECT 0",
+    )
+    with pytest.raises(DatabaseError, match="read-only transaction"):
+        read_signals(db_url, cfg)
+
+
+def test_transaction_is_repeatable_read_and_read_only(db_url: str) -> None:
+    cfg = QueueConfig(
+        preset="custom",
+        ready_sql="SELECT (current_setting('transaction_isolation') = 'repeatable read'"
+        " AND current_setting('transaction_read_only') = 'on')::int",
+        in_flight_sql="SELECT 0",
+        oldest_ready_seconds_sql="SELECT 0",
+    )
+    assert read_signals(db_url, cfg).ready == 1
+
+
+def test_custom_without_sql_is_a_config_error(db_url: str) -> None:
+    with pytest.raises(ConfigError, match="queue.in_flight_sql"):
+        read_signals(db_url, QueueConfig(preset="custom", ready_sql="SELECT 1"))
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def test_missing_table_names_it_and_hints_at_the_preset(db_url: str) -> None:
+    with pytest.raises(DatabaseError) as info:
+        read_signals(db_url, QueueConfig(preset="procrastinate"))
+    assert "procrastinate_jobs" in info.value.message
+    assert "queue.preset" in info.value.hint
+    assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
+
+
+def test_missing_vultrscale_schema_hints_db_init(pg_url: str) -> None:
+    with pytest.raises(DatabaseError, match='"jobs" does not exist') as info:
+        read_signals(pg_url, QueueConfig(preset="vultrscale"))
+    assert "vultrscale db init" in info.value.hint
+
+
+def test_unreachable_database_hides_the_password() -> None:
+    url = "postgresql://scaler:Sup3rSecretPw@127.0.0.1:1/queue"
+    with pytest.raises(DatabaseError) as info:
+        read_signals(url, QueueConfig(preset="vultrscale"))
+    text = f"{info.value.message} {info.value.hint}"
+    assert "Sup3rSecretPw" not in text
+    assert "scaler:***@127.0.0.1:1" in text
+
+
+def test_unknown_preset(db_url: str) -> None:
+    with pytest.raises(ConfigError, match="unknown preset 'celery'"):
+        read_signals(db_url, QueueConfig(preset="celery"))
+
+
+# --- procrastinate preset (the real library) ------------------------------------------------------
+
+
+def _wait_for(check, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+    """Poll an async predicate until it is true or the deadline passes."""
+
+    async def loop() -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not await check():
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError("condition not reached before the deadline")
+            await asyncio.sleep(0.05)
+
+    return loop()
+
+
+def test_procrastinate_preset_matches_procrastinate(pg_url: str) -> None:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=pg_url))
+    release = asyncio.Event()
+
+    @app.task(name="noop", queue="fast")
+    async def noop() -> None:
+        return None
+
+    @app.task(name="block", queue="slow")
+    async def block() -> None:
+        await release.wait()
+
+    async def scenario() -> None:
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            jm = app.job_manager
+
+            for _ in range(3):
+                await noop.defer_async()  # run to completion below
+            for _ in range(2):
+                await block.defer_async()  # held 'doing' by a live worker
+            await block.configure(schedule_in={"hours": 1}).defer_async()  # not due
+            for _ in range(4):
+                await noop.configure(queue="backlog").defer_async()  # ready
+            await noop.configure(queue="backlog", schedule_in={"seconds": -90}).defer_async()
+
+            # A worker that died: registered, took one job, then stopped heartbeating.
+            dead_worker = await jm.register_worker()
+            stalled = await jm.fetch_job(queues=["backlog"], worker_id=dead_worker)
+            assert stalled is not None
+            await asyncio.to_thread(
+                _execute,
+                pg_url,
+                "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '5 minutes'"
+                " WHERE id = %s",
+                dead_worker,
+            )
+
+            worker = asyncio.create_task(
+                app.run_worker_async(
+                    queues=["fast", "slow"],
+                    concurrency=4,
+                    install_signal_handlers=False,
+                    fetch_job_polling_interval=0.05,
+                )
+            )
+            try:
+
+                async def settled() -> bool:
+                    done = await jm.list_jobs_async(status="succeeded")
+                    doing = await jm.list_jobs_async(status="doing", queue="slow")
+                    return len(list(done)) == 3 and len(list(doing)) == 2
+
+                await _wait_for(settled)
+
+                s = await asyncio.to_thread(
+                    read_signals, pg_url, QueueConfig(preset="procrastinate")
+                )
+                now = await asyncio.to_thread(_db_now, pg_url)
+                todo = list(await jm.list_jobs_async(status="todo"))
+                due = [j for j in todo if j.scheduled_at is None or j.scheduled_at <= now]
+                doing = list(await jm.list_jobs_async(status="doing"))
+                stalled_jobs = list(await jm.get_stalled_jobs(seconds_since_heartbeat=30))
+
+                assert s.ready == len(due) == 4  # 4 backlog jobs; 1 more taken by the dead worker
+                assert s.expired_leases == len(stalled_jobs) == 1
+                assert s.in_flight == len(doing) - len(stalled_jobs) == 2
+                # The live worker pruned the dead one's row at start-up (worker_id set NULL).
+                stalled_ids = {j.id for j in stalled_jobs}
+                assert stalled.id in stalled_ids
+                live_worker_ids = {j.worker_id for j in doing if j.id not in stalled_ids}
+                assert len(live_worker_ids) == 1
+                assert s.leases_by_worker == {str(live_worker_ids.pop()): 2}
+                # The -90 s scheduled job is the oldest ready one.
+                assert 90 <= s.oldest_ready_seconds < 120
+
+                only = await asyncio.to_thread(
+                    read_signals, pg_url, QueueConfig(preset="procrastinate", queue="slow")
+                )
+                assert (only.ready, only.in_flight, only.expired_leases) == (0, 2, 0)
+            finally:
+                release.set()
+                await _wait_for(
+                    lambda: _count_async(jm, "doing", "slow", 0),
+                )
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+
+            after = await asyncio.to_thread(
+                read_signals, pg_url, QueueConfig(preset="procrastinate")
+            )
+            assert after.in_flight == 0
+            assert after.leases_by_worker == {}
+            assert after.expired_leases == 1  # still stuck: Procrastinate does not requeue it
+
+    asyncio.run(scenario())
+
+
+async def _count_async(jm, status: str, queue: str, expected: int) -> bool:  # type: ignore[no-untyped-def]
+    return len(list(await jm.list_jobs_async(status=status, queue=queue))) == expected
+
+
+def _db_now(url: str) -> datetime:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+
+def _execute(url: str, query: str, *params: object) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(query, params)  # type: ignore[arg-type]
+
+
+# --- pgqueuer preset (the real library) ----------------------------------------------------------
+
+
+def test_pgqueuer_preset_matches_pgqueuer(pg_url: str) -> None:
+    from pgqueuer.adapters.persistence.queries import Queries
+    from pgqueuer.ports.repository import EntrypointExecutionParameter
+    from pgqueuer.types import QueueEntrypoint, QueueManagerId
+
+    async def scenario() -> None:
+        conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+        try:
+            q = Queries.from_psycopg_connection(conn)
+            await q.install()
+            await q.enqueue(["email"] * 6, [None] * 6, [0] * 6)
+            await q.enqueue(["report"] * 3, [None] * 3, [0] * 3)
+            await q.enqueue("email", None, execute_after=timedelta(hours=1))  # not due
+
+            timeout = timedelta(seconds=30)
+            params = {QueueEntrypoint("email"): EntrypointExecutionParameter(concurrency_limit=0)}
+            live_qm, dead_qm = QueueManagerId(uuid.uuid4()), QueueManagerId(uuid.uuid4())
+            picked_live = await q.dequeue(3, params, live_qm, None, timeout)
+            picked_dead = await q.dequeue(1, params, dead_qm, None, timeout)
+            assert len(picked_live) == 3 and len(picked_dead) == 1
+            # One of the live manager's jobs finishes: PgQueuer moves it to its log.
+            await q.log_jobs([(picked_live[0], "successful", None)])
+            # The dead manager stops heartbeating: age its job past the timeout.
+            await conn.execute(
+                "UPDATE pgqueuer SET heartbeat = now() - interval '2 minutes' WHERE id = %s",
+                (picked_dead[0].id,),
+            )
+
+            s = await asyncio.to_thread(read_signals, pg_url, QueueConfig(preset="pgqueuer"))
+            stats = await q.queue_size()
+            queued = sum(x.count for x in stats if x.status == "queued")
+            picked = sum(x.count for x in stats if x.status == "picked")
+            stale = await q.stale_jobs(timeout)
+            workers = await q.active_workers()
+
+            assert queued == 6  # 2 + 3 due, 1 in an hour
+            assert s.ready == queued - 1 == 5
+            assert s.expired_leases == len(stale) == 1
+            assert s.in_flight == picked - len(stale) == 2
+            by_manager = {str(w.queue_manager_id): w.active_jobs for w in workers}
+            assert s.leases_by_worker == {str(live_qm): 2}
+            assert by_manager == {str(live_qm): 2, str(dead_qm): 1}
+            assert 0 <= s.oldest_ready_seconds < 30
+
+            email = await asyncio.to_thread(
+                read_signals, pg_url, QueueConfig(preset="pgqueuer", queue="email")
+            )
+            assert (email.ready, email.in_flight, email.expired_leases) == (2, 2, 1)
+            # A tighter liveness window turns the live picks stale as well.
+            await conn.execute("UPDATE pgqueuer SET heartbeat = now() - interval '10 seconds'")
+            tight = await asyncio.to_thread(
+                lambda: read_signals(
+                    pg_url, QueueConfig(preset="pgqueuer"), stale_after=timedelta(seconds=5)
+                )
+            )
+            assert (tight.in_flight, tight.expired_leases) == (0, 3)
+            # PgQueuer's own dequeue re-picks exactly those stale rows: they were demand.
+            repicked = await q.dequeue(
+                10, params, QueueManagerId(uuid.uuid4()), None, timedelta(seconds=5)
+            )
+            assert len(repicked) == 2 + 3  # the 2 queued-and-due 'email' jobs + 3 stale
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
