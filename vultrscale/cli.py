@@ -131,6 +131,245 @@ def db_init() -> None:
     typer.echo(f"Schema is at version {version}.")
 
 
+@app.command("worker")
+def worker_cmd(
+    app_spec: Annotated[
+        str | None,
+        typer.Option("--app", help="Handler MODULE:FUNC (default: $VULTRSCALE_WORKER_APP)."),
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", help="Jobs run at once [default: 4].")
+    ] = None,
+    drain_seconds: Annotated[
+        float | None,
+        typer.Option("--drain-seconds", help="On SIGTERM, wait this long for jobs [default: 20]."),
+    ] = None,
+    lease_seconds: Annotated[
+        float | None,
+        typer.Option("--lease-seconds", help="Lease per job, renewed every third [default: 60]."),
+    ] = None,
+    queue_name: Annotated[
+        str | None, typer.Option("--queue", help="Queue to take jobs from [default: default].")
+    ] = None,
+    backoff_seconds: Annotated[
+        float, typer.Option("--backoff-seconds", help="First retry delay; doubles per attempt.")
+    ] = 2.0,
+) -> None:
+    """The reference worker runtime: claim, lease, heartbeat, drain on SIGTERM."""
+    from vultrscale import config as cfg_mod
+    from vultrscale.worker import runtime
+
+    flags = {
+        "worker.app": app_spec,
+        "worker.concurrency": concurrency,
+        "worker.drain_seconds": drain_seconds,
+        "worker.lease_seconds": lease_seconds,
+        "worker.queue": queue_name,
+    }
+    # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
+    env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
+    w = cfg_mod.load(_globals.config_path, env, flags).worker
+    if backoff_seconds < 0:
+        raise UsageError("--backoff-seconds must be >= 0.", hint="Pass e.g. --backoff-seconds 2.")
+    handler = runtime.load_handler(w.app)  # exit 2 before touching the database
+    conninfo = require(
+        os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
+        "DATABASE_URL",
+        _DB_HINT,
+    )
+    worker_id = os.environ.get("VULTRSCALE_WORKER_ID", "").strip() or runtime.default_worker_id()
+    settings = runtime.WorkerSettings(
+        app=w.app,
+        concurrency=w.concurrency,
+        drain_seconds=w.drain_seconds,
+        lease_seconds=w.lease_seconds,
+        queue=w.queue,
+        worker_id=worker_id,
+        instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
+        backoff_seconds=backoff_seconds,
+    )
+    runtime.Worker(settings, conninfo, handler, say=typer.echo).run()
+
+
+@app.command("enqueue")
+def enqueue_cmd(
+    count: Annotated[int, typer.Option("--count", min=1, help="How many jobs.")] = 1,
+    payload: Annotated[str, typer.Option("--payload", help="JSON payload of each job.")] = "{}",
+    queue_name: Annotated[str, typer.Option("--queue", help="Queue name.")] = "default",
+    max_attempts: Annotated[
+        int, typer.Option("--max-attempts", min=1, help="Attempts before a job is dead.")
+    ] = 3,
+) -> None:
+    """Put jobs on the built-in queue (tests, demo, smoke checks)."""
+    try:
+        doc = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"--payload is not valid JSON: {exc.msg} at character {exc.pos}.",
+            hint='Quote the whole payload for the shell, e.g. --payload \'{"step_seconds": 1}\'.',
+        ) from None
+    conninfo = _database_url()
+    import psycopg
+
+    from vultrscale.config import mask_url
+    from vultrscale.db import queue
+    from vultrscale.errors import DatabaseError
+
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+            ids = queue.enqueue(conn, [doc] * count, queue=queue_name, max_attempts=max_attempts)
+    except psycopg.errors.UndefinedTable as exc:
+        raise DatabaseError(
+            f"the queue tables are missing in {mask_url(conninfo)}.",
+            hint="Run `vultrscale db init` first.",
+        ) from exc
+    except psycopg.Error as exc:
+        raise DatabaseError(
+            f"cannot enqueue at {mask_url(conninfo)}: {str(exc).strip().splitlines()[0]}"
+        ) from exc
+    span = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
+    typer.echo(f"Enqueued {len(ids)} job(s) on queue {queue_name!r}: id {span}.")
+
+
+# --- snapshot (the fleet's base image) -------------------------------------------------------
+
+_KEY_HINT = (
+    "Set VULTR_API_KEY (my.vultr.com > Account > API), or point VULTR_API_URL at "
+    "`vultrscale sim serve` and set any key."
+)
+
+
+@app.command("snapshot")
+def snapshot_cmd(
+    from_instance: Annotated[
+        str | None,
+        typer.Option("--from-instance", metavar="ID", help="Instance to snapshot (its id)."),
+    ] = None,
+    description: Annotated[
+        str | None,
+        typer.Option("--description", help="Snapshot description (default: <fleet>-<UTC time>)."),
+    ] = None,
+    keep: Annotated[
+        int, typer.Option("--keep", metavar="N", help="Fleet snapshots to keep, newest first.")
+    ] = 3,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="Return after the request; use --resume later.")
+    ] = False,
+    timeout: Annotated[
+        str, typer.Option("--timeout", help="How long to wait for `complete` (e.g. 60m).")
+    ] = "60m",
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            metavar="SNAPSHOT_ID",
+            help="Wait for a snapshot made earlier (--no-wait, a timeout), then record and prune.",
+        ),
+    ] = None,
+) -> None:
+    """Bake the base image: snapshot an instance, wait until complete, record it, prune."""
+    from datetime import timedelta
+
+    from vultrscale.config import parse_duration
+
+    if bool(from_instance) == bool(resume):
+        raise UsageError(
+            "give exactly one of --from-instance ID and --resume SNAPSHOT_ID",
+            hint="Find instance ids with `vultrscale instances`.",
+        )
+    if resume and no_wait:
+        raise UsageError("--no-wait has no meaning with --resume", hint="Drop --no-wait.")
+    try:
+        wait_for: timedelta = parse_duration(timeout, "--timeout")
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="Write it like 90s, 30m or 2h.") from None
+    if keep < 1 or wait_for.total_seconds() <= 0:
+        raise UsageError(
+            "--keep must be at least 1 and --timeout positive",
+            hint="The new snapshot is always kept; --keep 1 deletes every older fleet snapshot.",
+        )
+    cfg = load_config()
+    api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", _KEY_HINT)
+    db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", _DB_HINT)
+
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from vultrscale import snapshot as snapshots
+    from vultrscale.vultr.client import VultrClient
+
+    out, err = Console(), Console(stderr=True)
+    what = f"snapshot of instance {from_instance}" if from_instance else f"snapshot {resume}"
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    task = progress.add_task(f"{what}: requesting", total=None)
+
+    def show(p: snapshots.Progress) -> None:
+        note = f" ({p.note})" if p.note else ""
+        progress.update(
+            task,
+            description=f"snapshot {p.snapshot_id}: [bold]{p.status}[/bold]{note}, "
+            f"next check in {p.next_poll:.0f}s",
+        )
+
+    with VultrClient(api_key, cfg.api_url) as client, progress:
+        if resume:
+            result = snapshots.resume(
+                client, db_url, cfg, resume, keep=keep, timeout=wait_for, on_progress=show
+            )
+        else:
+            assert from_instance is not None
+            result = snapshots.bake(
+                client,
+                db_url,
+                cfg,
+                from_instance,
+                description=description,
+                keep=keep,
+                wait=not no_wait,
+                timeout=wait_for,
+                on_progress=show,
+            )
+
+    fleet = cfg.fleet.name
+    if not result.is_complete:
+        out.print(
+            f"Snapshot [bold]{result.snapshot_id}[/bold] ({result.description}) requested; "
+            f"it is {result.status} at Vultr and listed for fleet {fleet!r}, but is not its "
+            "snapshot until complete."
+        )
+        out.print(
+            f"Run `vultrscale snapshot --resume {result.snapshot_id}` to wait for it and make "
+            "it the fleet's snapshot."
+        )
+        return
+    minutes, seconds = divmod(int(result.elapsed), 60)
+    size = f", {result.size / 1e9:.1f} GB" if result.size else ""
+    out.print(
+        f"[green]Snapshot {result.snapshot_id}[/green] ({result.description}) is complete "
+        f"after {minutes}m{seconds:02d}s{size}; it is now fleet {fleet!r}'s snapshot"
+        + (f" (was {result.previous})." if result.previous else ".")
+    )
+    if cfg.fleet.snapshot_id and cfg.fleet.snapshot_id != result.snapshot_id:
+        err.print(
+            f"[yellow]Note:[/yellow] fleet.snapshot_id = {cfg.fleet.snapshot_id!r} in the config "
+            'takes precedence; set it to "" to boot new instances from this snapshot.'
+        )
+    if result.deleted:
+        out.print(
+            f"Deleted {len(result.deleted)} older fleet snapshot(s): " + ", ".join(result.deleted)
+        )
+    else:
+        out.print(f"No older fleet snapshots to delete (keeping {keep}).")
+    for problem in result.delete_errors:
+        err.print(f"[yellow]Warning:[/yellow] could not delete {problem}; the next bake retries.")
+
+
 # --- cloud-init (what a new instance boots with) ---------------------------------------------
 
 
@@ -164,6 +403,118 @@ def cloudinit_render(
         "# (host key generated for this preview; each instance gets its own at create)",
         err=True,
     )
+
+
+# --- instances (the fleet as the Vultr API reports it) ---------------------------------------
+
+_API_KEY_HINT = (
+    "export VULTR_API_KEY=... (my.vultr.com > Account > API), or point VULTR_API_URL at "
+    "`vultrscale sim serve` and set any key."
+)
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from vultrscale.vultr.models import VInstance
+
+
+@app.command("instances")
+def instances_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    """The fleet's instances as the Vultr API reports them (no database needed)."""
+    cfg = load_config()
+    api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", _API_KEY_HINT)
+    from vultrscale.vultr.client import VultrClient
+
+    with VultrClient(api_key, cfg.api_url) as client:
+        found = client.list_instances(tag=cfg.fleet.tag)
+    found.sort(key=lambda i: (i.date_created is None, i.date_created, i.label))
+    if as_json:
+        print_json(
+            {
+                "fleet": cfg.fleet.name,
+                "tag": cfg.fleet.tag,
+                "api_url": cfg.api_url,
+                "count": len(found),
+                "instances": [_instance_json(i) for i in found],
+            }
+        )
+        return
+    from rich.console import Console
+
+    console = Console()
+    where = f"fleet {cfg.fleet.name!r}, tag {cfg.fleet.tag!r}, {cfg.api_url}"
+    if not found:
+        console.print(f"No instances carry the tag ({where}). The API key works.")
+        return
+    console.print(_instances_table(found, console.width))
+    console.print(f"{len(found)} instance(s) ({where})", highlight=False)
+
+
+def _instance_json(inst: VInstance) -> dict[str, Any]:
+    created = inst.date_created.isoformat() if inst.date_created else None
+    return {
+        "id": inst.id,
+        "label": inst.label,
+        "status": inst.status,
+        "power_status": inst.power_status,
+        "server_status": inst.server_status,
+        "main_ip": inst.main_ip,
+        "internal_ip": inst.internal_ip,
+        "region": inst.region,
+        "plan": inst.plan,
+        "date_created": created,
+        "tags": list(inst.tags),
+    }
+
+
+def _instances_table(found: list[VInstance], width: int) -> Table:
+    """One column per field when the terminal is wide; stacked cells that fit 80 columns."""
+    from rich import box
+    from rich.table import Table
+
+    def when(inst: VInstance) -> str:
+        return inst.date_created.strftime("%Y-%m-%d %H:%M") if inst.date_created else "-"
+
+    def ip(inst: VInstance) -> str:
+        return inst.main_ip if inst.has_address else "-"
+
+    status_style = {"active": "green", "pending": "yellow"}
+    if width >= 150:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for name in ("id", "label", "status", "power", "server", "main IP", "region", "plan"):
+            table.add_column(name, no_wrap=name in ("id", "main IP"))
+        table.add_column("created (UTC)", no_wrap=True)
+        table.add_column("tags", overflow="fold")
+        for i in found:
+            style = status_style.get(i.status, "red")
+            table.add_row(
+                i.id,
+                i.label,
+                f"[{style}]{i.status}[/{style}]",
+                i.power_status,
+                i.server_status,
+                ip(i),
+                i.region,
+                i.plan,
+                when(i),
+                ", ".join(i.tags),
+            )
+        return table
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_lines=False)
+    table.add_column("id / label / tags", overflow="fold")
+    table.add_column("status / power / server", overflow="fold")
+    table.add_column("main IP / region plan / created (UTC)", overflow="fold")
+    for n, i in enumerate(found):
+        style = status_style.get(i.status, "red")
+        table.add_row(
+            f"{i.id}\n[bold]{i.label}[/bold]\n[dim]{', '.join(i.tags)}[/dim]",
+            f"[{style}]{i.status}[/{style}]\n{i.power_status}\n{i.server_status}",
+            f"{ip(i)}\n{i.region} {i.plan}\n{when(i)}",
+            end_section=n < len(found) - 1,
+        )
+    return table
 
 
 # --- entry point -----------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""Example handlers, used by ``scripts/demo_shutdown.py``, the tests and the benchmarks.
+
+Run one with ``vultrscale worker --app vultrscale.worker.examples:three_steps``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from vultrscale.worker.job import Job, PermanentError
+
+STEPS = ("classify", "draft", "embed")
+
+
+def _step_result(job: Job, name: str) -> dict[str, Any]:
+    return {"step": name, "attempt": job.attempt}
+
+
+def three_steps(job: Job) -> None:
+    """Three saved steps, each sleeping ``payload["step_seconds"]`` (default 0.5 s).
+
+    ``payload["fail"]`` raises an ordinary error (retried), ``payload["permanent"]`` a
+    PermanentError (failed at once).
+    """
+    delay = float(job.payload.get("step_seconds", 0.5))
+    for name in STEPS:
+
+        def work(name: str = name) -> dict[str, Any]:
+            time.sleep(delay)
+            return _step_result(job, name)
+
+        job.step(name, work)
+    if job.payload.get("permanent"):
+        raise PermanentError("payload asked for a permanent failure")
+    if job.payload.get("fail"):
+        raise RuntimeError("payload asked for a failure")
+
+
+async def three_steps_async(job: Job) -> None:
+    """The async twin of ``three_steps``: the sleeps are ``asyncio.sleep``."""
+    delay = float(job.payload.get("step_seconds", 0.5))
+    for name in STEPS:
+        await asyncio.sleep(delay)
+        job.step(name, lambda name=name: _step_result(job, name))  # type: ignore[misc]
+    if job.payload.get("fail"):
+        raise RuntimeError("payload asked for a failure")
+
+
+def noop(job: Job) -> None:
+    """Does nothing: for throughput benchmarks."""
+
+
+async def noop_async(job: Job) -> None:
+    """Does nothing, asynchronously."""

@@ -1,0 +1,457 @@
+"""The reference worker runtime (DESIGN §5): claim, lease, heartbeat, drain.
+
+Threads, and why each exists:
+
+- the main thread claims (one statement for all free slots), reaps expired leases, handles
+  SIGTERM/SIGINT and drains;
+- ``concurrency`` slot threads run the handler and write the outcome (fenced); they are daemons
+  because a stuck sync handler cannot be killed: at drain its job is given back, so whatever it
+  writes later is refused, and the process exits without waiting for it;
+- a heartbeat thread renews every held lease in one statement every ``lease/3`` seconds; a job
+  cannot block it, and a lease it fails to renew flips that job's ``lost`` flag;
+- a listener thread waits on LISTEN/NOTIFY so an idle worker wakes as soon as a job arrives
+  (polling backs off from 50 ms to 1 s as a fallback, and covers retries with a later run_at);
+- for ``async def`` handlers, one event-loop thread runs the coroutines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import inspect
+import os
+import queue as queue_mod
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from vultrscale.config import mask_url
+from vultrscale.db import queue
+from vultrscale.db.queue import DEFAULT_BACKOFF_CAP_SECONDS, DEFAULT_BACKOFF_SECONDS
+from vultrscale.errors import DatabaseError, UsageError
+from vultrscale.worker.job import Job, LeaseLost, PermanentError
+
+Handler = Callable[[Job], Any]
+
+POLL_MIN_SECONDS = 0.05
+POLL_MAX_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker process needs besides the database address."""
+
+    app: str
+    concurrency: int = 4
+    drain_seconds: float = 20.0
+    lease_seconds: float = 60.0
+    queue: str = "default"
+    worker_id: str = ""
+    instance_label: str = ""
+    backoff_seconds: float = DEFAULT_BACKOFF_SECONDS
+    backoff_cap_seconds: float = DEFAULT_BACKOFF_CAP_SECONDS
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.lease_seconds / 3
+
+    @property
+    def reap_seconds(self) -> float:
+        # Cheap (an index range scan on live leases), and it bounds how long after expiry a
+        # killed worker's job waits.
+        return min(1.0, self.lease_seconds / 3)
+
+
+@dataclass
+class Summary:
+    """What one worker process did; ``line()`` is the one summary line it prints."""
+
+    taken: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    dead: int = 0
+    given_back: int = 0
+    lost: int = 0
+    elapsed: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def line(self) -> str:
+        return (
+            f"Done in {self.elapsed:.1f} s: {self.taken} taken, {self.succeeded} succeeded, "
+            f"{self.retried} to retry later, {self.failed} failed, {self.dead} dead, "
+            f"{self.given_back} given back, {self.lost} lost lease."
+        )
+
+
+def default_worker_id() -> str:
+    """``hostname-pid``: unique per process, readable in the workers table."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def load_handler(spec: str) -> Handler:
+    """Import ``MODULE:FUNC`` (the working directory is importable); UsageError if it is not."""
+    module_name, sep, func_name = spec.partition(":")
+    hint = "Pass --app MODULE:FUNC naming an importable module and a function in it."
+    if not sep or not module_name or not func_name:
+        raise UsageError(f"--app {spec!r} is not MODULE:FUNC (e.g. myjobs:handle).", hint=hint)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"--app {spec!r}: cannot import module {exc.name!r}.", hint=hint) from exc
+    except ImportError as exc:
+        raise UsageError(
+            f"--app {spec!r}: importing {module_name} failed: {exc}", hint=hint
+        ) from exc
+    func = module
+    for part in func_name.split("."):
+        func = getattr(func, part, None)  # type: ignore[assignment]
+        if func is None:
+            raise UsageError(
+                f"--app {spec!r}: module {module_name} has no attribute {func_name!r}.", hint=hint
+            )
+    if not callable(func):
+        raise UsageError(f"--app {spec!r}: {func_name} is not a function.", hint=hint)
+    return func  # type: ignore[return-value]
+
+
+def _database_error(exc: BaseException, conninfo: str, lease_seconds: float) -> DatabaseError:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return DatabaseError(
+            f"the queue tables are missing in {mask_url(conninfo)}: {text}",
+            hint="Run `vultrscale db init` with the same DATABASE_URL first.",
+        )
+    return DatabaseError(
+        f"lost the database at {mask_url(conninfo)}: {text}",
+        hint=(
+            "Check that Postgres is reachable. Jobs this worker held return to the queue when "
+            f"their lease expires (at most {lease_seconds:g} s); systemd restarts the worker."
+        ),
+    )
+
+
+class Worker:
+    """One worker process. ``run()`` returns the summary after a drain; DatabaseError if the
+    database goes away (the leases then expire on their own)."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        conninfo: str,
+        handler: Handler,
+        say: Callable[[str], None],
+    ) -> None:
+        self.settings = settings
+        self.worker_id = settings.worker_id or default_worker_id()
+        self.label = settings.instance_label or self.worker_id
+        self.conninfo = conninfo
+        self.handler = handler
+        self.is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
+        )
+        self.say = say
+        self.summary = Summary()
+        self._running: dict[int, Job] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._fast = threading.Event()
+        self._threads_stop = threading.Event()
+        self._fatal: BaseException | None = None
+        self._marked_draining = False
+        self._work: queue_mod.SimpleQueue[Job | None] = queue_mod.SimpleQueue()
+        self._pool: ConnectionPool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._futures: dict[int, concurrent.futures.Future[Any]] = {}
+
+    # --- public --------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Begin the drain; a second call skips the wait (what SIGTERM/SIGINT do)."""
+        if self._stop.is_set():
+            self._fast.set()
+        self._stop.set()
+        self._wake.set()
+
+    def run(self) -> Summary:
+        """Work until a stop is requested, drain, and return what was done."""
+        started = time.monotonic()
+        s = self.settings
+        self._pool = ConnectionPool(
+            self.conninfo,
+            min_size=2,
+            max_size=s.concurrency + 2,  # slots + main loop + heartbeat
+            kwargs={"autocommit": True},
+            timeout=max(5.0, s.lease_seconds / 3),
+            open=False,
+            name="vultrscale-worker",
+        )
+        try:
+            self._pool.open(wait=True, timeout=10)
+            with self._pool.connection() as conn:
+                queue.register_worker(conn, self.worker_id, self.label)
+        except (psycopg.Error, PoolTimeout) as exc:
+            self._pool.close(timeout=1)
+            raise _database_error(exc, self.conninfo, s.lease_seconds) from exc
+
+        self.say(
+            f"Worker {self.worker_id} ({self.label}) started: app {s.app}, "
+            f"concurrency {s.concurrency}, queue {s.queue!r}, lease {s.lease_seconds:g} s, "
+            f"drain {s.drain_seconds:g} s."
+        )
+        self._install_signals()
+        self._start_threads()
+        try:
+            self._main_loop()
+            self._drain()
+        except (psycopg.Error, PoolTimeout) as exc:
+            self._shutdown_threads()
+            self._pool.close(timeout=1)
+            raise _database_error(exc, self.conninfo, s.lease_seconds) from exc
+        self.summary.elapsed = time.monotonic() - started
+        self.say(self.summary.line())
+        return self.summary
+
+    # --- threads -------------------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.request_stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    def _start_threads(self) -> None:
+        if self.is_async:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="vs-asyncio", daemon=True).start()
+        for i in range(self.settings.concurrency):
+            threading.Thread(target=self._slot, name=f"vs-slot-{i}", daemon=True).start()
+        self._heartbeat_thread = threading.Thread(
+            target=self._heartbeat, name="vs-heartbeat", daemon=True
+        )
+        self._heartbeat_thread.start()
+        self._listener_thread = threading.Thread(target=self._listen, name="vs-listen", daemon=True)
+        self._listener_thread.start()
+
+    def _shutdown_threads(self) -> None:
+        self._threads_stop.set()
+        for _ in range(self.settings.concurrency):
+            self._work.put(None)
+        self._heartbeat_thread.join(timeout=5)
+        self._listener_thread.join(timeout=2)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _listen(self) -> None:
+        # A dedicated connection: LISTEN needs one that is not handed around by the pool.
+        try:
+            with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10) as conn:
+                conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
+                while not self._threads_stop.is_set():
+                    for note in conn.notifies(timeout=0.5):
+                        if note.payload == self.settings.queue:
+                            self._wake.set()
+        except psycopg.Error:
+            # Polling still finds the jobs; the main loop reports a database that is gone.
+            return
+
+    def _heartbeat(self) -> None:
+        s = self.settings
+        assert self._pool is not None
+        last_ok = time.monotonic()
+        while not self._threads_stop.wait(s.heartbeat_seconds):
+            with self._lock:
+                held = [j for j in self._running.values() if not j.given_back and not j.lost]
+            try:
+                with self._pool.connection() as conn, conn.transaction():
+                    kept = queue.renew(
+                        conn, self.worker_id, [(j.id, j.token) for j in held], s.lease_seconds
+                    )
+                    draining = queue.worker_heartbeat(conn, self.worker_id)
+            except (psycopg.Error, PoolTimeout) as exc:
+                if time.monotonic() - last_ok > s.lease_seconds:
+                    # Every lease this worker holds has run out: stop rather than work as a
+                    # zombie whose results would all be refused.
+                    self._fatal = exc
+                    self._wake.set()
+                    return
+                continue
+            last_ok = time.monotonic()
+            for job in held:
+                if job.id not in kept:
+                    job._mark_lost()
+            if draining and not self._marked_draining:
+                self._marked_draining = True
+                self.say("Marked draining in the database: claiming no more jobs.")
+
+    def _slot(self) -> None:
+        while True:
+            job = self._work.get()
+            if job is None:
+                return
+            try:
+                self._execute(job)
+            except (psycopg.Error, PoolTimeout) as exc:
+                if not job.given_back:
+                    self._fatal = exc
+            finally:
+                with self._lock:
+                    self._running.pop(job.id, None)
+                    self._futures.pop(job.id, None)
+                self._wake.set()
+
+    def _execute(self, job: Job) -> None:
+        s = self.settings
+        assert self._pool is not None
+        error: BaseException | None = None
+        try:
+            if self._loop is not None:
+                fut = asyncio.run_coroutine_threadsafe(self.handler(job), self._loop)
+                with self._lock:
+                    self._futures[job.id] = fut
+                fut.result()
+            else:
+                self.handler(job)
+        except (concurrent.futures.CancelledError, LeaseLost):
+            if not job.given_back:
+                self.summary.add("lost")
+            return
+        except Exception as exc:  # the handler's error is this job's outcome, recorded below
+            error = exc
+        if job.given_back:
+            return  # its lease was handed back at the drain deadline: whatever it did is dropped
+        with self._pool.connection() as conn:
+            if error is None:
+                if queue.complete(conn, job.id, self.worker_id, job.token):
+                    self.summary.add("succeeded")
+                    return
+                new_state = None
+            else:
+                new_state = queue.fail(
+                    conn,
+                    job.id,
+                    self.worker_id,
+                    job.token,
+                    f"{type(error).__name__}: {error}",
+                    permanent=isinstance(error, PermanentError),
+                    backoff_seconds=s.backoff_seconds,
+                    backoff_cap_seconds=s.backoff_cap_seconds,
+                )
+        if new_state is None:
+            if not job.given_back:
+                self.summary.add("lost")
+                self.say(f"job {job.id}: lease lost; its result was dropped.")
+            return
+        counter = {"ready": "retried", "failed": "failed", "dead": "dead"}[new_state]
+        self.summary.add(counter)
+        outcome = {"ready": "will retry", "failed": "failed for good", "dead": "is dead"}[new_state]
+        self.say(
+            f"job {job.id} attempt {job.attempt} raised {type(error).__name__}: {error}; {outcome}."
+        )
+
+    # --- main thread ---------------------------------------------------------------------------
+
+    def _check_fatal(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _main_loop(self) -> None:
+        s = self.settings
+        assert self._pool is not None
+        next_reap = 0.0
+        poll = POLL_MIN_SECONDS
+        while not self._stop.is_set():
+            self._check_fatal()
+            now = time.monotonic()
+            with self._pool.connection() as conn:
+                if now >= next_reap:
+                    next_reap = now + s.reap_seconds
+                    if queue.reap_expired(conn):
+                        poll = POLL_MIN_SECONDS
+                with self._lock:
+                    free = s.concurrency - len(self._running)
+                claimed: list[queue.Claimed] = []
+                if free > 0 and not self._marked_draining:
+                    claimed = queue.claim(conn, self.worker_id, s.queue, free, s.lease_seconds)
+            for c in claimed:
+                job = Job(
+                    c.id, c.payload, c.attempt, c.token, worker_id=self.worker_id, pool=self._pool
+                )
+                with self._lock:
+                    self._running[job.id] = job
+                self._work.put(job)
+            self.summary.add("taken", len(claimed))
+            if claimed:
+                # Full: a finishing slot wakes us. Not full: the queue is empty for now.
+                poll = POLL_MIN_SECONDS
+                timeout = POLL_MAX_SECONDS if len(claimed) == free else poll
+            else:
+                timeout = poll
+                poll = min(poll * 2, POLL_MAX_SECONDS)
+            if self._wake.wait(min(timeout, max(0.0, next_reap - time.monotonic()) + 0.01)):
+                poll = POLL_MIN_SECONDS
+            self._wake.clear()
+
+    def _drain(self) -> None:
+        s = self.settings
+        assert self._pool is not None
+        with self._lock:
+            running = list(self._running.values())
+        self.say(
+            f"Stopping: no new jobs; {len(running)} running job(s) get up to "
+            f"{s.drain_seconds:g} s to finish."
+        )
+        for job in running:
+            job._mark_stopping()
+        self._marked_draining = True  # our own mark: the heartbeat need not announce it
+        with self._pool.connection() as conn:
+            queue.set_draining(conn, self.worker_id)
+        deadline = time.monotonic() + s.drain_seconds
+        while not self._fast.is_set():
+            self._check_fatal()
+            with self._lock:
+                if not self._running:
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._wake.wait(min(left, 0.5))
+            self._wake.clear()
+        with self._lock:
+            leftover = list(self._running.values())
+        for job in leftover:
+            job.given_back = True  # set first: the slot then writes nothing for this job
+            with self._pool.connection() as conn:
+                ok = queue.give_back(conn, job.id, self.worker_id, job.token)
+            if ok:
+                self.summary.add("given_back")
+                self.say(f"job {job.id}: given back to the queue (the worker is stopping).")
+            with self._lock:
+                fut = self._futures.get(job.id)
+            if fut is not None:
+                fut.cancel()
+        self._shutdown_threads()
+        with self._pool.connection() as conn:
+            queue.mark_stopped(conn, self.worker_id)
+        self._pool.close(timeout=2)
