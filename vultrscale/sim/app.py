@@ -501,6 +501,8 @@ class Simulator:
         ):
             return error(401, "Invalid API token.")
         resp = self._route(method, path, req)
+        if resp.status >= 400:
+            return resp  # nothing was done, so there is nothing to lose
         for drop in self._drop_rules:
             if drop.remaining > 0 and _matches(drop.method, drop.pattern, method, path):
                 drop.remaining -= 1
