@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -14,12 +15,12 @@ PLAN10 = PlanPrice("vc2-1c-2gb", monthly=10.0)  # no hourly_cost: 10 / 672 per h
 H10 = 10.0 / 672
 
 
-def t(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def t(year: int, month: int, day: int, hour: int = 0, minute: int = 0, sec: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, sec, tzinfo=UTC)
 
 
-def inst(label: str, state: InstanceState, created_at: datetime | None, **kw: object) -> Instance:
-    return Instance(label=label, state=state, id=f"id-{label}", created_at=created_at, **kw)  # type: ignore[arg-type]
+def inst(label: str, state: InstanceState, created_at: datetime | None, **kw: Any) -> Instance:
+    return Instance(label=label, state=state, id=f"id-{label}", created_at=created_at, **kw)
 
 
 def obs(*instances: Instance, mtd: float = 0.0) -> Observation:
