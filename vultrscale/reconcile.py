@@ -317,7 +317,7 @@ class _Pass:
         if fleet.plan not in client.region_availability(fleet.region):
             raise UsageError(
                 f"plan {fleet.plan!r} is not offered in region {fleet.region!r}",
-                hint="Choose another plan or region (GET /v2/regions/<region>/availability lists them).",
+                hint="Choose another plan or region; GET /v2/regions/<id>/availability lists them.",
             )
         price = PlanPrice(plan.id, float(plan.monthly_cost), plan.hourly_cost)
         ceiling = self.cfg.budget.monthly_ceiling_usd

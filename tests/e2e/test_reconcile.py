@@ -1,0 +1,336 @@
+"""Reconcile against the simulator over HTTP and a real Postgres, many passes on a fake clock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.e2e.reconcile_world import World
+from vultrscale.db import ledger
+from vultrscale.errors import DatabaseError, UsageError
+from vultrscale.model import ServiceState
+from vultrscale.reconcile import CrashInjected, run_pass
+
+MONDAY_NOON = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def world(db_url: str, tmp_path: Path) -> Iterator[World]:
+    w = World(db_url, tmp_path, MONDAY_NOON)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def creates(w: World) -> int:
+    return w.sim.count("POST", "/v2/instances", 202)
+
+
+def test_burst_from_zero_scales_up_once_and_holds_while_booting(world: World) -> None:
+    cfg = world.config()
+    world.enqueue(10)  # 4 jobs per instance -> 3 instances
+    first = world.run(cfg)
+    assert first.exit_code == 0, first.errors
+    assert first.plan is not None and first.plan.desired == 3
+    assert len(world.fleet()) == 3
+    # Instances take minutes to boot: later passes see them as capacity and create nothing.
+    for _ in range(8):
+        world.clock.advance(30)
+        result = world.run(cfg)
+        assert result.exit_code == 0, result.errors
+    assert creates(world) == 3
+    assert sorted(world.ledger().values()) == ["booting"] * 3
+    # Workers report in: the ledger follows.
+    world.boot_ready()
+    world.run(cfg)
+    assert sorted(world.ledger().values()) == ["running"] * 3
+
+
+def test_scale_in_waits_for_idle_window_and_cooldown_then_drains_and_deletes(world: World) -> None:
+    cfg = world.config(policy={"scale_down_cooldown": "5m", "idle_before_scale_down": "90s"})
+    world.enqueue(4)
+    world.run(cfg)
+    world.clock.advance(121)
+    world.run(cfg)
+    (label,) = world.boot_ready()
+    world.hosts.claim(label, 4)
+    world.run(cfg)
+    assert world.ledger() == {label: "running"}
+    world.hosts.finish(label)  # the queue is empty from here on
+    scale_up_at = world.clock.now()
+    drained_at = None
+    for _ in range(30):
+        world.clock.advance(30)
+        result = world.run(cfg)
+        assert result.exit_code == 0, result.errors
+        if world.hosts.hosts[label].stops:
+            drained_at = world.clock.now()
+            break
+    assert drained_at is not None, "never scaled in"
+    # Not before the idle window, and not before the down cool-down after the last scale-up.
+    assert (drained_at - scale_up_at).total_seconds() >= 90
+    assert world.ledger() == {label: "draining"}
+    world.clock.advance(30)
+    result = world.run(cfg)
+    assert result.exit_code == 0, result.errors
+    assert world.ledger() == {label: "gone"}
+    assert world.fleet() == []
+    assert world.sim.count("DELETE", "/v2/instances/*", 204) == 1
+
+
+def test_no_delete_while_a_drained_worker_still_holds_a_live_lease(world: World) -> None:
+    cfg = world.config(policy={"max_instances": 2})
+    world.enqueue(8)
+    world.run(cfg)
+    world.clock.advance(121)
+    world.run(cfg)
+    a, b = world.boot_ready()
+    world.hosts.claim(a, 4)
+    world.hosts.claim(b, 4)
+    world.run(cfg)
+    # The worker on `a` reports inactive but a lease of it is still live (a kill, not a drain):
+    with psycopg.connect(world.db_url, autocommit=True) as conn:
+        ledger.mark_draining(conn, a, world.clock.now())
+    world.hosts.hosts[a].service = ServiceState.INACTIVE
+    for _ in range(3):
+        world.clock.advance(30)
+        result = world.run(cfg)
+        assert result.exit_code == 0, result.errors
+        assert world.ledger()[a] == "draining"
+    assert world.sim.count("DELETE", "/v2/instances/*") == 0
+    # Once the lease is gone (expired or given back), the instance is deleted.
+    world.hosts.finish(a)
+    world.clock.advance(30)
+    world.run(cfg)
+    assert world.ledger()[a] == "gone"
+
+
+def test_crash_between_post_and_ledger_write_leaves_exactly_one_instance(world: World) -> None:
+    cfg = world.config()
+    world.enqueue(1)
+
+    def crash(point: str) -> None:
+        if point == "after_post":
+            raise CrashInjected(point)
+
+    crashing = world.make_parts(fault=crash)
+    with pytest.raises(CrashInjected):
+        run_pass(cfg, crashing)
+    assert len(world.fleet()) == 1
+    assert list(world.ledger().values()) == ["creating"]
+    for _ in range(4):
+        world.clock.advance(30)
+        result = world.run(cfg)
+        assert result.exit_code == 0, result.errors
+    assert len(world.fleet()) == 1
+    assert list(world.ledger().values()) == ["booting"]
+
+
+def test_ambiguous_create_is_looked_up_by_label_not_replayed(world: World) -> None:
+    cfg = world.config()
+    world.enqueue(1)
+    world.sim.drop_after_acting("POST", "/v2/instances", mode="500")
+    result = world.run(cfg)
+    assert result.exit_code == 1
+    assert any("outcome unknown" in e for e in result.errors)
+    assert world.sim.count("POST", "/v2/instances") == 1  # not retried blindly
+    world.clock.advance(30)
+    world.run(cfg)
+    assert len(world.fleet()) == 1
+    assert list(world.ledger().values()) == ["pending"]
+
+
+def test_two_passes_at_once_only_one_acts(world: World) -> None:
+    cfg = world.config()
+    world.enqueue(4)
+    with psycopg.connect(world.db_url, autocommit=True) as holder:
+        assert ledger.try_lock(holder, cfg.fleet.name)
+        blocked = world.run(cfg)
+        assert blocked.lock_held and blocked.exit_code == 0
+        assert world.sim.count("POST", "/v2/instances") == 0
+    # Truly concurrent passes: exactly one creates.
+    results = []
+    barrier = threading.Barrier(3)
+
+    def go() -> None:
+        barrier.wait()
+        results.append(world.run(cfg))
+
+    threads = [threading.Thread(target=go) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(world.fleet()) == 1
+    assert sum(1 for r in results if not r.lock_held and r.plan and r.plan.creates) == 1
+
+
+def test_api_storm_does_no_damage_and_exits_1(world: World) -> None:
+    cfg = world.config(policy={"max_instances": 2})
+    world.enqueue(8)
+    world.run(cfg)
+    world.clock.advance(121)
+    world.run(cfg)
+    a, b = world.boot_ready()
+    with psycopg.connect(world.db_url, autocommit=True) as conn:
+        ledger.mark_draining(conn, a, world.clock.now())
+    before = world.ledger()
+    world.sim.error_rate = 1.0
+    world.sim.error_statuses = (429, 500, 503)
+    for _ in range(3):
+        world.clock.advance(30)
+        result = world.run(cfg)
+        assert result.exit_code == 1
+        assert any("Vultr API" in e for e in result.errors)
+        assert result.plan is not None and result.plan.drains == ()
+    assert world.sim.count("DELETE", "/v2/instances/*") == 0
+    assert world.ledger() == before
+    world.sim.error_rate = 0.0
+    world.clock.advance(30)
+    assert world.run(cfg).exit_code == 0
+
+
+def test_database_down_exits_1_and_deletes_nothing(world: World) -> None:
+    cfg = world.config()
+    dead = world.make_parts(db_url="postgresql://postgres@127.0.0.1:9/nope?connect_timeout=2")
+    with pytest.raises(DatabaseError) as err:
+        run_pass(cfg, dead)
+    assert err.value.exit_code == 1
+    assert world.sim.count("DELETE", "/v2/instances/*") == 0
+    assert world.sim.count("POST", "/v2/instances") == 0
+
+
+def test_runaway_producer_never_breaks_the_budget_rule(world: World) -> None:
+    # 1,000 jobs, a $50 ceiling, a $10/month plan: (a) allows at most 5 instances.
+    cfg = world.config(
+        policy={"max_instances": 50, "scale_up_cooldown": "60s"},
+        budget={"monthly_ceiling_usd": 50.0},
+    )
+    world.enqueue(1000)
+    most = 0
+    for _ in range(40):
+        result = world.run(cfg)
+        assert result.exit_code == 0, result.errors
+        world.boot_ready()
+        live = [i for i in world.fleet()]
+        most = max(most, len(live))
+        assert len(live) <= 5
+        world.clock.advance(600)
+    assert most == 5
+    assert result.plan is not None and any("budget" in c for c in result.plan.clamps)
+
+
+def test_locked_delete_is_retried_on_later_passes(world: World) -> None:
+    cfg = world.config(policy={"boot_timeout": "15m"})
+    world.enqueue(1)
+    world.run(cfg)
+    (inst,) = world.fleet()
+    world.clock.advance(121)
+    world.run(cfg)
+    (label,) = world.boot_ready()
+    with psycopg.connect(world.db_url, autocommit=True) as conn:
+        ledger.transition(conn, label, ledger.InstanceState.DELETING, world.clock.now())
+    world.sim.lock_instance(inst["id"])
+    result = world.run(cfg)
+    assert any("locked" in r["result"] for r in result.results)
+    assert world.ledger()[label] == "deleting"
+    world.sim.lock_instance(inst["id"], locked=False)
+    world.clock.advance(30)
+    world.run(cfg)
+    assert world.ledger()[label] == "gone"
+
+
+def test_instance_stuck_booting_is_replaced(world: World) -> None:
+    cfg = world.config(policy={"boot_timeout": "10m"})
+    world.enqueue(1)
+    world.run(cfg)
+    (first,) = world.fleet()
+    # Active at Vultr but its worker never reports in.
+    for _ in range(25):
+        world.clock.advance(30)
+        world.run(cfg)
+    labels = world.ledger()
+    assert labels[first["label"]] == "gone"
+    assert sorted(labels.values()).count("gone") == 1
+    assert len(world.fleet()) == 1 and world.fleet()[0]["id"] != first["id"]
+
+
+def test_dry_run_changes_nothing(world: World) -> None:
+    cfg = world.config()
+    world.enqueue(6)
+    result = world.run(cfg, dry_run=True)
+    assert result.plan is not None and result.plan.creates == 2
+    assert world.fleet() == [] and world.ledger() == {}
+    with psycopg.connect(world.db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM fleet_events").fetchone() == (0,)
+
+
+def test_floor_switches_on_and_off_at_window_edges_in_its_time_zone(
+    world: World, tmp_path: Path
+) -> None:
+    # Winter: Berlin is UTC+1, so the 08:00-18:59 window is 07:00-17:59 UTC.
+    path = tmp_path / "floor.toml"
+    path.write_text(
+        f"""
+[fleet]
+snapshot_id = "{world.snapshot_id}"
+[policy]
+max_instances = 3
+billing_hour_aware = false
+idle_before_scale_down = "90s"
+scale_down_cooldown = "5m"
+[[policy.floor]]
+cron = "* 8-18 * * mon-fri"
+timezone = "Europe/Berlin"
+min_instances = 1
+"""
+    )
+    from vultrscale import config
+
+    cfg = config.load(path, env={"VULTR_API_KEY": "x" * 10, "DATABASE_URL": world.db_url})
+    world.clock.set(datetime(2026, 1, 12, 6, 59, tzinfo=UTC))  # Monday 07:59 in Berlin
+    world.run(cfg)
+    assert world.fleet() == []
+    world.clock.advance(60)  # 08:00 in Berlin
+    world.run(cfg)
+    assert len(world.fleet()) == 1
+    world.clock.set(datetime(2026, 1, 12, 17, 58, tzinfo=UTC))  # 18:58 Berlin: still on
+    world.boot_ready()
+    world.run(cfg)
+    assert not any(h.stops for h in world.hosts.hosts.values())
+    drained = None
+    for _ in range(20):
+        world.clock.advance(30)
+        world.run(cfg)
+        if any(h.stops for h in world.hosts.hosts.values()):
+            drained = world.clock.now()
+            break
+    assert drained is not None and drained >= datetime(2026, 1, 12, 18, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "message"),
+    [
+        ("fleet", {"plan": "vc2-99c-1tb"}, "is not a Vultr plan"),
+        ("fleet", {"plan": "vhf-2c-4gb", "region": "syd"}, "is not offered in region"),
+        ("budget", {"monthly_ceiling_usd": 5.0}, "lower than one instance-month"),
+        ("fleet", {"snapshot_id": "0a1b2c3d-0000-4000-8000-000000000000"}, "does not exist"),
+    ],
+    ids=["unknown-plan", "plan-not-in-region", "ceiling-below-one-month", "missing-snapshot"],
+)
+def test_bad_input_is_refused_before_any_instance_is_touched(
+    world: World, section: str, values: dict[str, object], message: str
+) -> None:
+    cfg = world.config(**{section: values})
+    world.enqueue(4)
+    with pytest.raises(UsageError) as err:
+        world.run(cfg)
+    assert message in err.value.message and err.value.exit_code == 2
+    assert world.sim.count("POST", "/v2/instances") == 0
+    assert world.sim.count("DELETE", "/v2/instances/*") == 0
