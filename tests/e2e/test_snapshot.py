@@ -1,0 +1,323 @@
+"""`vultrscale snapshot` against the Vultr simulator and a real Postgres.
+
+Most tests drive the unchanged VultrClient through the simulator's in-process transport with
+one FakeClock shared by the simulator and the bake, so a 5-minute snapshot takes no real time.
+The CLI tests go over real loopback HTTP with the system clock and a short snapshot time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from vultrscale import cli
+from vultrscale import snapshot as snapshots
+from vultrscale.clock import FakeClock, SystemClock
+from vultrscale.config import Config, FleetConfig
+from vultrscale.db import snapshots as store
+from vultrscale.errors import RuntimeFailure, UsageError
+from vultrscale.sim import SimTransport, Simulator, Timings, serving
+from vultrscale.vultr.client import VultrClient
+
+KEY = "sim-test-key-0123456789"
+SNAP_SECONDS = 300.0  # how long the simulated cloud takes to complete a snapshot
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def sim(clock: FakeClock) -> Simulator:
+    return Simulator(
+        KEY, clock=clock, timings=Timings(snapshot_complete=SNAP_SECONDS), rate_limit=None
+    )
+
+
+@pytest.fixture
+def client(sim: Simulator, clock: FakeClock) -> Iterator[VultrClient]:
+    with VultrClient(KEY, "http://vultr.sim", transport=SimTransport(sim), sleep=clock.sleep) as c:
+        yield c
+
+
+@pytest.fixture
+def base_instance(sim: Simulator, clock: FakeClock) -> str:
+    """A booted instance to snapshot (past the simulator's not-visible-yet window)."""
+    inst = sim.create_instance(region="ewr", plan="vc2-1c-2gb", os_id=2136, label="base", tags=[])
+    clock.advance(120)
+    return str(inst["id"])
+
+
+def _cfg(fleet: str = "workers", snapshot_id: str = "") -> Config:
+    return Config(fleet=FleetConfig(name=fleet, snapshot_id=snapshot_id))
+
+
+def _posts(sim: Simulator) -> int:
+    return sim.count("POST", "/v2/snapshots")
+
+
+def test_bake_waits_with_backoff_until_complete_and_records_it(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    seen: list[snapshots.Progress] = []
+    result = snapshots.bake(
+        client, db_url, _cfg(), base_instance, clock=clock, on_progress=seen.append
+    )
+
+    assert result.is_complete and result.instance_id == base_instance
+    assert result.description.startswith("workers-")
+    assert sim.snapshots[result.snapshot_id]["status"] == "complete"
+    assert result.size > 0
+    assert _posts(sim) == 1
+    # progress: pending until complete, the wait grows from 3 s and is capped at 30 s
+    assert seen and {p.status for p in seen} == {"pending"}
+    pauses = [p.next_poll for p in seen]
+    assert pauses[0] == snapshots.FIRST_POLL
+    assert pauses == sorted(pauses) and max(pauses) == snapshots.MAX_POLL
+    assert SNAP_SECONDS <= result.elapsed < SNAP_SECONDS + snapshots.MAX_POLL
+    # polls are few: a 5-minute snapshot takes well under 30 GETs
+    assert sim.count("GET", f"/v2/snapshots/{result.snapshot_id}") < 30
+
+    with store.connect(db_url) as conn:
+        assert store.recorded_snapshot(conn, "workers") == result.snapshot_id
+        rows = store.fleet_snapshots(conn, "workers")
+    assert [(r.snapshot_id, r.status, r.description) for r in rows] == [
+        (result.snapshot_id, "complete", result.description)
+    ]
+
+
+def test_prune_to_keep_deletes_only_older_fleet_snapshots(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    # Snapshots that are not this fleet's: one made by hand, one recorded for another fleet.
+    manual = client.create_snapshot(base_instance, description="hand-made").id
+    other = snapshots.bake(client, db_url, _cfg("other"), base_instance, clock=clock, keep=1)
+
+    made = []
+    for _ in range(4):
+        clock.advance(60)  # distinct default descriptions and creation times
+        made.append(snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=2))
+
+    last = made[-1]
+    assert last.deleted == (made[1].snapshot_id,)
+    assert made[2].deleted == (made[0].snapshot_id,)
+    assert last.kept == (made[3].snapshot_id, made[2].snapshot_id)
+    at_vultr = set(sim.snapshots)
+    assert {made[2].snapshot_id, made[3].snapshot_id, manual, other.snapshot_id} == at_vultr
+    with store.connect(db_url) as conn:
+        assert store.recorded_snapshot(conn, "workers") == last.snapshot_id
+        assert store.recorded_snapshot(conn, "other") == other.snapshot_id
+        assert [r.snapshot_id for r in store.fleet_snapshots(conn, "other")] == [other.snapshot_id]
+
+
+def test_prune_never_deletes_the_configured_snapshot(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    first = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    second = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    pinned = _cfg(snapshot_id=first.snapshot_id)  # fleet.snapshot_id in the config
+    third = snapshots.bake(client, db_url, pinned, base_instance, clock=clock, keep=1)
+
+    assert third.deleted == (second.snapshot_id,)
+    assert set(sim.snapshots) == {first.snapshot_id, third.snapshot_id}
+
+
+def test_timeout_records_nothing_as_the_fleets_snapshot_and_resume_finishes(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    earlier = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    sim.timings = dataclasses.replace(sim.timings, snapshot_complete=3 * 3600)
+
+    with pytest.raises(snapshots.SnapshotTimeout) as info:
+        snapshots.bake(
+            client, db_url, _cfg(), base_instance, clock=clock, timeout=timedelta(minutes=10)
+        )
+    err = info.value
+    assert err.exit_code == 1
+    assert f"snapshot {err.snapshot_id} is still pending at Vultr after 10m" in err.message
+    assert f"vultrscale snapshot --resume {err.snapshot_id}" in err.hint
+    assert sim.snapshots[err.snapshot_id]["status"] == "pending"  # left alone at Vultr
+    with store.connect(db_url) as conn:
+        assert store.recorded_snapshot(conn, "workers") == earlier.snapshot_id
+        statuses = {r.snapshot_id: r.status for r in store.fleet_snapshots(conn, "workers")}
+    assert statuses == {earlier.snapshot_id: "complete", err.snapshot_id: "pending"}
+
+    clock.advance(3 * 3600)
+    # Later, `--resume` waits for the same snapshot, records it and prunes; nothing is created.
+    done = snapshots.resume(client, db_url, _cfg(), err.snapshot_id, keep=1, clock=clock)
+    assert done.is_complete and done.deleted == (earlier.snapshot_id,)
+    assert _posts(sim) == 2
+    with store.connect(db_url) as conn:
+        assert store.recorded_snapshot(conn, "workers") == err.snapshot_id
+
+
+def test_unknown_instance_is_a_usage_error_and_creates_nothing(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str
+) -> None:
+    with pytest.raises(UsageError) as info:
+        snapshots.bake(client, db_url, _cfg(), "no-such-instance", clock=clock)
+    assert info.value.exit_code == 2
+    assert info.value.message == "no instance no-such-instance"
+    assert "vultrscale instances" in info.value.hint
+    assert _posts(sim) == 0 and sim.snapshots == {}
+    with store.connect(db_url) as conn:
+        assert store.fleet_snapshots(conn, "workers") == []
+
+
+def test_snapshot_that_disappears_is_a_clear_failure(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    sim.snapshot_outcome = "deleted"
+    with pytest.raises(snapshots.SnapshotFailed) as info:
+        snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    assert "disappeared at Vultr" in info.value.message
+    with store.connect(db_url) as conn:
+        assert store.recorded_snapshot(conn, "workers") is None
+        assert store.fleet_snapshots(conn, "workers") == []
+
+
+def test_ambiguous_post_is_resolved_by_description_not_by_posting_again(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    # An older snapshot with the same description must not be mistaken for the new one.
+    older = client.create_snapshot(base_instance, description="golden").id
+    sim.drop_after_acting("POST", "/v2/snapshots", mode="drop")
+    result = snapshots.bake(
+        client, db_url, _cfg(), base_instance, description="golden", clock=clock
+    )
+    assert _posts(sim) == 2  # the hand-made one and exactly one from the bake
+    assert result.snapshot_id != older and result.snapshot_id in sim.snapshots
+    assert result.is_complete
+
+
+def test_no_wait_lists_it_pending_but_does_not_make_it_the_fleets(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    result = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, wait=False)
+    assert result.status == "pending" and not result.is_complete
+    assert clock.slept == []
+    with store.connect(db_url) as conn:
+        assert store.recorded_snapshot(conn, "workers") is None
+        assert [r.status for r in store.fleet_snapshots(conn, "workers")] == ["pending"]
+
+
+def test_a_wrong_database_fails_before_anything_is_sent(
+    client: VultrClient, sim: Simulator, clock: FakeClock, base_instance: str, pg_url: str
+) -> None:
+    with pytest.raises(RuntimeFailure, match="vultrscale tables are missing"):
+        snapshots.bake(client, pg_url, _cfg(), base_instance, clock=clock)
+    assert _posts(sim) == 0
+
+
+# --- the command line, over real HTTP ------------------------------------------------------
+
+
+@pytest.fixture
+def http_sim() -> Iterator[tuple[Simulator, str]]:
+    sim = Simulator(
+        KEY, clock=SystemClock(), timings=Timings(snapshot_complete=1.0, visible_after=0)
+    )
+    with serving(sim) as server:
+        yield sim, server.url
+
+
+@pytest.fixture
+def cli_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, db_url: str, http_sim: tuple[Simulator, str]
+) -> Simulator:
+    sim, url = http_sim
+    monkeypatch.chdir(tmp_path)  # no stray ./vultrscale.toml or .env
+    monkeypatch.delenv("VULTRSCALE_CONFIG", raising=False)
+    monkeypatch.setenv("VULTR_API_KEY", KEY)
+    monkeypatch.setenv("VULTR_API_URL", url)
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("VULTRSCALE_FLEET_NAME", "clifleet")
+    return sim
+
+
+def _booted(sim: Simulator) -> str:
+    inst = sim.create_instance(region="ewr", plan="vc2-1c-1gb", os_id=2136, label="b", tags=[])
+    return str(inst["id"])
+
+
+def test_cli_bakes_records_and_prunes_over_http(
+    cli_env: Simulator, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim = cli_env
+    base = _booted(sim)
+    # an older fleet snapshot, complete already, to be pruned with --keep 1
+    assert cli.main(["snapshot", "--from-instance", base, "--description", "old"]) == 0
+    old = store_id(db_url, "clifleet")
+    capsys.readouterr()
+
+    code = cli.main(["snapshot", "--from-instance", base, "--description", "new", "--keep", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    new = store_id(db_url, "clifleet")
+    assert new != old
+    assert f"Snapshot {new} (new) is complete" in out
+    assert f"Deleted 1 older fleet snapshot(s): {old}" in out
+    assert set(sim.snapshots) == {new}
+
+
+def store_id(db_url: str, fleet: str) -> str:
+    with store.connect(db_url) as conn:
+        sid = store.recorded_snapshot(conn, fleet)
+    assert sid is not None
+    return sid
+
+
+def test_cli_unknown_instance_exits_2_and_sends_no_post(
+    cli_env: Simulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["snapshot", "--from-instance", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no instance nope" in err and "vultrscale instances" in err
+    assert cli_env.count("POST", "/v2/snapshots") == 0
+
+
+def test_cli_no_wait_then_resume(
+    cli_env: Simulator, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _booted(cli_env)
+    assert cli.main(["snapshot", "--from-instance", base, "--no-wait"]) == 0
+    out = capsys.readouterr().out
+    sid = next(iter(cli_env.snapshots))
+    assert f"vultrscale snapshot --resume {sid}" in out
+    with store.connect(db_url) as conn:
+        assert store.recorded_snapshot(conn, "clifleet") is None
+    assert cli.main(["snapshot", "--resume", sid]) == 0
+    assert store_id(db_url, "clifleet") == sid
+
+
+@pytest.mark.parametrize(
+    ("args", "unset", "needle"),
+    [
+        (["--from-instance", "x", "--timeout", "soon"], None, "--timeout"),
+        (["--from-instance", "x", "--keep", "0"], None, "--keep"),
+        ([], None, "exactly one of --from-instance"),
+        (["--from-instance", "x"], "VULTR_API_KEY", "VULTR_API_KEY is not set"),
+        (["--from-instance", "x"], "DATABASE_URL", "DATABASE_URL is not set"),
+    ],
+    ids=["bad-timeout", "keep-0", "no-source", "no-api-key", "no-database-url"],
+)
+def test_cli_bad_input_exits_2_before_any_request(
+    cli_env: Simulator,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    unset: str | None,
+    needle: str,
+) -> None:
+    if unset:
+        monkeypatch.delenv(unset)
+    assert cli.main(["snapshot", *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert KEY not in err
+    assert cli_env.request_log == []

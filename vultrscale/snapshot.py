@@ -1,0 +1,426 @@
+"""Bake the fleet's base image: snapshot an instance, wait until complete, record it, prune.
+
+``bake`` checks the instance and the database before it sends anything, POSTs the snapshot
+once (an ambiguous outcome is resolved by looking the snapshot up by its description, never by
+posting again), and polls with a growing interval until Vultr says ``complete``. The snapshot
+is listed in ``fleet_snapshots`` as ``pending`` right after the POST, so an interrupted or
+timed-out bake is never lost track of; it becomes the fleet's snapshot
+(``fleet_state.snapshot_id``) only once complete. Then older snapshots of this fleet (only
+those recorded in ``fleet_snapshots``) beyond ``keep`` are deleted at Vultr, never the new one
+nor the one named in ``fleet.snapshot_id``.
+
+``resume`` picks up a snapshot that is still pending (after ``--no-wait`` or a timeout): it
+waits, records and prunes exactly as a bake does, without creating anything.
+
+Time comes from a Clock so tests advance a FakeClock instead of sleeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from vultrscale.clock import Clock, SystemClock
+from vultrscale.config import Config, format_duration
+from vultrscale.db import snapshots as store
+from vultrscale.errors import RuntimeFailure, UsageError
+from vultrscale.vultr.errors import (
+    AmbiguousCreate,
+    ApiUnreachable,
+    NotFound,
+    RateLimited,
+    ServerError,
+    VultrError,
+)
+from vultrscale.vultr.models import VInstance, VSnapshot
+
+DEFAULT_KEEP = 3
+DEFAULT_TIMEOUT = timedelta(minutes=60)
+# Packer polls every ~3 s, Terraform up to 10 s; a big disk takes 20+ minutes, so grow to 30 s.
+FIRST_POLL = 3.0
+MAX_POLL = 30.0
+POLL_GROWTH = 1.5
+# A snapshot may not be visible for a moment after the POST (like an instance's 404 after
+# create); only after this long does a 404 mean it is gone.
+NOT_VISIBLE_GRACE = 60.0
+# After an ambiguous POST: how often, and how far apart, to look the snapshot up.
+LOOKUP_ATTEMPTS = 3
+LOOKUP_INTERVAL = 5.0
+FAILED_STATUSES = frozenset({"deleted", "failed", "error"})
+
+
+class SnapshotApi(Protocol):
+    """The part of ``VultrClient`` a bake uses (the simulator's transport serves it too)."""
+
+    def get_instance(self, instance_id: str) -> VInstance: ...
+    def create_snapshot(self, instance_id: str, description: str = "") -> VSnapshot: ...
+    def get_snapshot(self, snapshot_id: str) -> VSnapshot: ...
+    def list_snapshots(self, description: str | None = None) -> list[VSnapshot]: ...
+    def delete_snapshot(self, snapshot_id: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a waiting bake reports after each poll (the CLI shows it next to a spinner)."""
+
+    snapshot_id: str
+    status: str
+    elapsed: float  # seconds since the wait began
+    next_poll: float  # seconds until the next poll
+    note: str = ""  # e.g. a transient API error that the next poll retries
+
+
+@dataclass(frozen=True)
+class BakeResult:
+    """The outcome of a bake or resume."""
+
+    fleet: str
+    snapshot_id: str
+    description: str
+    status: str  # "complete", or "pending" after --no-wait
+    instance_id: str  # empty for a resume
+    elapsed: float  # seconds spent waiting for complete
+    size: int = 0  # bytes, as Vultr reports it
+    previous: str | None = None  # the fleet's recorded snapshot before this one
+    deleted: tuple[str, ...] = ()  # older fleet snapshots deleted by the prune
+    delete_errors: tuple[str, ...] = ()  # "<id>: <why>" for each one that could not be deleted
+    kept: tuple[str, ...] = field(default=())  # fleet snapshots still recorded, newest first
+
+    @property
+    def is_complete(self) -> bool:
+        return self.status == store.COMPLETE
+
+
+class SnapshotFailed(RuntimeFailure):
+    """The snapshot disappeared or reached a failure state at Vultr."""
+
+    def __init__(self, message: str, *, snapshot_id: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.snapshot_id = snapshot_id
+
+
+class SnapshotTimeout(RuntimeFailure):
+    """The snapshot was still pending when the wait ran out; it is not the fleet's snapshot."""
+
+    def __init__(self, message: str, *, snapshot_id: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.snapshot_id = snapshot_id
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+def default_description(fleet: str, now: datetime) -> str:
+    """A description unique per fleet and second, so an ambiguous POST can be looked up by it."""
+    return f"{fleet}-{now.strftime('%Y%m%dT%H%M%SZ')}"
+
+
+def bake(
+    client: SnapshotApi,
+    database_url: str,
+    cfg: Config,
+    instance_id: str,
+    *,
+    description: str | None = None,
+    keep: int = DEFAULT_KEEP,
+    wait: bool = True,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    clock: Clock | None = None,
+    on_progress: ProgressFn | None = None,
+) -> BakeResult:
+    """Snapshot ``instance_id`` as the fleet's base image; see the module docstring.
+
+    Raises UsageError (exit 2, nothing created) for an unknown instance or bad arguments,
+    SnapshotFailed when the snapshot disappears or fails, SnapshotTimeout past ``timeout``.
+    With ``wait=False`` it returns right after the POST with status ``pending``: the snapshot
+    is listed for the fleet but is not its snapshot until ``resume`` sees it complete.
+    """
+    clock = clock or SystemClock()
+    fleet = cfg.fleet.name
+    instance_id = instance_id.strip()
+    _check_args(keep, timeout)
+    if not instance_id:
+        raise UsageError("--from-instance is empty", hint="Pass an id from `vultrscale instances`.")
+
+    # The database first: a wrong DATABASE_URL must fail before anything exists at Vultr.
+    with store.connect(database_url) as conn:
+        previous = store.recorded_snapshot(conn, fleet)
+
+    try:
+        client.get_instance(instance_id)
+    except NotFound as exc:
+        raise _no_instance(instance_id) from exc
+
+    description = description or default_description(fleet, clock.now())
+    # Snapshots that already carry this description are not ours if the POST is ambiguous.
+    existing = {s.id for s in client.list_snapshots(description=description)}
+    try:
+        snap = client.create_snapshot(instance_id, description=description)
+    except NotFound as exc:  # deleted between the check and the POST
+        raise _no_instance(instance_id) from exc
+    except AmbiguousCreate as exc:
+        snap = _find_created(client, description, existing, clock, exc)
+
+    created_at = snap.date_created or clock.now()
+    with store.connect(database_url) as conn:
+        store.record_snapshot(conn, fleet, snap.id, description, created_at, store.PENDING)
+
+    if not wait:
+        return BakeResult(
+            fleet=fleet,
+            snapshot_id=snap.id,
+            description=description,
+            status=snap.status or store.PENDING,
+            instance_id=instance_id,
+            elapsed=0.0,
+            previous=previous,
+        )
+    return _finish(
+        client,
+        database_url,
+        cfg,
+        snap.id,
+        created_at,
+        description,
+        instance_id,
+        previous,
+        keep=keep,
+        timeout=timeout,
+        clock=clock,
+        on_progress=on_progress,
+    )
+
+
+def resume(
+    client: SnapshotApi,
+    database_url: str,
+    cfg: Config,
+    snapshot_id: str,
+    *,
+    keep: int = DEFAULT_KEEP,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    clock: Clock | None = None,
+    on_progress: ProgressFn | None = None,
+) -> BakeResult:
+    """Wait for an existing snapshot (after ``--no-wait`` or a timeout), record it, prune.
+
+    Nothing is created. The snapshot joins the fleet's list if it was not in it yet.
+    """
+    clock = clock or SystemClock()
+    fleet = cfg.fleet.name
+    snapshot_id = snapshot_id.strip()
+    _check_args(keep, timeout)
+    with store.connect(database_url) as conn:
+        previous = store.recorded_snapshot(conn, fleet)
+    try:
+        snap = client.get_snapshot(snapshot_id)
+    except NotFound as exc:
+        raise UsageError(
+            f"no snapshot {snapshot_id}",
+            hint="check the id in the Vultr console (Orchestration > Snapshots).",
+        ) from exc
+    created_at = snap.date_created or clock.now()
+    with store.connect(database_url) as conn:
+        recorded = {s.snapshot_id for s in store.fleet_snapshots(conn, fleet)}
+        if snapshot_id not in recorded:
+            store.record_snapshot(
+                conn, fleet, snapshot_id, snap.description, created_at, store.PENDING
+            )
+    return _finish(
+        client,
+        database_url,
+        cfg,
+        snapshot_id,
+        created_at,
+        snap.description,
+        "",
+        previous,
+        keep=keep,
+        timeout=timeout,
+        clock=clock,
+        on_progress=on_progress,
+    )
+
+
+def _no_instance(instance_id: str) -> UsageError:
+    return UsageError(
+        f"no instance {instance_id}",
+        hint="check the id with `vultrscale instances`; nothing was created.",
+    )
+
+
+def _check_args(keep: int, timeout: timedelta) -> None:
+    if keep < 1:
+        raise UsageError(
+            f"--keep must be at least 1, got {keep}",
+            hint="The new snapshot is always kept; --keep 1 deletes every older one.",
+        )
+    if timeout.total_seconds() <= 0:
+        raise UsageError("--timeout must be positive", hint="For example --timeout 60m.")
+
+
+def _find_created(
+    client: SnapshotApi,
+    description: str,
+    existing: set[str],
+    clock: Clock,
+    cause: AmbiguousCreate,
+) -> VSnapshot:
+    """After an ambiguous POST: the snapshot it made, found by description, or a clear failure."""
+    for attempt in range(LOOKUP_ATTEMPTS):
+        if attempt:
+            clock.sleep(LOOKUP_INTERVAL)
+        try:
+            found = [
+                s for s in client.list_snapshots(description=description) if s.id not in existing
+            ]
+        except (ServerError, ApiUnreachable, RateLimited):
+            continue
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            ids = ", ".join(s.id for s in found)
+            raise RuntimeFailure(
+                f"the snapshot request had an unclear outcome and {len(found)} new snapshots "
+                f"carry the description {description!r}: {ids}",
+                hint="Keep one (delete the others in the Vultr console), then run "
+                "`vultrscale snapshot --resume <id>`.",
+            ) from cause
+    raise RuntimeFailure(
+        f"the snapshot request had an unclear outcome ({cause.message}) and no snapshot with "
+        f"the description {description!r} has appeared",
+        hint="Check the Vultr console (Orchestration > Snapshots) in a minute: if it is there, "
+        "run `vultrscale snapshot --resume <id>`; if not, run the same command again.",
+    ) from cause
+
+
+def _finish(
+    client: SnapshotApi,
+    database_url: str,
+    cfg: Config,
+    snapshot_id: str,
+    created_at: datetime,
+    description: str,
+    instance_id: str,
+    previous: str | None,
+    *,
+    keep: int,
+    timeout: timedelta,
+    clock: Clock,
+    on_progress: ProgressFn | None,
+) -> BakeResult:
+    fleet = cfg.fleet.name
+    snap, elapsed = _wait_complete(client, database_url, snapshot_id, timeout, clock, on_progress)
+    with store.connect(database_url) as conn:
+        store.record_snapshot(conn, fleet, snapshot_id, description, created_at, store.COMPLETE)
+    protect = {snapshot_id}
+    if cfg.fleet.snapshot_id:
+        protect.add(cfg.fleet.snapshot_id)
+    deleted, errors, kept = prune(client, database_url, fleet, keep, protect)
+    return BakeResult(
+        fleet=fleet,
+        snapshot_id=snapshot_id,
+        description=description,
+        status=store.COMPLETE,
+        instance_id=instance_id,
+        elapsed=elapsed,
+        size=snap.size,
+        previous=previous,
+        deleted=tuple(deleted),
+        delete_errors=tuple(errors),
+        kept=tuple(kept),
+    )
+
+
+def _wait_complete(
+    client: SnapshotApi,
+    database_url: str,
+    snapshot_id: str,
+    timeout: timedelta,
+    clock: Clock,
+    on_progress: ProgressFn | None,
+) -> tuple[VSnapshot, float]:
+    """Poll until ``complete``; returns the snapshot and the seconds waited."""
+    start = clock.monotonic()
+    deadline = start + timeout.total_seconds()
+    interval = FIRST_POLL
+    status = "pending"
+    while True:
+        note = ""
+        try:
+            snap = client.get_snapshot(snapshot_id)
+        except NotFound as exc:
+            if clock.monotonic() - start >= NOT_VISIBLE_GRACE:
+                with store.connect(database_url) as conn:
+                    store.forget_snapshot(conn, snapshot_id)
+                raise SnapshotFailed(
+                    f"snapshot {snapshot_id} disappeared at Vultr while it was {status}",
+                    snapshot_id=snapshot_id,
+                    hint="Someone may have deleted it, or Vultr dropped it; run the command "
+                    "again to bake a new one.",
+                ) from exc
+            note = "not visible yet"
+        except (ServerError, ApiUnreachable, RateLimited) as exc:
+            # The client already retried; a long wait outlives a short API outage.
+            note = f"API error, will retry: {exc.message}"
+        else:
+            status = snap.status or status
+            if status == store.COMPLETE:
+                return snap, clock.monotonic() - start
+            if status in FAILED_STATUSES:
+                raise SnapshotFailed(
+                    f"snapshot {snapshot_id} is {status!r} at Vultr; it was not made the "
+                    "fleet's snapshot",
+                    snapshot_id=snapshot_id,
+                    hint="Check the instance (disk, state) and run the command again.",
+                )
+        now = clock.monotonic()
+        if now >= deadline:
+            raise SnapshotTimeout(
+                f"snapshot {snapshot_id} is still {status} at Vultr after "
+                f"{format_duration(timeout)}; it was not made the fleet's snapshot",
+                snapshot_id=snapshot_id,
+                hint="Big disks take a while. Vultr keeps working on it: run "
+                f"`vultrscale snapshot --resume {snapshot_id}` to wait again and record it "
+                "(or check it in the Vultr console, Orchestration > Snapshots).",
+            )
+        pause = min(interval, deadline - now)
+        if on_progress:
+            on_progress(Progress(snapshot_id, status, now - start, pause, note))
+        clock.sleep(pause)
+        interval = min(interval * POLL_GROWTH, MAX_POLL)
+
+
+def prune(
+    client: SnapshotApi,
+    database_url: str,
+    fleet: str,
+    keep: int,
+    protect: set[str],
+) -> tuple[list[str], list[str], list[str]]:
+    """Delete this fleet's recorded snapshots beyond the newest ``keep``, except ``protect``.
+
+    Only snapshots listed in ``fleet_snapshots`` for ``fleet`` are candidates: snapshots made
+    by hand or for another fleet are never touched. One that cannot be deleted stays recorded
+    (the next bake tries again). Returns (deleted ids, "<id>: <why>" errors, kept ids).
+    """
+    deleted: list[str] = []
+    errors: list[str] = []
+    with store.connect(database_url) as conn:
+        rows = store.fleet_snapshots(conn, fleet)
+        for row in rows[keep:]:
+            if row.snapshot_id in protect:
+                continue
+            try:
+                client.delete_snapshot(row.snapshot_id)
+            except NotFound:
+                pass  # already gone at Vultr: forgetting it is all that is left to do
+            except VultrError as exc:
+                errors.append(f"{row.snapshot_id}: {exc.message}")
+                continue
+            store.forget_snapshot(conn, row.snapshot_id)
+            deleted.append(row.snapshot_id)
+        kept = [s.snapshot_id for s in store.fleet_snapshots(conn, fleet)]
+    return deleted, errors, kept
