@@ -503,9 +503,10 @@ def _instances_table(found: list[VInstance], width: int) -> Table:
             )
         return table
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_lines=False)
-    table.add_column("id / label / tags", overflow="fold")
-    table.add_column("status / power / server", overflow="fold")
-    table.add_column("main IP / region plan / created (UTC)", overflow="fold")
+    # Each cell stacks three fields; the header names them in the same order.
+    table.add_column("id\nlabel\ntags", min_width=36, overflow="fold")
+    table.add_column("status\npower\nserver", min_width=17, overflow="fold")
+    table.add_column("main IP\nregion plan\ncreated (UTC)", min_width=16, overflow="fold")
     for n, i in enumerate(found):
         style = status_style.get(i.status, "red")
         table.add_row(
