@@ -494,7 +494,8 @@ class Simulator:
                 return SimResponse(rule.status, rule.body, rule.headers)
         if self.error_rate > 0 and self._faults.random() < self.error_rate:
             status = self._faults.choice(self.error_statuses)
-            return error(status, _default_message(status))
+            retry = {"Retry-After": "1"} if status == 429 else None
+            return error(status, _default_message(status), retry)
         if (
             not _PUBLIC.match(path)
             and req.headers.get("authorization") != f"Bearer {self._api_key}"

@@ -84,6 +84,7 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"  # keep-alive, like the real API behind nginx
         server_version = "nginx"
         sys_version = ""
+        disable_nagle_algorithm = True  # headers and body go out in two writes
 
         def _serve(self) -> None:
             parts = urlsplit(self.path)
@@ -140,7 +141,9 @@ def start_server(
             sim.tick()
 
     threads = (
-        threading.Thread(target=server.serve_forever, name="vultr-sim-http", daemon=True),
+        threading.Thread(
+            target=server.serve_forever, args=(0.05,), name="vultr-sim-http", daemon=True
+        ),
         threading.Thread(target=tick_loop, name="vultr-sim-tick", daemon=True),
     )
     for thread in threads:
