@@ -386,6 +386,13 @@ def test_400_on_create_is_bad_request_not_not_found(api: respx.MockRouter, clien
     assert not isinstance(info.value, NotFound)
 
 
+def test_snapshot_of_a_gone_instance_is_not_found(api: respx.MockRouter, client: VultrClient):
+    route = api.post("/v2/snapshots").mock(return_value=err(400, "invalid instance ID"))
+    with pytest.raises(NotFound):
+        client.create_snapshot("gone", description="base")
+    assert route.call_count == 1
+
+
 def test_locked_delete_raises_instance_locked_at_once(
     api: respx.MockRouter, client: VultrClient, slept: SleepRecorder
 ):

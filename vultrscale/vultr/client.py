@@ -275,10 +275,13 @@ class VultrClient:
     # --- snapshots ---------------------------------------------------------------------------
 
     def create_snapshot(self, instance_id: str, description: str = "") -> VSnapshot:
-        """POST /v2/snapshots (201). AmbiguousCreate when the outcome is unknown: look the
-        description up before creating again."""
+        """POST /v2/snapshots (201). NotFound when the instance is gone; AmbiguousCreate when
+        the outcome is unknown: look the description up before creating again."""
         body = {"instance_id": instance_id, "description": description}
-        answer = self._call("POST", "/v2/snapshots", json_body=body, create_label=description)
+        # by_id: the request names an instance, so 400 "invalid instance ID" is NotFound.
+        answer = self._call(
+            "POST", "/v2/snapshots", json_body=body, by_id=True, create_label=description
+        )
         try:
             return VSnapshot.from_api(_object(answer, "snapshot"))
         except VultrError as exc:
