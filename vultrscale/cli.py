@@ -444,12 +444,12 @@ def instances_cmd(
     from rich.console import Console
 
     console = Console()
-    where = f"fleet {cfg.fleet.name!r}, tag {cfg.fleet.tag!r}, {cfg.api_url}"
+    where = f"fleet {cfg.fleet.name!r}, tag {cfg.fleet.tag!r}"
     if not found:
-        console.print(f"No instances carry the tag ({where}). The API key works.")
+        console.print(f"No instances carry the tag ({where}) at {cfg.api_url}; the key works.")
         return
     console.print(_instances_table(found, console.width))
-    console.print(f"{len(found)} instance(s) ({where})", highlight=False)
+    console.print(f"{len(found)} instance(s): {where}\nAPI: {cfg.api_url}", highlight=False)
 
 
 def _instance_json(inst: VInstance) -> dict[str, Any]:

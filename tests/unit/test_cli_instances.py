@@ -113,7 +113,7 @@ def test_table_fits_80_columns(
     assert "203.0.113.2" in out and "0.0.0.0" not in out  # pending: no address yet
     assert "installingbooting" in out and "pending" in out
     assert "ewr vc2-1c-2gb" in out and "2026-11-30 03:00" in out
-    assert "3 instance(s)" in out and TAG in out
+    assert "3 instance(s)" in out and TAG in out and API in out
 
 
 def test_wide_terminal_gets_one_column_per_field(
