@@ -520,6 +520,29 @@ def test_an_unexpected_success_body_is_an_error(api: respx.MockRouter, client: V
         client.get_instance("abc")
 
 
+@pytest.mark.parametrize(
+    "response",
+    [httpx.Response(202, text="<html>ok</html>"), httpx.Response(202, json={"other": {}})],
+    ids=["not-json", "no-instance-object"],
+)
+def test_an_unreadable_create_answer_is_ambiguous(
+    api: respx.MockRouter, client: VultrClient, response: httpx.Response
+):
+    route = api.post("/v2/instances").mock(return_value=response)
+    with pytest.raises(AmbiguousCreate) as info:
+        client.create_instance(**CREATE)
+    assert route.call_count == 1 and info.value.label == CREATE["label"]
+
+
+def test_a_redirect_is_not_followed(api: respx.MockRouter, client: VultrClient):
+    api.get("/v2/account").mock(
+        return_value=httpx.Response(301, headers={"Location": "https://api.vultr.com/v2/account"})
+    )
+    with pytest.raises(BadRequest) as info:
+        client.account()
+    assert "redirects to https://api.vultr.com/v2/account" in info.value.hint
+
+
 # --- secrets and usage -----------------------------------------------------------------------
 
 

@@ -460,12 +460,13 @@ class VultrClient:
                 return None
             try:
                 return response.json()
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise VultrError(
-                    f"{method} {path}: the API answered {status} with a body that is not JSON.",
-                    status=status,
-                    hint=_BAD_BODY_HINT,
-                ) from exc
+            except (ValueError, UnicodeDecodeError):
+                pass
+            text = f"{method} {path}: the API answered {status} with a body that is not JSON"
+            if creating:
+                # Accepted, but we cannot tell what: the resource may exist.
+                raise AmbiguousCreate(f"{text}.", label=create_label, status=status)
+            raise VultrError(f"{text}.", status=status, hint=_BAD_BODY_HINT)
         self._raise_for(method, path, response, by_id, creating, create_label)
 
     def _raise_for(
@@ -511,6 +512,8 @@ class VultrClient:
         hint = None
         if status == 403:
             hint = "The API key may lack the permission (ACL) for this action."
+        elif 300 <= status < 400:
+            hint = f"VULTR_API_URL redirects to {response.headers.get('Location', '?')}; use that."
         raise BadRequest(text, status=status, api_message=message, hint=hint)
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
