@@ -294,28 +294,26 @@ def snapshot_cmd(
 
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Column
 
     from vultrscale import snapshot as snapshots
     from vultrscale.vultr.client import VultrClient
 
     out, err = Console(), Console(stderr=True)
     what = f"snapshot of instance {from_instance}" if from_instance else f"snapshot {resume}"
+    # elapsed time before the text, so a narrow terminal cuts the text, not the clock
     progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
+        SpinnerColumn(table_column=Column(min_width=1, no_wrap=True)),
+        TimeElapsedColumn(table_column=Column(min_width=7, no_wrap=True)),
+        TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis")),
         console=err,
         transient=True,
     )
-    task = progress.add_task(f"{what}: requesting", total=None)
+    task = progress.add_task(f"requesting {what}", total=None)
 
     def show(p: snapshots.Progress) -> None:
-        note = f" ({p.note})" if p.note else ""
-        progress.update(
-            task,
-            description=f"snapshot {p.snapshot_id}: [bold]{p.status}[/bold]{note}, "
-            f"next check in {p.next_poll:.0f}s",
-        )
+        note = f" ({p.note})" if p.note else f" (next check in {p.next_poll:.0f}s)"
+        progress.update(task, description=f"[bold]{p.status}[/bold] snapshot {p.snapshot_id}{note}")
 
     with VultrClient(api_key, cfg.api_url) as client, progress:
         if resume:
@@ -349,10 +347,10 @@ def snapshot_cmd(
         )
         return
     minutes, seconds = divmod(int(result.elapsed), 60)
-    size = f", {result.size / 1e9:.1f} GB" if result.size else ""
+    size = f", {result.size / 1024**3:.1f} GiB" if result.size else ""
     out.print(
         f"[green]Snapshot {result.snapshot_id}[/green] ({result.description}) is complete "
-        f"after {minutes}m{seconds:02d}s{size}; it is now fleet {fleet!r}'s snapshot"
+        f"after {minutes}m{seconds:02d}s{size}; it is now the snapshot of fleet {fleet!r}"
         + (f" (was {result.previous})." if result.previous else ".")
     )
     if cfg.fleet.snapshot_id and cfg.fleet.snapshot_id != result.snapshot_id:
