@@ -516,6 +516,73 @@ def _instances_table(found: list[VInstance], width: int) -> Table:
     return table
 
 
+# --- sim (the Vultr simulator on loopback) ---------------------------------------------------
+
+
+@sim_app.command("serve")
+def sim_serve(
+    port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8090,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (keep it on loopback).")
+    ] = "127.0.0.1",
+    seed: Annotated[int, typer.Option("--seed", help="Seed for ids, IPs and faults.")] = 0,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            help="The key the simulator accepts (default: $VULTR_API_KEY, else a new one).",
+        ),
+    ] = None,
+    no_rate_limit: Annotated[
+        bool, typer.Option("--no-rate-limit", help="Turn off the 30 requests/s limit.")
+    ] = False,
+) -> None:
+    """Run the Vultr API simulator until Ctrl-C; point VULTR_API_URL at it."""
+    import secrets
+    import signal
+    import threading
+
+    from vultrscale.clock import SystemClock
+    from vultrscale.sim import Simulator, start_server
+
+    if api_key:
+        key, key_source = api_key, "given"
+    elif os.environ.get("VULTR_API_KEY"):
+        key, key_source = os.environ["VULTR_API_KEY"], "env"
+    else:
+        key, key_source = "sim-" + secrets.token_hex(16), "generated"
+    sim = Simulator(key, clock=SystemClock(), seed=seed, rate_limit=None if no_rate_limit else 30)
+    try:
+        handle = start_server(sim, host, port)
+    except OSError as exc:
+        raise UsageError(
+            f"Cannot listen on {host}:{port}: {exc.strerror or exc}.",
+            hint="Pick another --port, or --port 0 for a free one.",
+        ) from exc
+
+    def _stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # also SIGINT: a shell may start a background job with SIGINT ignored
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    typer.echo(f"Vultr simulator listening on {handle.url} (seed {seed}). Ctrl-C stops it.")
+    typer.echo(f"export VULTR_API_URL={handle.url}")
+    if key_source == "env":
+        typer.echo("# using VULTR_API_KEY from the environment")
+    else:
+        typer.echo(f"export VULTR_API_KEY={key}")
+    sys.stdout.flush()
+    try:
+        forever = threading.Event()
+        while not forever.wait(3600):
+            pass
+    except KeyboardInterrupt:
+        typer.echo("Stopping the simulator.")
+    finally:
+        handle.stop()
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
