@@ -1,0 +1,287 @@
+"""The queue operations against a real Postgres: claim, fencing, retries, reaper, steps.
+
+Time moves by editing ``expires_at``/``run_at`` in SQL, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from vultrscale.db import queue as q
+from vultrscale.db import schema
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(db_url, autocommit=True) as c:
+        yield c
+
+
+def _job(conn: psycopg.Connection, job_id: int) -> dict[str, object]:
+    cur = conn.execute("SELECT * FROM jobs WHERE id = %s", (job_id,))
+    row = cur.fetchone()
+    assert row is not None and cur.description is not None
+    return {d.name: v for d, v in zip(cur.description, row, strict=True)}
+
+
+def _expire(conn: psycopg.Connection, job_id: int) -> None:
+    conn.execute(
+        "UPDATE job_leases SET expires_at = now() - interval '1 second' WHERE job_id = %s",
+        (job_id,),
+    )
+
+
+def test_migrate_is_idempotent_and_versioned(pg_url: str) -> None:
+    assert schema.migrate(pg_url) == schema.LATEST
+    assert schema.migrate(pg_url) == schema.LATEST
+    with psycopg.connect(pg_url) as c:
+        assert schema.current_version(c) == schema.LATEST
+        versions = [r[0] for r in c.execute("SELECT version FROM vultrscale_schema")]
+        assert versions == [v for v, _ in schema.MIGRATIONS]
+        tables = {
+            r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        }
+    assert tables == {
+        "jobs",
+        "job_leases",
+        "job_steps",
+        "workers",
+        "fleet_instances",
+        "fleet_events",
+        "fleet_state",
+        "fleet_snapshots",
+        "vultrscale_schema",
+    }
+
+
+def test_concurrent_migrations_serialise_on_the_advisory_lock(pg_url: str) -> None:
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(schema.migrate(pg_url))
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert results == [schema.LATEST] * 4
+
+
+def test_ready_queries_use_the_partial_index(conn: psycopg.Connection) -> None:
+    conn.execute(
+        "INSERT INTO jobs (state, attempts, payload, finished_at)"
+        " SELECT 'succeeded', 1, '{}', now() FROM generate_series(1, 20000)"
+    )
+    q.enqueue(conn, [{}] * 10)
+    conn.execute("ANALYZE jobs")
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            "EXPLAIN SELECT count(*) FROM jobs WHERE state = 'ready' AND queue = 'default'"
+            " AND run_at <= now()"
+        )
+    )
+    assert "jobs_ready_idx" in plan or "jobs_ready_run_at_idx" in plan, plan
+
+
+def test_claim_counts_the_attempt_and_writes_a_db_time_lease(conn: psycopg.Connection) -> None:
+    ids = q.enqueue(conn, [{"n": i} for i in range(3)], max_attempts=5)
+    claimed = q.claim(conn, "w1", "default", 2, 30)
+    assert [c.id for c in claimed] == ids[:2]
+    assert [c.payload for c in claimed] == [{"n": 0}, {"n": 1}]
+    assert all(c.attempt == 1 for c in claimed)
+    rows = conn.execute(
+        "SELECT j.state, j.attempts, l.worker_id, l.token, l.expires_at - l.leased_at,"
+        " abs(extract(epoch FROM l.leased_at - now()))"
+        " FROM jobs j JOIN job_leases l ON l.job_id = j.id ORDER BY j.id"
+    ).fetchall()
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("leased", 1, "w1", c.token) for c in claimed
+    ]
+    assert all(r[4] == timedelta(seconds=30) for r in rows)
+    assert all(r[5] < 5 for r in rows)
+    assert _job(conn, ids[2])["state"] == "ready"
+
+
+def test_claim_skips_other_queues_future_jobs_and_a_draining_worker(
+    conn: psycopg.Connection,
+) -> None:
+    q.enqueue(conn, [{}], queue="other")
+    later = conn.execute("SELECT now() + interval '1 hour'").fetchone()
+    assert later is not None
+    q.enqueue(conn, [{}], run_at=later[0])
+    assert q.claim(conn, "w1", "default", 10, 30) == []
+    now_id = q.enqueue(conn, [{}])[0]
+    q.register_worker(conn, "w1", "label-1")
+    q.set_draining(conn, "w1")
+    assert q.claim(conn, "w1", "default", 10, 30) == []
+    assert q.worker_heartbeat(conn, "w1") is True
+    assert [c.id for c in q.claim(conn, "w2", "default", 10, 30)] == [now_id]
+
+
+def test_parallel_claims_never_hand_out_a_job_twice(db_url: str, conn: psycopg.Connection) -> None:
+    q.enqueue(conn, [{}] * 300)
+    taken: dict[str, list[int]] = {}
+
+    def worker(name: str) -> None:
+        mine: list[int] = []
+        with psycopg.connect(db_url, autocommit=True) as c:
+            while batch := q.claim(c, name, "default", 7, 30):
+                mine.extend(j.id for j in batch)
+        taken[name] = mine
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    all_ids = [i for ids in taken.values() for i in ids]
+    assert len(all_ids) == 300
+    assert len(set(all_ids)) == 300
+
+
+def test_writes_are_fenced_by_worker_token_and_a_live_lease(conn: psycopg.Connection) -> None:
+    q.enqueue(conn, [{}])
+    (job,) = q.claim(conn, "w1", "default", 1, 30)
+    wrong = uuid.uuid4()
+    assert q.heartbeat(conn, job.id, "w1", wrong, 30) is False
+    assert q.heartbeat(conn, job.id, "w2", job.token, 30) is False
+    assert q.complete(conn, job.id, "w2", job.token) is False
+    assert q.give_back(conn, job.id, "w1", wrong) is False
+    assert q.fail(conn, job.id, "w1", wrong, "x") is None
+    assert q.save_step(conn, job.id, "w1", wrong, "s", 1) is False
+    assert _job(conn, job.id)["state"] == "leased"
+    assert q.heartbeat(conn, job.id, "w1", job.token, 30) is True
+    _expire(conn, job.id)
+    # Expired but not yet reaped: still refused (a live lease is expires_at > now()).
+    assert q.heartbeat(conn, job.id, "w1", job.token, 30) is False
+    assert q.save_step(conn, job.id, "w1", job.token, "s", 1) is False
+    assert q.complete(conn, job.id, "w1", job.token) is False
+    assert q.load_steps(conn, job.id) == {}
+
+
+def test_complete_once(conn: psycopg.Connection) -> None:
+    q.enqueue(conn, [{}])
+    (job,) = q.claim(conn, "w1", "default", 1, 30)
+    assert q.complete(conn, job.id, "w1", job.token) is True
+    assert q.complete(conn, job.id, "w1", job.token) is False
+    row = _job(conn, job.id)
+    assert (row["state"], row["attempts"]) == ("succeeded", 1)
+    assert row["finished_at"] is not None
+    assert conn.execute("SELECT count(*) FROM job_leases").fetchone() == (0,)
+
+
+def test_give_back_refunds_the_attempt_and_keeps_steps(conn: psycopg.Connection) -> None:
+    q.enqueue(conn, [{}])
+    (job,) = q.claim(conn, "w1", "default", 1, 30)
+    assert q.save_step(conn, job.id, "w1", job.token, "classify", {"label": "a"})
+    assert q.give_back(conn, job.id, "w1", job.token) is True
+    row = _job(conn, job.id)
+    assert (row["state"], row["attempts"]) == ("ready", 0)
+    assert q.load_steps(conn, job.id) == {"classify": {"label": "a"}}
+    (again,) = q.claim(conn, "w2", "default", 1, 30)
+    assert (again.id, again.attempt) == (job.id, 1)
+    # A step saved by an earlier attempt keeps its first result.
+    assert q.save_step(conn, job.id, "w2", again.token, "classify", {"label": "b"})
+    assert q.load_step(conn, job.id, "classify") == (True, {"label": "a"})
+
+
+def test_fail_backs_off_exponentially_then_dies(conn: psycopg.Connection) -> None:
+    (job_id,) = q.enqueue(conn, [{}], max_attempts=3)
+    delays = []
+    for attempt in (1, 2):
+        conn.execute("UPDATE jobs SET run_at = now() WHERE id = %s", (job_id,))
+        (job,) = q.claim(conn, "w1", "default", 1, 30)
+        assert job.attempt == attempt
+        state = q.fail(conn, job.id, "w1", job.token, "boom", backoff_seconds=10)
+        assert state == "ready"
+        delay = conn.execute(
+            "SELECT extract(epoch FROM run_at - now()) FROM jobs WHERE id = %s", (job_id,)
+        ).fetchone()
+        assert delay is not None
+        delays.append(float(delay[0]))
+        assert q.claim(conn, "w1", "default", 1, 30) == []  # not due yet
+    assert delays[0] == pytest.approx(10, abs=1)
+    assert delays[1] == pytest.approx(20, abs=1)
+    conn.execute("UPDATE jobs SET run_at = now() WHERE id = %s", (job_id,))
+    (job,) = q.claim(conn, "w1", "default", 1, 30)
+    assert q.fail(conn, job.id, "w1", job.token, "boom") == "dead"
+    row = _job(conn, job_id)
+    assert (row["state"], row["attempts"], row["last_error"]) == ("dead", 3, "boom")
+
+
+def test_backoff_is_capped(conn: psycopg.Connection) -> None:
+    (job_id,) = q.enqueue(conn, [{}], max_attempts=50)
+    conn.execute("UPDATE jobs SET attempts = 30 WHERE id = %s", (job_id,))
+    (job,) = q.claim(conn, "w1", "default", 1, 30)
+    q.fail(conn, job.id, "w1", job.token, "x", backoff_seconds=1, backoff_cap_seconds=60)
+    delay = conn.execute(
+        "SELECT extract(epoch FROM run_at - now()) FROM jobs WHERE id = %s", (job_id,)
+    ).fetchone()
+    assert delay is not None and float(delay[0]) == pytest.approx(60, abs=1)
+
+
+def test_permanent_error_fails_at_once(conn: psycopg.Connection) -> None:
+    q.enqueue(conn, [{}], max_attempts=5)
+    (job,) = q.claim(conn, "w1", "default", 1, 30)
+    assert q.fail(conn, job.id, "w1", job.token, "bad input", permanent=True) == "failed"
+    row = _job(conn, job.id)
+    assert (row["state"], row["attempts"]) == ("failed", 1)
+
+
+def test_reaper_returns_expired_jobs_with_the_attempt_spent(conn: psycopg.Connection) -> None:
+    a, b, c = q.enqueue(conn, [{}] * 3, max_attempts=2)
+    claimed = {j.id: j for j in q.claim(conn, "w1", "default", 3, 30)}
+    conn.execute("UPDATE jobs SET attempts = 2 WHERE id = %s", (b,))
+    _expire(conn, a)
+    _expire(conn, b)
+    assert q.reap_expired(conn) == 2
+    assert q.reap_expired(conn) == 0
+    assert (_job(conn, a)["state"], _job(conn, a)["attempts"]) == ("ready", 1)
+    assert (_job(conn, b)["state"], _job(conn, b)["attempts"]) == ("dead", 2)
+    assert _job(conn, c)["state"] == "leased"
+    assert q.heartbeat(conn, c, "w1", claimed[c].token, 30) is True
+
+
+def test_lease_lost_first_worker_is_refused_and_the_job_completes_once(
+    conn: psycopg.Connection,
+) -> None:
+    """Worker A stalls (no heartbeat) past expiry; B reaps and takes the job; A wakes up."""
+    (job_id,) = q.enqueue(conn, [{}])
+    (a,) = q.claim(conn, "A", "default", 1, 30)
+    assert q.save_step(conn, job_id, "A", a.token, "classify", "from A")
+    _expire(conn, job_id)  # A's heartbeat stalled past expiry
+    assert q.reap_expired(conn) == 1
+    (b,) = q.claim(conn, "B", "default", 1, 30)
+    assert (b.id, b.attempt) == (job_id, 2)
+    # A comes back: every write refused, and it learns it lost the lease.
+    assert q.heartbeat(conn, job_id, "A", a.token, 30) is False
+    assert q.save_step(conn, job_id, "A", a.token, "draft", "from A") is False
+    assert q.complete(conn, job_id, "A", a.token) is False
+    assert q.give_back(conn, job_id, "A", a.token) is False
+    assert _job(conn, job_id)["state"] == "leased"
+    assert q.save_step(conn, job_id, "B", b.token, "draft", "from B")
+    assert q.complete(conn, job_id, "B", b.token) is True
+    row = _job(conn, job_id)
+    assert (row["state"], row["attempts"]) == ("succeeded", 2)
+    assert q.load_steps(conn, job_id) == {"classify": "from A", "draft": "from B"}
+
+
+def test_enqueue_notifies_listeners(db_url: str, conn: psycopg.Connection) -> None:
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {q.NOTIFY_CHANNEL}")
+        q.enqueue(conn, [{}], queue="emails")
+        notes = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.payload for n in notes] == ["emails"]
