@@ -331,9 +331,12 @@ class SSHDrain:
                 "next pass.",
             ) from None
         except paramiko.SSHException as exc:
+            transport = client.get_transport()
+            # No SSH version string from the peer: it accepted TCP but never spoke SSH.
+            silent = transport is None or not getattr(transport, "remote_version", "")
             client.close()
             text = str(exc)
-            if "banner" in text.lower():
+            if silent or "banner" in text.lower():
                 raise HostUnreachable(
                     f"{where} accepted a connection but sent no SSH banner within "
                     f"{self.connect_timeout:g}s",
