@@ -57,7 +57,9 @@ def _version(value: bool) -> None:
 def _root(
     config: Annotated[
         str | None,
-        typer.Option("--config", help="TOML config file (default: $VULTRSCALE_CONFIG, ./vultrscale.toml)."),
+        typer.Option(
+            "--config", help="TOML config file (default: $VULTRSCALE_CONFIG, ./vultrscale.toml)."
+        ),
     ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
     version: Annotated[
@@ -206,7 +208,7 @@ def enqueue_cmd(
     except json.JSONDecodeError as exc:
         raise UsageError(
             f"--payload is not valid JSON: {exc.msg} at character {exc.pos}.",
-            hint='Quote the whole payload for the shell, e.g. --payload \'{"step_seconds": 1}\'.',
+            hint="Quote the whole payload for the shell, e.g. --payload '{\"step_seconds\": 1}'.",
         ) from None
     conninfo = _database_url()
     import psycopg
@@ -516,6 +518,262 @@ def _instances_table(found: list[VInstance], width: int) -> Table:
     return table
 
 
+# --- reconcile, status, events (the lead's section) ------------------------------------------
+
+_DB_HINT = "export DATABASE_URL=postgresql://user:password@host/db, then `vultrscale db init`."
+_KEY_HINT = (
+    "export VULTR_API_KEY=... (my.vultr.com > Account > API), or point VULTR_API_URL at "
+    "`vultrscale sim serve` and set any key."
+)
+
+
+class _LazyDrain:
+    """The SSH drain transport, built on first use so a pass with no drain never imports
+    paramiko nor reads the key; closed after every pass (connections live within one pass)."""
+
+    def __init__(self, key_path: str) -> None:
+        self.key_path = key_path
+        self._drain: Any = None
+
+    def _get(self) -> Any:
+        if self._drain is None:
+            from vultrscale.ssh import SSHDrain
+
+            self._drain = SSHDrain(self.key_path)
+        return self._drain
+
+    def stop_many(self, targets: list[Any]) -> Any:
+        return self._get().stop_many(targets)
+
+    def is_active_many(self, targets: list[Any]) -> Any:
+        return self._get().is_active_many(targets)
+
+    def close(self) -> None:
+        if self._drain is not None:
+            self._drain.close()
+            self._drain = None
+
+
+def build_parts(cfg: Config) -> Any:
+    """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock."""
+    from vultrscale.clock import SystemClock
+    from vultrscale.reconcile import Parts
+    from vultrscale.vultr.client import VultrClient
+
+    api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", _KEY_HINT)
+    db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", _DB_HINT)
+    client = VultrClient(api_key, cfg.api_url)
+
+    scaler_key: list[str] = []
+
+    def keygen() -> tuple[str, str]:
+        from vultrscale.ssh import generate_host_key
+
+        return generate_host_key()
+
+    def render(label: str, private: str, public: str) -> str:
+        from vultrscale import cloudinit, ssh
+
+        if not scaler_key:
+            scaler_key.append(ssh.public_key_line(cfg.fleet.ssh_key))
+        return cloudinit.render_user_data(
+            cfg, label, private, public, scaler_key[0], show_secrets=True
+        )
+
+    return Parts(
+        client=client,
+        db_url=db_url,
+        drain=_LazyDrain(cfg.fleet.ssh_key),
+        clock=SystemClock(),
+        keygen=keygen,
+        render_user_data=render,
+    )
+
+
+def _print_pass(result: Any, as_json: bool) -> None:
+    if as_json:
+        print_json(result.to_json())
+        return
+    from rich.console import Console
+
+    console = Console()
+    if result.lock_held:
+        console.print("Another reconcile pass holds the lock for this fleet; nothing to do.")
+        return
+    plan = result.plan
+    head = "[bold]dry run[/bold]: " if result.dry_run else ""
+    if plan is not None:
+        console.print(
+            f"{head}desired {plan.desired}, target {plan.target} "
+            f"(capacity {plan.capacity}, floor {plan.floor}, cap {plan.cap})"
+        )
+        for reason in plan.reasons:
+            console.print(f"  why: {reason}", markup=False)
+        for clamp in plan.clamps:
+            console.print(f"  clamp: {clamp}", style="yellow", markup=False)
+        from vultrscale.status import grouped
+
+        verb = "would" if result.dry_run else "do"
+        for line in grouped(a.describe() for a in plan.actions):
+            console.print(f"  {verb}: {line}", style="cyan", markup=False)
+        for warning in plan.warnings:
+            console.print(f"  warning: {warning}", style="red", markup=False)
+    for r in result.results:
+        console.print(f"  {r['label']}: {r['result']}", markup=False)
+    for e in result.errors:
+        console.print(f"  error: {e}", style="red", markup=False)
+
+
+@app.command("reconcile")
+def reconcile_cmd(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; change nothing.")
+    ] = False,
+    loop: Annotated[bool, typer.Option("--loop", help="Run passes until interrupted.")] = False,
+    interval: Annotated[
+        str, typer.Option("--interval", help="Time between passes with --loop (e.g. 30s).")
+    ] = "30s",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document per pass.")
+    ] = False,
+    metrics_file: Annotated[
+        str | None,
+        typer.Option("--metrics-file", help="Write Prometheus metrics here (textfile collector)."),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", help="With --loop, serve /metrics on 127.0.0.1:PORT."),
+    ] = None,
+) -> int:
+    """One reconcile pass (or a loop): observe, progress drains, decide, act, record."""
+    from vultrscale.config import parse_duration
+    from vultrscale.reconcile import run_forever, run_pass
+
+    try:
+        every = parse_duration(interval, "--interval")
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="Write durations like 30s, 5m or 1h.") from None
+    if metrics_port is not None and not loop:
+        raise UsageError(
+            "--metrics-port needs --loop", hint="Use --metrics-file for single passes."
+        )
+    cfg = load_config()
+    parts = build_parts(cfg)
+    metrics = None
+    if metrics_file or metrics_port is not None:
+        from vultrscale.metrics import Metrics
+
+        metrics = Metrics(cfg.fleet.name)
+        if metrics_port is not None:
+            metrics.serve(metrics_port)
+
+    def report(result: Any) -> None:
+        _print_pass(result, as_json)
+        if metrics is not None:
+            metrics.observe(result)
+            if metrics_file:
+                metrics.write_textfile(metrics_file)
+
+    def report_error(exc: VultrscaleError) -> None:
+        _fail(exc.message, exc.hint, exc.exit_code)
+
+    try:
+        if not loop:
+            result = run_pass(cfg, parts, dry_run=dry_run)
+            report(result)
+            return int(result.exit_code)
+        return run_forever(
+            cfg, parts, interval=every, dry_run=dry_run, on_result=report, on_error=report_error
+        )
+    finally:
+        parts.client.close()
+
+
+def _status_once(cfg: Config, parts: Any) -> tuple[Any, Any]:
+    from vultrscale.reconcile import run_pass
+
+    result = run_pass(cfg, parts, dry_run=True, take_lock=False)
+    return result, parts.clock.now()
+
+
+@app.command("status")
+def status_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh every few seconds.")] = False,
+    every: Annotated[float, typer.Option("--every", help="Seconds between refreshes.")] = 5.0,
+) -> int:
+    """The fleet: every instance, the queue, desired count and why, budget used."""
+    from vultrscale import status
+
+    cfg = load_config()
+    parts = build_parts(cfg)
+    ceiling = cfg.budget.monthly_ceiling_usd
+    try:
+        result, now = _status_once(cfg, parts)
+        if as_json:
+            print_json(status.status_document(result.observation, result.plan, now, ceiling))
+            return int(result.exit_code)
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console()
+        view = status.render(result.observation, result.plan, now, ceiling, cfg.fleet.name)
+        if not watch:
+            console.print(view)
+            return int(result.exit_code)
+        import time
+
+        with Live(view, console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(max(0.5, every))
+                result, now = _status_once(cfg, parts)
+                live.update(
+                    status.render(result.observation, result.plan, now, ceiling, cfg.fleet.name),
+                    refresh=True,
+                )
+    finally:
+        parts.client.close()
+
+
+@app.command("events")
+def events_cmd(
+    since: Annotated[str, typer.Option("--since", help="How far back (e.g. 1h, 30m, 2d).")] = "1h",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    """The decision ledger: every pass, its inputs, the clamps, actions and results."""
+    from datetime import UTC, datetime
+
+    import psycopg
+
+    from vultrscale.config import parse_duration
+    from vultrscale.db import ledger
+    from vultrscale.errors import DatabaseError
+
+    try:
+        window = parse_duration(since, "--since")
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="Write durations like 30m, 1h or 2d.") from None
+    cfg = load_config()
+    db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", _DB_HINT)
+    try:
+        with psycopg.connect(db_url, connect_timeout=10) as conn:
+            rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DatabaseError(f"cannot read the events: {first}") from None
+    if as_json:
+        print_json({"fleet": cfg.fleet.name, "since": since, "events": rows})
+        return
+    from rich.console import Console
+
+    from vultrscale.status import events_table
+
+    if not rows:
+        typer.echo(f"No passes recorded for fleet {cfg.fleet.name} in the last {since}.")
+        return
+    Console().print(events_table(rows))
+
+
 # --- sim (the Vultr simulator on loopback) ---------------------------------------------------
 
 
@@ -596,8 +854,8 @@ def _secrets_from_env() -> list[str | None]:
             out.append(url)
             try:
                 out.append(urlsplit(url).password)
-            except ValueError:
-                pass
+            except ValueError:  # an unparsable URL has no password we could find
+                continue
     return out
 
 

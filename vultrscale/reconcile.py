@@ -169,9 +169,16 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 # --- the pass ----------------------------------------------------------------------------------
 
 
-def run_pass(cfg: Config, parts: Parts, *, dry_run: bool = False) -> PassResult:
+def run_pass(
+    cfg: Config, parts: Parts, *, dry_run: bool = False, take_lock: bool = True
+) -> PassResult:
     """One reconcile pass. Raises UsageError (exit 2) for bad input before touching anything,
-    DatabaseError (exit 1) when Postgres is unreachable; other failures are in the result."""
+    DatabaseError (exit 1) when Postgres is unreachable; other failures are in the result.
+
+    ``take_lock=False`` is for read-only views (``status``): they must work while a pass runs,
+    and only a dry run may skip the lock."""
+    if not take_lock and not dry_run:
+        raise ValueError("only a dry run may skip the fleet lock")
     import psycopg
 
     started = time.monotonic()
@@ -184,11 +191,13 @@ def run_pass(cfg: Config, parts: Parts, *, dry_run: bool = False) -> PassResult:
         with conn:
             from vultrscale.db import ledger
 
-            if not ledger.try_lock(conn, cfg.fleet.name):
+            if take_lock and not ledger.try_lock(conn, cfg.fleet.name):
                 return PassResult(EXIT_OK, now, lock_held=True, dry_run=dry_run)
             result = _Pass(cfg, parts, conn, now, dry_run).run()
     except psycopg.Error as exc:
         raise DatabaseError(f"database error during the pass: {_first_line(exc)}") from None
+    finally:
+        parts.drain.close()  # connections are reused within a pass, not across passes
     result.duration_s = time.monotonic() - started
     return result
 

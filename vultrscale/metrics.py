@@ -1,0 +1,97 @@
+"""Prometheus metrics of the reconcile loop: a textfile for node_exporter, or /metrics.
+
+The registry is our own (not the global default), so tests and several fleets do not mix.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    start_http_server,
+    write_to_textfile,
+)
+
+from vultrscale.model import InstanceState
+from vultrscale.reconcile import PassResult
+
+
+class Metrics:
+    def __init__(self, fleet: str) -> None:
+        self.fleet = fleet
+        self.registry = CollectorRegistry()
+        r, lbl = self.registry, ["fleet"]
+        self.instances = Gauge(
+            "vultrscale_instances",
+            "Fleet instances by ledger state",
+            ["fleet", "state"],
+            registry=r,
+        )
+        self.desired = Gauge(
+            "vultrscale_desired_instances", "Instances demand asks for", lbl, registry=r
+        )
+        self.target = Gauge(
+            "vultrscale_target_instances",
+            "Instances after floor, cap, cool-downs, budget",
+            lbl,
+            registry=r,
+        )
+        self.ready = Gauge("vultrscale_queue_ready", "Jobs ready and due", lbl, registry=r)
+        self.in_flight = Gauge(
+            "vultrscale_queue_in_flight", "Jobs with a live lease", lbl, registry=r
+        )
+        self.expired = Gauge(
+            "vultrscale_queue_expired_leases", "Leases expired, not reaped", lbl, registry=r
+        )
+        self.oldest = Gauge(
+            "vultrscale_queue_oldest_ready_seconds", "Age of the oldest ready job", lbl, registry=r
+        )
+        self.month_to_date = Gauge(
+            "vultrscale_budget_month_to_date_usd", "Fleet cost this UTC month", lbl, registry=r
+        )
+        self.duration = Gauge(
+            "vultrscale_pass_duration_seconds", "Last pass wall time", lbl, registry=r
+        )
+        self.last_pass = Gauge(
+            "vultrscale_last_pass_timestamp_seconds", "When the last pass ran", lbl, registry=r
+        )
+        self.passes = Counter(
+            "vultrscale_passes", "Reconcile passes by exit code", ["fleet", "exit_code"], registry=r
+        )
+        self.actions = Counter("vultrscale_actions", "Actions taken", ["fleet", "kind"], registry=r)
+
+    def observe(self, result: PassResult) -> None:
+        f = self.fleet
+        self.passes.labels(f, str(result.exit_code)).inc()
+        self.duration.labels(f).set(result.duration_s)
+        self.last_pass.labels(f).set(result.at.timestamp())
+        obs, plan = result.observation, result.plan
+        if obs is not None:
+            for state in InstanceState:
+                if state is InstanceState.GONE:
+                    continue
+                self.instances.labels(f, state.value).set(
+                    sum(1 for i in obs.instances if i.state is state)
+                )
+            if obs.signals is not None:
+                s = obs.signals
+                self.ready.labels(f).set(s.ready)
+                self.in_flight.labels(f).set(s.in_flight)
+                self.expired.labels(f).set(s.expired_leases)
+                self.oldest.labels(f).set(s.oldest_ready_seconds)
+        if plan is not None:
+            self.desired.labels(f).set(plan.desired)
+            self.target.labels(f).set(plan.target)
+            if plan.month_to_date_usd is not None:
+                self.month_to_date.labels(f).set(plan.month_to_date_usd)
+            if not result.dry_run:
+                for action in plan.actions:
+                    self.actions.labels(f, action.kind.value).inc()
+
+    def write_textfile(self, path: str) -> None:
+        """Write the Prometheus text format atomically (temp file + rename)."""
+        write_to_textfile(path, self.registry)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,216 @@
+"""The fleet view: rich tables and a JSON document built from one pass's values. No I/O here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from vultrscale.model import Instance, Observation, Plan
+
+_STATE_STYLE = {
+    "creating": "yellow",
+    "pending": "yellow",
+    "booting": "cyan",
+    "running": "green",
+    "draining": "magenta",
+    "deleting": "red",
+    "gone": "dim",
+}
+
+
+def age(since: datetime | None, now: datetime) -> str:
+    """``3m``, ``2h05m``, ``4d3h``: a short age for a table cell."""
+    if since is None:
+        return "-"
+    seconds = max(0, int((now - since).total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours}h"
+
+
+def instance_rows(instances: tuple[Instance, ...], now: datetime) -> list[dict[str, Any]]:
+    """One plain dict per instance: what `status --json` prints and the table shows."""
+    return [
+        {
+            "label": i.label,
+            "id": i.id,
+            "state": i.state.value,
+            "vultr_status": "/".join(s for s in (i.vultr_status, i.server_status) if s),
+            "ip": i.main_ip or None,
+            "age_seconds": int((now - i.created_at).total_seconds()) if i.created_at else None,
+            "live_leases": i.live_leases,
+            "worker_last_seen": i.worker_last_seen.isoformat() if i.worker_last_seen else None,
+            "billed_usd": round(i.billed_usd, 4),
+        }
+        for i in instances
+    ]
+
+
+def status_document(obs: Observation, plan: Plan, now: datetime, ceiling: float) -> dict[str, Any]:
+    """Everything `vultrscale status --json` prints."""
+    sig = obs.signals
+    return {
+        "at": now.isoformat(),
+        "instances": instance_rows(obs.instances, now),
+        "queue": None
+        if sig is None
+        else {
+            "ready": sig.ready,
+            "in_flight": sig.in_flight,
+            "expired_leases": sig.expired_leases,
+            "oldest_ready_seconds": round(sig.oldest_ready_seconds, 1),
+        },
+        "errors": [e for e in (obs.signal_error, obs.api_error) if e],
+        "desired": plan.desired,
+        "target": plan.target,
+        "capacity": plan.capacity,
+        "floor": plan.floor,
+        "cap": plan.cap,
+        "reasons": list(plan.reasons),
+        "clamps": list(plan.clamps),
+        "warnings": list(plan.warnings),
+        "next_actions": [a.describe() for a in plan.actions],
+        "budget": {
+            "ceiling_usd": ceiling,
+            "month_to_date_usd": _round(plan.month_to_date_usd),
+            "committed_usd": _round(plan.committed_usd),
+            "headroom_usd": _round(ceiling - plan.committed_usd)
+            if plan.committed_usd is not None
+            else None,
+        },
+        "next_scale_in_at": plan.next_scale_in_at.isoformat() if plan.next_scale_in_at else None,
+    }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
+
+
+def render(
+    obs: Observation, plan: Plan, now: datetime, ceiling: float, fleet: str
+) -> RenderableType:
+    """The fleet table and the summary under it; fits 80 columns."""
+    from rich import box
+
+    table = Table(
+        title=f"fleet {fleet}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    table.add_column("label", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("ip", no_wrap=True)
+    table.add_column("age", justify="right", no_wrap=True)
+    table.add_column("jobs", justify="right")
+    table.add_column("seen", justify="right", no_wrap=True)
+    table.add_column("$", justify="right", no_wrap=True)
+    for i in obs.instances:
+        state = Text(i.state.value, style=_STATE_STYLE.get(i.state.value, ""))
+        table.add_row(
+            i.label,
+            state,
+            i.main_ip if i.main_ip and i.main_ip != "0.0.0.0" else "-",
+            age(i.created_at, now),
+            str(i.live_leases),
+            age(i.worker_last_seen, now) if i.worker_last_seen else "-",
+            f"{i.billed_usd:.2f}",
+        )
+    if not obs.instances:
+        table.add_row("(no instances)", "", "", "", "", "", "")
+
+    lines: list[RenderableType] = [table]
+    sig = obs.signals
+    if sig is None:
+        lines.append(Text(f"queue: unreadable ({obs.signal_error})", style="red"))
+    else:
+        lines.append(
+            Text(
+                f"queue: {sig.ready} ready, {sig.in_flight} in flight, "
+                f"{sig.expired_leases} expired lease(s), "
+                f"oldest ready {age_s(sig.oldest_ready_seconds)}"
+            )
+        )
+    if obs.api_error:
+        lines.append(Text(f"api: {obs.api_error}", style="red"))
+    lines.append(
+        Text(
+            f"desired {plan.desired}, target {plan.target} (capacity {plan.capacity}, "
+            f"floor {plan.floor}, cap {plan.cap})",
+            style="bold",
+        )
+    )
+    for reason in plan.reasons:
+        lines.append(Text(f"  why: {reason}"))
+    for clamp in plan.clamps:
+        lines.append(Text(f"  clamp: {clamp}", style="yellow"))
+    for line in grouped(a.describe() for a in plan.actions):
+        lines.append(Text(f"  next: {line}", style="cyan"))
+    for warning in plan.warnings:
+        lines.append(Text(f"  warning: {warning}", style="red"))
+    if plan.committed_usd is not None and plan.month_to_date_usd is not None:
+        lines.append(
+            Text(
+                f"budget: ${plan.month_to_date_usd:.2f} billed this month, "
+                f"${plan.committed_usd:.2f} if the fleet runs to the month's end; "
+                f"ceiling ${ceiling:.2f}, headroom ${ceiling - plan.committed_usd:.2f}"
+            )
+        )
+    if plan.next_scale_in_at is not None:
+        lines.append(
+            Text(f"next scale-in possible at {plan.next_scale_in_at:%Y-%m-%d %H:%M:%S} UTC")
+        )
+    return Group(*lines)
+
+
+def grouped(lines: Iterable[str]) -> list[str]:
+    """Identical lines once each, with a count: three equal creates read `3x create: ...`."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line] = counts.get(line, 0) + 1
+    return [line if n == 1 else f"{n}x {line}" for line, n in counts.items()]
+
+
+def age_s(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    from datetime import UTC, timedelta
+
+    origin = datetime(2000, 1, 1, tzinfo=UTC)
+    return age(origin, origin + timedelta(seconds=seconds))
+
+
+def events_table(events: list[dict[str, Any]]) -> Table:
+    """The decision ledger as a table: one row per pass."""
+    table = Table(title="events", title_justify="left", pad_edge=False)
+    table.add_column("at (UTC)", no_wrap=True)
+    table.add_column("exit", justify="right")
+    table.add_column("plan")
+    table.add_column("actions / results / errors")
+    for e in events:
+        plan = e.get("plan") or {}
+        summary = f"desired {plan.get('desired', '?')} target {plan.get('target', '?')}"
+        details: list[str] = []
+        details += [f"clamp: {c}" for c in plan.get("clamps", [])]
+        details += [
+            f"{a['kind']} {a.get('label') or ''}: {a['reason']}" for a in e.get("actions") or []
+        ]
+        details += [f"{r['label']}: {r['result']}" for r in e.get("results") or []]
+        details += [f"error: {x}" for x in e.get("errors") or []]
+        at = e["at"]
+        table.add_row(
+            at.strftime("%m-%d %H:%M:%S") if isinstance(at, datetime) else str(at),
+            str(e.get("exit_code")),
+            summary,
+            "\n".join(details) or "-",
+        )
+    return table
