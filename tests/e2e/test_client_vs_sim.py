@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from vultrscale.clock import FakeClock
+from vultrscale.clock import FakeClock, SystemClock
 from vultrscale.sim import ServerHandle, Simulator, Timings, start_server
 from vultrscale.vultr.client import VultrClient
 from vultrscale.vultr.errors import (
@@ -213,3 +213,16 @@ def test_wrong_key_is_refused_without_echoing_it(server: ServerHandle, clock: Fa
         c.list_instances(tag=TAG)
     assert info.value.status == 401 and wrong not in str(info.value)
     assert c.requests_made == 1
+
+
+def test_a_slow_create_times_out_as_ambiguous_and_still_happens() -> None:
+    # real time here: the server takes 0.6 s after acting, the client waits 0.2 s
+    sim = Simulator(KEY, clock=SystemClock(), seed=2, rate_limit=None)
+    sim.latency = 0.6
+    with start_server(sim) as server, VultrClient(KEY, server.url, timeout=0.2) as client:
+        with pytest.raises(AmbiguousCreate):
+            _create(client, "w-slow")
+        assert [i["label"] for i in sim.instances.values()] == ["w-slow"]
+        assert sim.count("POST", "/v2/instances") == 1
+        sim.latency = 0.0
+        assert [i.label for i in client.list_instances(tag=TAG)] == ["w-slow"]

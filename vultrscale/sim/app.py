@@ -235,6 +235,9 @@ class Simulator:
     cloud-init would run; or ``"ok"``), with a copy of the instance and its decoded user-data.
     It runs outside the simulator's lock, on whichever thread advanced the state.
 
+    The rate limiter keys on the client address, or on an ``X-Sim-Client`` request header
+    when one is sent (several simulated clients behind one loopback address).
+
     Test hooks: ``instances`` (current view), ``request_log``, ``rate_limit``, ``error_rate``,
     ``latency``, :meth:`fail_next`, :meth:`drop_after_acting`, :meth:`lock_instance`,
     ``snapshot_outcome`` and :meth:`create_instance` to seed many instances without HTTP.
@@ -279,6 +282,7 @@ class Simulator:
         self.latency = 0.0
         self.snapshot_outcome: Literal["complete", "stuck", "deleted"] = "complete"
         self.request_log: list[RequestRecord] = []
+        self.request_log_limit = 200_000
 
         self._lock = threading.RLock()
         self._ids = random.Random(f"{seed}:ids")
@@ -480,6 +484,9 @@ class Simulator:
         with self._lock:
             resp = self._handle_locked(method, path, req)
             self.request_log.append(RequestRecord(method, path, 0 if resp.drop else resp.status))
+            if len(self.request_log) > self.request_log_limit:
+                # a long `sim serve` must not grow without bound; keep the recent half
+                del self.request_log[: self.request_log_limit // 2]
         if self.latency > 0:
             self.clock.sleep(self.latency)
         return resp

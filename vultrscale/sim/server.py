@@ -105,14 +105,18 @@ def _handler_for(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
                 return
-            self.send_response(resp.status)
-            for name, value in resp.headers.items():
-                self.send_header(name, value)
-            if resp.status != 204:
-                self.send_header("Content-Length", str(len(resp.body)))
-            self.end_headers()
-            if resp.status != 204:
-                self.wfile.write(resp.body)
+            try:
+                self.send_response(resp.status)
+                for name, value in resp.headers.items():
+                    self.send_header(name, value)
+                if resp.status != 204:
+                    self.send_header("Content-Length", str(len(resp.body)))
+                self.end_headers()
+                if resp.status != 204:
+                    self.wfile.write(resp.body)
+            except (BrokenPipeError, ConnectionResetError):
+                # the client gave up (its timeout) while we were answering
+                self.close_connection = True
 
         do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve
 
