@@ -1,4 +1,4 @@
-"""Typed, frozen configuration: ``load(path, env, flags)`` and a validation that lists every problem.
+"""Typed, frozen configuration: ``load(path, env, flags)`` and a validation listing every problem.
 
 Precedence: command-line flag > environment > config file > default (DESIGN §3). Secrets come
 only from the environment or a ``.env`` file next to the config file, never from the TOML.
@@ -245,7 +245,15 @@ _SECTIONS: dict[str, type] = {
     "budget": BudgetConfig,
     "drain": DrainConfig,
 }
-_ENV_SECRETS = ("VULTR_API_KEY", "DATABASE_URL", "WORKER_DATABASE_URL", "VULTR_API_URL")
+# VULTRSCALE_* variables that are not VULTRSCALE_<SECTION>_<KEY> settings.
+_ENV_NOT_SETTINGS = frozenset(
+    {
+        "VULTRSCALE_CONFIG",
+        "VULTRSCALE_WORKER_ID",
+        "VULTRSCALE_INSTANCE_LABEL",
+        "VULTRSCALE_TEST_DATABASE_URL",
+    }
+)
 
 
 def resolve_config_path(explicit: str | None, env: Mapping[str, str]) -> tuple[Path, bool]:
@@ -329,7 +337,7 @@ def load(
         if s in data and not isinstance(data[s], dict):
             problems.append(f"[{s}] must be a table")
     for name, value in merged_env.items():
-        if not name.startswith("VULTRSCALE_") or name == "VULTRSCALE_CONFIG":
+        if not name.startswith("VULTRSCALE_") or name in _ENV_NOT_SETTINGS:
             continue
         rest = name[len("VULTRSCALE_") :].lower()
         section, _, key = rest.partition("_")
@@ -420,7 +428,9 @@ def _coerce(where: str, value: Any, default: Any) -> Any:
 
 def _build_floors(value: Any, problems: list[str]) -> tuple[FloorConfig, ...]:
     if not isinstance(value, list):
-        raise ValueError("policy.floor: expected [[policy.floor]] tables with cron and min_instances")
+        raise ValueError(
+            "policy.floor: expected [[policy.floor]] tables with cron and min_instances"
+        )
     floors = []
     for i, item in enumerate(value):
         where = f"policy.floor[{i}]"
@@ -432,12 +442,12 @@ def _build_floors(value: Any, problems: list[str]) -> tuple[FloorConfig, ...]:
             problems.append(f"{where}.{key}: unknown key (known: cron, timezone, min_instances)")
         cron = item.get("cron")
         if not isinstance(cron, str):
-            problems.append(f"{where}.cron: required, e.g. \"* 8-18 * * mon-fri\"")
+            problems.append(f'{where}.cron: required, e.g. "* 8-18 * * mon-fri"')
             continue
         tz = item.get("timezone", "UTC")
         n = item.get("min_instances", 1)
         if not isinstance(tz, str):
-            problems.append(f"{where}.timezone: expected a name like \"Europe/Berlin\"")
+            problems.append(f'{where}.timezone: expected a name like "Europe/Berlin"')
             continue
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             problems.append(f"{where}.min_instances: expected a whole number >= 0, got {n!r}")
@@ -485,7 +495,9 @@ def validate(cfg: Config) -> list[str]:
     if q.preset == "custom":
         for key in ("ready_sql", "in_flight_sql", "oldest_ready_seconds_sql"):
             if not getattr(q, key).strip():
-                p.append(f"queue.{key}: required with preset = \"custom\" (a query returning one number)")
+                p.append(
+                    f'queue.{key}: required with preset = "custom" (a query returning one number)'
+                )
     if q.jobs_per_instance < 1:
         p.append(f"queue.jobs_per_instance: {q.jobs_per_instance} must be at least 1")
     if pol.min_instances < 0:
@@ -508,7 +520,7 @@ def validate(cfg: Config) -> list[str]:
         try:
             ZoneInfo(fl.timezone)
         except (ZoneInfoNotFoundError, ValueError):
-            p.append(f"{where}.timezone: unknown time zone {fl.timezone!r} (e.g. \"Europe/Berlin\")")
+            p.append(f'{where}.timezone: unknown time zone {fl.timezone!r} (e.g. "Europe/Berlin")')
         problem = cron_problem(fl.cron)
         if problem:
             p.append(f"{where}.cron: {problem}")

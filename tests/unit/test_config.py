@@ -1,0 +1,174 @@
+"""Configuration: precedence, every problem at once, durations, secrets masked."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from vultrscale import config
+from vultrscale.cli import main
+from vultrscale.errors import ConfigError
+
+SECRET_KEY = "VULTRKEYabcdefghijklmnopqrstuvwxyz0123"
+SECRET_PW = "hunter2-pa55word"
+
+
+def write(tmp_path: Path, text: str, name: str = "vultrscale.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90), ("5m", 300), ("1h", 3600), ("1.5h", 5400), ("250ms", 0.25), (30, 30)],
+    ids=["seconds", "minutes", "hours", "fraction", "millis", "bare-number"],
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert config.parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("bad", ["5 minutes", "5x", "", "-3s", True, [1]], ids=str)
+def test_bad_durations_name_the_key(bad: object) -> None:
+    with pytest.raises(ValueError, match="policy.boot_timeout"):
+        config.parse_duration(bad, "policy.boot_timeout")
+
+
+def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[policy]\nmax_instances = 3\nmin_instances = 1\n[fleet]\nregion = "ams"\n',
+    )
+    env = {"VULTRSCALE_POLICY_MAX_INSTANCES": "7", "VULTRSCALE_FLEET_PLAN": "vc2-2c-4gb"}
+    cfg = config.load(path, env, {"policy.max_instances": 9})
+    assert cfg.policy.max_instances == 9  # flag
+    assert cfg.fleet.plan == "vc2-2c-4gb"  # environment
+    assert cfg.fleet.region == "ams"  # file
+    assert cfg.policy.min_instances == 1  # file
+    assert cfg.policy.scale_down_cooldown == timedelta(minutes=5)  # default
+    assert config.load(path, env).policy.max_instances == 7
+    assert config.load(path, {}).policy.max_instances == 3
+
+
+def test_dotenv_next_to_the_config_is_weaker_than_the_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "")
+    (tmp_path / ".env").write_text(
+        f"VULTR_API_KEY={SECRET_KEY}\nDATABASE_URL=postgresql://a:b@h/db\n"
+    )
+    cfg = config.load(path, {"DATABASE_URL": "postgresql://x:y@h/other"})
+    assert cfg.secrets.api_key.reveal() == SECRET_KEY
+    assert cfg.secrets.database_url.reveal().endswith("/other")
+
+
+def test_every_problem_is_reported_at_once_with_its_key(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+[fleet]
+service = "worker; rm -rf /"
+colour = "blue"
+[policy]
+scale_up_cooldown = "5 minutes"
+max_instances = "many"
+on_signal_error = "panic"
+[[policy.floor]]
+cron = "* 25 * * *"
+timezone = "Mars/Olympus"
+[bogus]
+x = 1
+""",
+    )
+    with pytest.raises(ConfigError) as err:
+        config.load(path, {})
+    text = "\n".join(err.value.problems)
+    for expected in (
+        "unknown section [bogus]",
+        "fleet.colour: unknown key",
+        "policy.scale_up_cooldown",
+        "policy.max_instances",
+    ):
+        assert expected in text
+    assert err.value.exit_code == 2
+
+
+def test_semantic_problems_listed_together(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+[fleet]
+service = "worker; rm -rf /"
+[policy]
+min_instances = 6
+max_instances = 5
+on_signal_error = "panic"
+[[policy.floor]]
+cron = "* 25 * * *"
+timezone = "Mars/Olympus"
+[budget]
+monthly_ceiling_usd = 0
+""",
+    )
+    with pytest.raises(ConfigError) as err:
+        config.load(path, {})
+    text = "\n".join(err.value.problems)
+    for expected in (
+        "fleet.service",
+        "policy.min_instances (6) is above policy.max_instances (5)",
+        "policy.on_signal_error",
+        "policy.floor[0].cron",
+        "policy.floor[0].timezone",
+        "budget.monthly_ceiling_usd",
+    ):
+        assert expected in text, expected
+    assert len(err.value.problems) >= 6
+
+
+def test_secrets_in_the_file_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, f'[secrets]\napi_key = "{SECRET_KEY}"\n')
+    with pytest.raises(ConfigError) as err:
+        config.load(path, {})
+    assert "environment" in str(err.value)
+    assert SECRET_KEY not in str(err.value)
+
+
+def test_named_file_must_exist_default_may_be_absent(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert config.load(None, {}).source == "defaults"
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(tmp_path / "nope.toml", {})
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(None, {"VULTRSCALE_CONFIG": str(tmp_path / "nope.toml")})
+
+
+def test_config_check_masks_secrets(tmp_path: Path, monkeypatch, capsys) -> None:
+    path = write(tmp_path, "[policy]\nmax_instances = 2\n")
+    monkeypatch.setenv("VULTR_API_KEY", SECRET_KEY)
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://scaler:{SECRET_PW}@db.example:5432/jobs")
+    for args in (["--config", str(path), "config", "check"],
+                 ["--config", str(path), "config", "check", "--json"]):
+        assert main(args) == 0
+        out = capsys.readouterr()
+        assert SECRET_KEY not in out.out + out.err
+        assert SECRET_PW not in out.out + out.err
+        assert "scaler:***@db.example" in out.out
+
+
+def test_config_check_bad_file_exit_2_one_message(tmp_path: Path, capsys) -> None:
+    path = write(tmp_path, '[policy]\nscale_up_cooldown = "5 minutes"\n')
+    assert main(["--config", str(path), "config", "check"]) == 2
+    err = capsys.readouterr().err
+    assert "policy.scale_up_cooldown" in err and "Fix:" in err
+
+
+def test_bad_api_url_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="VULTR_API_URL"):
+        config.load(write(tmp_path, ""), {"VULTR_API_URL": "api.vultr.com"})
+
+
+def test_secret_repr_never_shows_the_value() -> None:
+    s = config.Secret(SECRET_KEY)
+    assert SECRET_KEY not in repr(s) and SECRET_KEY not in str(s) and SECRET_KEY not in f"{s}"
+    assert config.mask_url(f"postgresql://u:{SECRET_PW}@h/db") == "postgresql://u:***@h/db"
+    assert SECRET_PW not in config.mask_url(f"postgresql://h/db?password={SECRET_PW}")
