@@ -195,6 +195,49 @@ def test_ambiguous_post_is_resolved_by_description_not_by_posting_again(
     assert result.is_complete
 
 
+def test_ambiguous_post_that_made_nothing_fails_clearly_and_records_nothing(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    sim.fail_next("POST", "/v2/snapshots", 500)  # refused without acting
+    with pytest.raises(RuntimeFailure) as info:
+        snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    assert "unclear outcome" in info.value.message and "has appeared" in info.value.message
+    assert "run the same command again" in info.value.hint
+    assert _posts(sim) == 1 and sim.snapshots == {}
+    with store.connect(db_url) as conn:
+        assert store.fleet_snapshots(conn, "workers") == []
+
+
+def test_a_short_api_outage_while_waiting_does_not_end_the_wait(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    # More 503s than the client retries: the bake sees one ServerError and polls again.
+    sim.fail_next("GET", "/v2/snapshots/*", 503, count=8)
+    seen: list[snapshots.Progress] = []
+    result = snapshots.bake(
+        client, db_url, _cfg(), base_instance, clock=clock, on_progress=seen.append
+    )
+    assert result.is_complete
+    assert any(p.note.startswith("API error, will retry") for p in seen)
+
+
+def test_a_snapshot_that_cannot_be_deleted_stays_recorded_and_is_reported(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    first = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    sim.fail_next("DELETE", "/v2/snapshots/*", 400, {"error": "snapshot is busy", "status": 400})
+    second = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    assert second.deleted == ()
+    [problem] = second.delete_errors
+    assert problem.startswith(f"{first.snapshot_id}: ") and "snapshot is busy" in problem
+    assert first.snapshot_id in sim.snapshots
+    assert second.kept == (second.snapshot_id, first.snapshot_id)
+    # the next bake tries again and succeeds
+    third = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    assert set(third.deleted) == {first.snapshot_id, second.snapshot_id}
+    assert set(sim.snapshots) == {third.snapshot_id}
+
+
 def test_no_wait_lists_it_pending_but_does_not_make_it_the_fleets(
     client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
 ) -> None:
@@ -250,10 +293,12 @@ def test_cli_bakes_records_and_prunes_over_http(
 ) -> None:
     sim = cli_env
     base = _booted(sim)
-    # an older fleet snapshot, complete already, to be pruned with --keep 1
+    # an older fleet snapshot, complete at once (no wait), to be pruned with --keep 1
+    sim.timings = dataclasses.replace(sim.timings, snapshot_complete=0)
     assert cli.main(["snapshot", "--from-instance", base, "--description", "old"]) == 0
     old = store_id(db_url, "clifleet")
     capsys.readouterr()
+    sim.timings = dataclasses.replace(sim.timings, snapshot_complete=1.0)  # one poll pause
 
     code = cli.main(["snapshot", "--from-instance", base, "--description", "new", "--keep", "1"])
     out = capsys.readouterr().out
@@ -285,6 +330,7 @@ def test_cli_no_wait_then_resume(
     cli_env: Simulator, db_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = _booted(cli_env)
+    cli_env.timings = dataclasses.replace(cli_env.timings, snapshot_complete=0)
     assert cli.main(["snapshot", "--from-instance", base, "--no-wait"]) == 0
     out = capsys.readouterr().out
     sid = next(iter(cli_env.snapshots))
