@@ -357,6 +357,8 @@ class Simulator:
         sent as ``text/html`` (like the maintenance 504).
         """
         hdrs = dict(headers or {})
+        if status == 429:
+            hdrs.setdefault("Retry-After", "1")
         if body is None:
             raw = json.dumps({"error": _default_message(status), "status": status}).encode()
             hdrs.setdefault("Content-Type", "application/json")
