@@ -345,6 +345,14 @@ class _Decision:
         drainable = [i for i in staying if i.state in _DRAINABLE]
         drainable.sort(key=lambda i: (i.live_leases, _youngest_first(i)))
         chosen = drainable[:excess]
+        if len(chosen) < excess:
+            # Create intents cannot be drained; the reconcile pass settles them first.
+            self.warnings.append(
+                f"{len(staying)} instance(s) above max_instances={max_instances}, "
+                f"{excess - len(chosen)} of them not created yet: drained once they exist"
+            )
+        if not chosen:
+            return []
         self.clamps.append(
             f"cap: {len(staying)} instance(s) above max_instances={max_instances}; "
             f"draining {len(chosen)}"

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from vultrscale import budget, policy
@@ -664,7 +664,18 @@ BASE = t(2026, 1, 1)
 moments = st.integers(min_value=0, max_value=365 * 24 * 60).map(
     lambda m: BASE + timedelta(minutes=m)
 )
-offsets = st.integers(min_value=0, max_value=4 * 3600).map(lambda s: timedelta(seconds=s))
+# Mostly within the cool-downs and idle windows, sometimes hours back.
+offsets = st.one_of(
+    st.integers(min_value=0, max_value=900), st.integers(min_value=0, max_value=4 * 3600)
+).map(lambda s: timedelta(seconds=s))
+
+
+prices = st.builds(
+    PlanPrice,
+    st.just("vc2"),
+    st.sampled_from([2.5, 5.0, 10.0, 20.0]),
+    st.sampled_from([None, None, 0.01]),
+)
 
 
 @st.composite
@@ -676,8 +687,14 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, Config, datetime]:
             st.sampled_from([t(2026, 1, 31, 23, 30), t(2026, 2, 1, 0, 10), t(2026, 12, 31, 23)]),
         )
     )
+    error = draw(st.sampled_from(["none", "none", "none", "signals-none", "signal-error", "api"]))
+    ready = draw(st.sampled_from([0, 0, 0, 1, 5, 20, 60]))
+    in_flight = draw(st.sampled_from([0, 0, 0, 2, 8, 30]))
+    # Usually the ledger agrees with the signals (no lease when none is in flight); not always.
+    consistent = in_flight == 0 and draw(st.integers(min_value=0, max_value=3)) > 0
+    leases = st.just(0) if consistent else st.sampled_from([0, 0, 1, 3])
     instances = []
-    for n in range(draw(st.integers(min_value=0, max_value=9))):
+    for n in range(draw(st.sampled_from([0, 0, 1, 2, 3, 5, 9]))):
         state = draw(st.sampled_from(list(InstanceState)))
         created = draw(st.one_of(st.none(), offsets.map(lambda d: now - d)))
         instances.append(
@@ -687,41 +704,28 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, Config, datetime]:
                 id=None if state is S.CREATING else f"i{n}",
                 created_at=created,
                 state_since=created,
-                live_leases=draw(st.sampled_from([0, 0, 0, 1, 3])),
+                live_leases=draw(leases),
                 billed_usd=draw(st.sampled_from([0.0, 0.0, 0.5, 4.0])),
                 hourly_rate=draw(st.sampled_from([0.0, 0.0, 0.02])),
                 monthly_cost=draw(st.sampled_from([0.0, 0.0, 12.0])),
             )
         )
-    error = draw(st.sampled_from(["none", "none", "none", "signals-none", "signal-error", "api"]))
     signals = None
     if error != "signals-none":
-        ready = draw(st.integers(min_value=0, max_value=60))
-        in_flight = draw(st.integers(min_value=0, max_value=30))
-        signals = Signals(ready, in_flight, draw(st.sampled_from([0, 0, 2])))
+        signals = Signals(ready, in_flight, draw(st.sampled_from([0, 0, 0, 2])))
     maybe_ago = st.one_of(st.none(), offsets.map(lambda d: now - d))
     observation = Observation(
         instances=tuple(instances),
         signals=signals,
-        price=draw(
-            st.one_of(
-                st.none(),
-                st.builds(
-                    PlanPrice,
-                    st.just("vc2"),
-                    st.sampled_from([2.5, 5.0, 10.0, 20.0]),
-                    st.sampled_from([None, None, 0.01]),
-                ),
-            )
-        ),
+        price=None if draw(st.integers(min_value=0, max_value=7)) == 0 else draw(prices),
         signal_error="timeout" if error == "signal-error" else None,
         api_error="HTTP 500" if error == "api" else None,
-        month_to_date_usd=draw(st.sampled_from([0.0, 10.0, 35.0, 49.0, 80.0])),
+        month_to_date_usd=draw(st.sampled_from([0.0, 0.0, 10.0, 35.0, 49.0, 80.0])),
         last_scale_up=draw(maybe_ago),
         last_scale_down=draw(maybe_ago),
         idle_since=draw(maybe_ago),
     )
-    max_i = draw(st.integers(min_value=0, max_value=8))
+    max_i = draw(st.sampled_from([0, 1, 3, 5, 8, 12]))
     floors = draw(
         st.lists(
             st.builds(
@@ -734,7 +738,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, Config, datetime]:
         )
     )
     config = cfg(
-        ceiling=draw(st.sampled_from([5.0, 20.0, 50.0, 200.0])),
+        ceiling=draw(st.sampled_from([5.0, 20.0, 50.0, 200.0, 1000.0])),
         jobs=draw(st.integers(min_value=1, max_value=8)),
         floors=tuple(floors),
         min_instances=draw(st.integers(min_value=0, max_value=max_i)),
@@ -749,7 +753,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, Config, datetime]:
     return observation, config, now
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants(scenario: tuple[Observation, Config, datetime]) -> None:
     o, c, now = scenario
@@ -761,6 +765,12 @@ def test_invariants(scenario: tuple[Observation, Config, datetime]) -> None:
     staying = [i for i in capacity if i.label not in replaced]
     after = len(staying) + plan.creates - len(drained)
     holding = o.signals is None or o.signal_error is not None or o.api_error is not None
+
+    for kind in ActionKind:
+        if any(a.kind is kind for a in plan.actions):
+            event(f"{kind.value}{' while holding' if holding else ''}")
+    for clamp in plan.clamps:
+        event(f"clamp {clamp.split(':')[0]}")
 
     assert plan.target == after
     assert plan.capacity == len(capacity)
