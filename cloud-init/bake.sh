@@ -11,6 +11,8 @@
 #   WORKER_SERVICE   unit name (default: worker; = fleet.service)
 #   VULTRSCALE_SPEC  what pip installs for vultrscale (default: vultrscale)
 #   APP_SPEC         what pip installs for your job handlers (default: nothing)
+#   APP_DIR          a directory copied to /opt/vultrscale/app, the unit's working directory
+#                    (on the import path: put a module with your handler there)
 #   VENV             virtualenv (default: /opt/vultrscale/venv)
 set -euo pipefail
 
@@ -18,6 +20,7 @@ WORKER_USER="${WORKER_USER:-worker}"
 WORKER_SERVICE="${WORKER_SERVICE:-worker}"
 VULTRSCALE_SPEC="${VULTRSCALE_SPEC:-vultrscale}"
 APP_SPEC="${APP_SPEC:-}"
+APP_DIR="${APP_DIR:-}"
 VENV="${VENV:-/opt/vultrscale/venv}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -54,9 +57,18 @@ log "virtualenv $VENV"
 # shellcheck disable=SC2086  # APP_SPEC may name several requirements
 "$VENV/bin/pip" install -q --upgrade "$VULTRSCALE_SPEC" $APP_SPEC
 
-log "unit $WORKER_SERVICE.service"
+install -d -m 0755 /opt/vultrscale/app
+if [[ -n "$APP_DIR" ]]; then
+    [[ -d "$APP_DIR" ]] || die "APP_DIR '$APP_DIR' is not a directory"
+    cp -a "$APP_DIR/." /opt/vultrscale/app/
+    chown -R root:root /opt/vultrscale/app
+fi
+
+log "unit $WORKER_SERVICE.service (runs as $WORKER_USER)"
 install -d -m 0755 /etc/vultrscale
-install -m 0644 "$HERE/worker.service" "/etc/systemd/system/$WORKER_SERVICE.service"
+sed -e "s/^User=.*/User=$WORKER_USER/" -e "s/^Group=.*/Group=$WORKER_USER/" \
+    "$HERE/worker.service" >"/etc/systemd/system/$WORKER_SERVICE.service"
+chmod 0644 "/etc/systemd/system/$WORKER_SERVICE.service"
 systemctl daemon-reload
 # Enabled at boot by cloud-init once /etc/vultrscale/worker.env exists, not here.
 systemctl disable "$WORKER_SERVICE.service" >/dev/null 2>&1 || true

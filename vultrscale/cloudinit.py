@@ -14,8 +14,8 @@ import string
 from pathlib import Path
 from typing import Any
 
-from vultrscale.config import Config, mask_url
-from vultrscale.errors import UsageError
+from vultrscale.config import SERVICE_NAME, Config, mask_url, timeout_stop_seconds
+from vultrscale.errors import UsageError, redact
 
 USER_DATA_TEMPLATE = "user-data.yaml.tmpl"
 SUDOERS_TEMPLATE = "sudoers-worker.tmpl"
@@ -26,7 +26,6 @@ MASKED = "*** (masked; --show-secrets prints it)"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ecdsa-sha2-nistp\d+|ssh-rsa) [A-Za-z0-9+/=]+$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
 def template_dir() -> Path:
@@ -77,8 +76,10 @@ def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
         )
     w = cfg.worker
     values = {
-        "DATABASE_URL": url if show_secrets else mask_url(url),
+        # mask_url cannot parse every URL (an unescaped '#'): redact what it may have missed.
+        "DATABASE_URL": url if show_secrets else redact(mask_url(url), [*cfg.secrets.values()]),
         "VULTRSCALE_WORKER_ID": label,
+        "VULTRSCALE_INSTANCE_LABEL": label,
         "VULTRSCALE_WORKER_APP": w.app,
         "VULTRSCALE_WORKER_CONCURRENCY": str(w.concurrency),
         "VULTRSCALE_WORKER_DRAIN_SECONDS": f"{w.drain_seconds:g}",
@@ -90,11 +91,19 @@ def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def unit_dropin(cfg: Config) -> str:
+    """A systemd drop-in for the unit: TimeoutStopSec from the configured drain time."""
+    return (
+        "# vultrscale: systemd waits this long for the drain before SIGKILL.\n"
+        f"[Service]\nTimeoutStopSec={timeout_stop_seconds(cfg.worker)}\n"
+    )
+
+
 def render_sudoers(user: str, service: str, *, systemctl: str = SYSTEMCTL) -> str:
     """The sudoers drop-in: ``user`` may run only stop --no-block and is-active of ``service``."""
     if not _USER.fullmatch(user):
         raise UsageError(f"fleet.ssh_user {user!r} is not a valid user name")
-    if not _UNIT.fullmatch(service):
+    if not SERVICE_NAME.fullmatch(service):
         raise UsageError(f"fleet.service {service!r} is not a valid systemd unit name")
     if not re.fullmatch(r"/[A-Za-z0-9_./-]+", systemctl):
         raise UsageError(f"systemctl path {systemctl!r} must be an absolute plain path")
@@ -138,6 +147,8 @@ def render_user_data(
         "scaler_public_key": scaler_public_key.strip(),
         "worker_env": worker_env(cfg, label, show_secrets=show_secrets),
         "sudoers": render_sudoers(cfg.fleet.ssh_user, cfg.fleet.service),
+        "unit_dropin_path": f"/etc/systemd/system/{cfg.fleet.service}.service.d/vultrscale.conf",
+        "unit_dropin": unit_dropin(cfg),
         "service_unit": f"{cfg.fleet.service}.service",
     }
     # The label also appears in a comment line; it is checked above to be one plain word.
