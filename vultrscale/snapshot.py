@@ -25,7 +25,7 @@ from typing import Protocol
 from vultrscale.clock import Clock, SystemClock
 from vultrscale.config import Config, format_duration
 from vultrscale.db import snapshots as store
-from vultrscale.errors import RuntimeFailure, UsageError
+from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     ApiUnreachable,
@@ -164,15 +164,14 @@ def bake(
         snap = _find_created(client, description, existing, clock, exc)
 
     created_at = snap.date_created or clock.now()
-    with store.connect(database_url) as conn:
-        store.record_snapshot(conn, fleet, snap.id, description, created_at, store.PENDING)
+    _record(database_url, fleet, snap.id, description, created_at, store.PENDING)
 
-    if not wait:
+    if not wait and snap.status != store.COMPLETE:
         return BakeResult(
             fleet=fleet,
             snapshot_id=snap.id,
             description=description,
-            status=snap.status or store.PENDING,
+            status=store.PENDING,
             instance_id=instance_id,
             elapsed=0.0,
             previous=previous,
@@ -224,10 +223,8 @@ def resume(
     created_at = snap.date_created or clock.now()
     with store.connect(database_url) as conn:
         recorded = {s.snapshot_id for s in store.fleet_snapshots(conn, fleet)}
-        if snapshot_id not in recorded:
-            store.record_snapshot(
-                conn, fleet, snapshot_id, snap.description, created_at, store.PENDING
-            )
+    if snapshot_id not in recorded:
+        _record(database_url, fleet, snapshot_id, snap.description, created_at, store.PENDING)
     return _finish(
         client,
         database_url,
@@ -249,6 +246,26 @@ def _no_instance(instance_id: str) -> UsageError:
         f"no instance {instance_id}",
         hint="check the id with `vultrscale instances`; nothing was created.",
     )
+
+
+def _record(
+    database_url: str,
+    fleet: str,
+    snapshot_id: str,
+    description: str,
+    created_at: datetime,
+    status: str,
+) -> None:
+    """Record the snapshot; a database failure names the snapshot so it is not lost."""
+    try:
+        with store.connect(database_url) as conn:
+            store.record_snapshot(conn, fleet, snapshot_id, description, created_at, status)
+    except DatabaseError as exc:
+        raise DatabaseError(
+            f"snapshot {snapshot_id} exists at Vultr but could not be recorded: {exc.message}",
+            hint=f"{exc.hint} Once the database works, run "
+            f"`vultrscale snapshot --resume {snapshot_id}`.".strip(),
+        ) from exc
 
 
 def _check_args(keep: int, timeout: timedelta) -> None:
@@ -313,8 +330,7 @@ def _finish(
 ) -> BakeResult:
     fleet = cfg.fleet.name
     snap, elapsed = _wait_complete(client, database_url, snapshot_id, timeout, clock, on_progress)
-    with store.connect(database_url) as conn:
-        store.record_snapshot(conn, fleet, snapshot_id, description, created_at, store.COMPLETE)
+    _record(database_url, fleet, snapshot_id, description, created_at, store.COMPLETE)
     protect = {snapshot_id}
     if cfg.fleet.snapshot_id:
         protect.add(cfg.fleet.snapshot_id)

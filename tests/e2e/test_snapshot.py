@@ -19,7 +19,7 @@ from vultrscale import snapshot as snapshots
 from vultrscale.clock import FakeClock, SystemClock
 from vultrscale.config import Config, FleetConfig
 from vultrscale.db import snapshots as store
-from vultrscale.errors import RuntimeFailure, UsageError
+from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError
 from vultrscale.sim import SimTransport, Simulator, Timings, serving
 from vultrscale.vultr.client import VultrClient
 
@@ -255,6 +255,19 @@ def test_a_wrong_database_fails_before_anything_is_sent(
     with pytest.raises(RuntimeFailure, match="vultrscale tables are missing"):
         snapshots.bake(client, pg_url, _cfg(), base_instance, clock=clock)
     assert _posts(sim) == 0
+
+
+def test_a_database_failure_after_the_post_names_the_snapshot_to_resume(
+    client: VultrClient, sim: Simulator, clock: FakeClock, base_instance: str, pg_url: str
+) -> None:
+    # fleet_state can be read, but the snapshot cannot be written: the POST has happened.
+    with store.connect(pg_url) as conn:
+        conn.execute("CREATE TABLE fleet_state (fleet text PRIMARY KEY, snapshot_id text)")
+    with pytest.raises(DatabaseError) as info:
+        snapshots.bake(client, pg_url, _cfg(), base_instance, clock=clock)
+    [made] = sim.snapshots
+    assert f"snapshot {made} exists at Vultr but could not be recorded" in info.value.message
+    assert f"vultrscale snapshot --resume {made}" in info.value.hint
 
 
 # --- the command line, over real HTTP ------------------------------------------------------
