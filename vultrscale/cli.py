@@ -249,7 +249,11 @@ def snapshot_cmd(
     ] = None,
     description: Annotated[
         str | None,
-        typer.Option("--description", help="Snapshot description (default: <fleet>-<UTC time>)."),
+        typer.Option(
+            "--description",
+            metavar="TEXT",
+            help="Snapshot description (default: <fleet>-<UTC time>).",
+        ),
     ] = None,
     keep: Annotated[
         int, typer.Option("--keep", metavar="N", help="Fleet snapshots to keep, newest first.")
@@ -258,7 +262,10 @@ def snapshot_cmd(
         bool, typer.Option("--no-wait", help="Return after the request; use --resume later.")
     ] = False,
     timeout: Annotated[
-        str, typer.Option("--timeout", help="How long to wait for `complete` (e.g. 60m).")
+        str,
+        typer.Option(
+            "--timeout", metavar="DURATION", help="How long to wait for `complete` (e.g. 60m)."
+        ),
     ] = "60m",
     resume: Annotated[
         str | None,
