@@ -296,3 +296,29 @@ def test_generated_host_keys_are_served_by_sshd_and_pinned(
     assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
     loaded = paramiko.Ed25519Key.from_private_key(io.StringIO(private))
     assert public == f"ssh-ed25519 {loaded.get_base64()}"
+
+
+@pytest.mark.parametrize(
+    ("args", "allowed"),
+    [
+        (["stop", "--no-block", "worker"], True),
+        (["is-active", "worker"], True),
+        (["stop", "worker"], False),  # a blocking stop would hold the pass
+        (["restart", "worker"], False),
+        (["stop", "--no-block", "ssh"], False),
+        (["stop", "--no-block", "worker", "ssh"], False),
+        (["start", "worker"], False),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else str(v),
+)
+def test_the_sudoers_rule_allows_only_the_two_commands(
+    hosts: sshd_hosts.Hosts, args: list[str], allowed: bool
+) -> None:
+    # `sudo -l -U user CMD` asks the real sudo policy (the project's rule, installed by the
+    # fixture) whether the user may run exactly CMD.
+    assert hosts.bin_dir is not None
+    command = [str(hosts.bin_dir / "systemctl"), *args]
+    result = subprocess.run(
+        ["sudo", "-n", "-l", "-U", hosts.user, *command], capture_output=True, text=True
+    )
+    assert (result.returncode == 0) is allowed, result.stdout + result.stderr
