@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vultrscale import budget, policy
@@ -248,7 +248,10 @@ class _Pass:
             signal_error = f"queue signals: {exc}"
             res.errors.append(signal_error)
         self.workers = ledger.workers_by_label(self.conn)
-        self.rows = {r.label: r for r in ledger.rows(self.conn, self.cfg.fleet.name)}
+        month_start = budget.month_bounds(self.now)[0]
+        ledger_rows = ledger.rows(self.conn, self.cfg.fleet.name, since=month_start)
+        self.rows = {r.label: r for r in ledger_rows if r.state is not InstanceState.GONE}
+        gone_this_month = [r for r in ledger_rows if r.state is InstanceState.GONE]
 
         if api_error is None:
             self.sync_ledger()
@@ -256,10 +259,6 @@ class _Pass:
                 self.progress_drains()
 
         state = ledger.fleet_state(self.conn, self.cfg.fleet.name)
-        month_start = self.now.astimezone(UTC).replace(
-            day=1, hour=0, minute=0, second=0, microsecond=0
-        )
-        month_rows = ledger.rows(self.conn, self.cfg.fleet.name, since=month_start)
         obs = Observation(
             instances=tuple(
                 self.instance(r) for r in self.rows.values() if r.state is not InstanceState.GONE
@@ -268,7 +267,9 @@ class _Pass:
             price=price,
             signal_error=signal_error,
             api_error=api_error,
-            month_to_date_usd=sum(self.billed(r, price) for r in month_rows),
+            month_to_date_usd=sum(
+                self.billed(r, price) for r in [*self.rows.values(), *gone_this_month]
+            ),
             last_scale_up=state.last_scale_up,
             last_scale_down=state.last_scale_down,
             idle_since=state.idle_since,
