@@ -86,8 +86,8 @@ def labels(plan: Plan, kind: ActionKind) -> list[str]:
     return sorted(a.label or "" for a in plan.actions if a.kind is kind)
 
 
-IDLE_LONG = {"idle_since": 600.0}  # queue empty for 10 minutes
-NO_BILLING = {"billing_hour_aware": False}
+IDLE_LONG: dict[str, float] = {"idle_since": 600.0}  # queue empty for 10 minutes
+NO_BILLING: dict[str, Any] = {"billing_hour_aware": False}
 
 
 CASES = [
@@ -151,6 +151,15 @@ CASES = [
         [],
         "budget: rule (a)",
         id="budget-rule-a-limits",
+    ),
+    pytest.param(
+        observe(ready=24),
+        cfg(ceiling=50.0, max_instances=10),
+        5,
+        [],
+        [],
+        "budget: rule (a) monthly cost within $50.00 limits 6 -> 5",
+        id="budget-one-instance-too-many",
     ),
     pytest.param(
         observe(ready=40, month_to_date_usd=45.0),
