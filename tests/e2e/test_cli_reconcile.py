@@ -1,0 +1,153 @@
+"""`vultrscale reconcile / status / events` as a user runs them: real CLI, simulator over HTTP,
+real Postgres. Also: secrets never reach the output, bad input exits 2 before any request."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from vultrscale import cloudinit
+from vultrscale.cli import main
+from vultrscale.clock import SystemClock
+from vultrscale.db import queue
+from vultrscale.sim.app import Simulator, Timings
+from vultrscale.sim.server import ServerHandle, start_server
+from vultrscale.ssh import generate_host_key
+
+API_KEY = "VKEY-cli-test-0123456789abcdefghijkl"
+DB_PASSWORD = "pw-not-to-be-printed-42"
+
+
+@pytest.fixture
+def cli_env(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Simulator, ServerHandle]]:
+    sim = Simulator(
+        API_KEY,
+        clock=SystemClock(),
+        seed=3,
+        rate_limit=None,
+        timings=Timings(boot_pending=30, boot_ready=30, visible_after=0, snapshot_complete=0),
+    )
+    server = start_server(sim)
+    base = sim.create_instance(region="ewr", plan="vc2-1c-2gb", os_id=2136, label="base")
+    import httpx
+
+    snap = httpx.post(
+        f"{server.url}/v2/snapshots",
+        json={"instance_id": base["id"]},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    ).json()["snapshot"]
+    private, public = generate_host_key()
+    key = tmp_path / "scaler_key"
+    key.write_text(private)
+    key.chmod(0o600)
+    (tmp_path / "scaler_key.pub").write_text(public + "\n")
+    cfg = tmp_path / "vultrscale.toml"
+    cfg.write_text(
+        f'[fleet]\nsnapshot_id = "{snap["id"]}"\nssh_key = "{key}"\n[policy]\nmax_instances = 3\n'
+    )
+    # trust auth ignores the password; it is here to prove it is never printed
+    url_with_pw = db_url.replace("postgres@", f"postgres:{DB_PASSWORD}@")
+    monkeypatch.setenv("VULTRSCALE_CONFIG", str(cfg))
+    monkeypatch.setenv("VULTR_API_KEY", API_KEY)
+    monkeypatch.setenv("VULTR_API_URL", server.url)
+    monkeypatch.setenv("DATABASE_URL", url_with_pw)
+    monkeypatch.chdir(tmp_path)
+    try:
+        yield sim, server
+    finally:
+        server.stop()
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert API_KEY not in text
+    assert DB_PASSWORD not in text
+    return code, out.out
+
+
+def test_dry_run_then_pass_then_status_and_events(cli_env, capsys, tmp_path: Path) -> None:
+    sim, _ = cli_env
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        queue.enqueue(conn, [{}] * 6)
+
+    code, out = run(capsys, "reconcile", "--dry-run", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["dry_run"] and doc["plan"]["desired"] == 2
+    assert [a["kind"] for a in doc["actions"]] == ["create", "create"]
+    assert sim.count("POST", "/v2/instances") == 0
+
+    metrics = tmp_path / "vultrscale.prom"
+    code, out = run(capsys, "reconcile", "--json", "--metrics-file", str(metrics))
+    assert code == 0, out
+    assert sim.count("POST", "/v2/instances", 202) == 2
+    prom = metrics.read_text()
+    assert 'vultrscale_desired_instances{fleet="workers"} 2.0' in prom
+    assert 'vultrscale_queue_ready{fleet="workers"} 6.0' in prom
+    # the user-data that went to Vultr carries the worker env file and the pinned host key
+    (inst,) = [i for i in sim.instances.values() if i["label"] != "base"][:1]
+    doc = cloudinit.check_user_data(sim.user_data(inst["id"]))
+    env = {f["path"]: f["content"] for f in doc["write_files"]}["/etc/vultrscale/worker.env"]
+    assert f'VULTRSCALE_WORKER_ID="{inst["label"]}"' in env
+    assert "PRIVATE KEY" in doc["ssh_keys"]["ed25519_private"]  # the real key went to Vultr
+    assert DB_PASSWORD in env  # ... and the real database URL (masked only for display)
+
+    code, out = run(capsys, "status", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert {i["state"] for i in doc["instances"]} == {"pending"}
+    assert doc["queue"]["ready"] == 6 and doc["desired"] == 2
+    assert doc["budget"]["ceiling_usd"] == 50.0
+
+    code, out = run(capsys, "status")
+    assert code == 0 and "fleet workers" in out and "pending" in out
+
+    code, out = run(capsys, "events", "--since", "1h", "--json")
+    assert code == 0
+    events = json.loads(out)["events"]
+    assert len(events) == 1 and events[0]["exit_code"] == 0
+    assert len(events[0]["actions"]) == 2
+
+
+def test_missing_database_url_exits_2_before_any_request(cli_env, capsys, monkeypatch) -> None:
+    sim, _ = cli_env
+    monkeypatch.delenv("DATABASE_URL")
+    before = len(sim.request_log)
+    code, _ = run(capsys, "reconcile")
+    assert code == 2
+    assert len(sim.request_log) == before  # nothing sent
+
+
+def test_refused_key_exits_2_with_a_fix(cli_env, capsys, monkeypatch) -> None:
+    sim, _ = cli_env
+    monkeypatch.setenv("VULTR_API_KEY", "wrong-key-1234567890")
+    code = main(["reconcile"])
+    err = capsys.readouterr().err
+    assert code == 2 and "VULTR_API_KEY" in err
+    assert sim.count("POST", "/v2/instances") == 0
+
+
+def test_bad_interval_is_a_usage_error(cli_env, capsys) -> None:
+    code, _ = run(capsys, "reconcile", "--loop", "--interval", "30 seconds")
+    assert code == 2
+
+
+def test_database_down_exits_1(cli_env, capsys, monkeypatch) -> None:
+    sim, _ = cli_env
+    monkeypatch.setenv(
+        "DATABASE_URL", f"postgresql://u:{DB_PASSWORD}@127.0.0.1:9/x?connect_timeout=2"
+    )
+    code = main(["reconcile"])
+    err = capsys.readouterr().err
+    assert code == 1 and "database" in err.lower()
+    assert DB_PASSWORD not in err
+    assert sim.count("DELETE", "/v2/instances/*") == 0
