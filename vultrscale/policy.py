@@ -157,7 +157,8 @@ class _Decision:
         replaced: list[Instance] = []
         if not holding:
             replaced = self._replacements(capacity)
-        staying = [i for i in capacity if i not in replaced]
+        gone_soon = {i.label for i in replaced}
+        staying = [i for i in capacity if i.label not in gone_soon]
         n_now = len(staying)
 
         # Demand.
@@ -205,9 +206,7 @@ class _Decision:
             self.reasons.append("holding the fleet: " + "; ".join(errors))
             if pol.on_signal_error == "floor" and n_now < floor:
                 want = floor
-                creates = self._scale_up(
-                    n_now, want, cap, check, why="bring the fleet to its floor"
-                )
+                creates = self._scale_up(n_now, want, check, why="bring the fleet to its floor")
             elif n_now < floor:
                 self.clamps.append(
                     f"error hold: on_signal_error=hold keeps {n_now} instance(s) below the floor "
@@ -216,8 +215,12 @@ class _Decision:
         else:
             want = max(desired, floor)
             if want > n_now:
-                why = f"the queue needs {desired}" if desired >= floor else f"the floor is {floor}"
-                creates = self._scale_up(n_now, want, cap, check, why=why)
+                why = (
+                    f"the queue needs {desired} instance(s)"
+                    if desired >= floor
+                    else f"the floor is {floor} instance(s)"
+                )
+                creates = self._scale_up(n_now, want, check, why=why)
             drains = self._over_cap(staying, pol.max_instances)
             if not drains and signals is not None and want < n_now:
                 drains = self._scale_in(staying, floor, desired, idle_since)
@@ -286,7 +289,7 @@ class _Decision:
         return out
 
     def _scale_up(
-        self, n_now: int, want: int, cap: int, check: budget.BudgetCheck | None, *, why: str
+        self, n_now: int, want: int, check: budget.BudgetCheck | None, *, why: str
     ) -> int:
         pol, obs, now = self.pol, self.obs, self.now
         goal = want
@@ -449,12 +452,15 @@ class _Decision:
         if floor and len(staying) - len(chosen) == floor and surplus > 0:
             self.reasons.append(f"scale-in stops at the floor of {floor}")
         for inst in chosen:
-            when = "near the end of its paid hour" if pol.billing_hour_aware else "idle"
+            when = ""
+            if pol.billing_hour_aware:
+                ends = now + (budget.HOUR - _minutes_into_paid_hour(inst, now))
+                when = f"; its paid hour ends at {_hhmm(ends)}"
             self.actions.append(
                 Action(
                     ActionKind.DRAIN,
-                    f"queue empty since {_hhmm(idle_since or now)}, no job on this instance, "
-                    f"{len(staying)} > {keep} needed; {when}",
+                    f"the queue has been empty since {_hhmm(idle_since or now)} and this instance "
+                    f"holds no job; {len(staying)} instance(s) where {keep} are needed{when}",
                     inst.label,
                 )
             )
