@@ -859,3 +859,24 @@ def test_invariants(scenario: tuple[Observation, Config, datetime]) -> None:
 def _oracle_rule_a(staying: list[Instance], price: PlanPrice, new: int, ceiling: float) -> bool:
     monthly = sum(i.monthly_cost or price.monthly for i in staying) + new * price.monthly
     return monthly <= ceiling + 1e-6
+
+
+@pytest.mark.parametrize(
+    ("minutes_ago", "drained"),
+    [
+        pytest.param(54 + 59 / 60, False, id="54m59s-into-the-hour-kept"),
+        pytest.param(55, True, id="55m-into-the-hour-drained"),
+        pytest.param(59.99, True, id="last-second-of-the-hour-drained"),
+        pytest.param(60, False, id="a-new-hour-just-paid-kept"),
+        pytest.param(60 * 5 + 57, True, id="fifth-hour-57m-drained"),
+    ],
+)
+def test_billing_hour_margin_edges(minutes_ago: float, drained: bool) -> None:
+    o = observe(vm("r1", minutes_ago), ago=IDLE_LONG)
+    plan = decide(o, cfg(), NOW)
+    assert bool(plan.drains) is drained
+    if drained:
+        assert "its paid hour ends at" in plan.drains[0].reason
+    else:
+        assert plan.next_scale_in_at == policy.drain_window_opens(o.instances[0], NOW)
+        assert plan.next_scale_in_at is not None and plan.next_scale_in_at > NOW
