@@ -107,6 +107,13 @@ def test_vultrscale_on_open_connection_leaves_it_usable(populated: str) -> None:
         assert again.oldest_ready_seconds == 0.0
 
 
+def test_closed_connection_is_a_database_error(db_url: str) -> None:
+    conn = psycopg.connect(db_url)
+    conn.close()
+    with pytest.raises(DatabaseError, match="closed connection"):
+        read_signals(conn, QueueConfig(preset="vultrscale"))
+
+
 def test_connection_inside_a_transaction_is_refused(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
         conn.execute("SELECT 1")  # opens a transaction

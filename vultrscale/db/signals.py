@@ -28,6 +28,8 @@ What each number means, per preset (DESIGN §4):
                     with deferral time), so the query stays cheap with a deep backlog
     per worker      live ``doing`` jobs by ``procrastinate_workers.id``
     queue filter    ``queue_name``
+    Not modelled: ``todo`` jobs waiting behind a ``lock`` held by a ``doing`` job count as ready,
+    although one worker at a time runs them.
 
 ``pgqueuer`` (PgQueuer >= 1.0, default table names: ``pgqueuer``)
     ready           ``status='queued'`` and ``execute_after <= now()``
@@ -116,6 +118,10 @@ def read_signals(
     reader = _READERS[preset]
     queue = queue_cfg.queue or None
     with _connection(conn_or_url) as conn, _translated(conn_or_url, preset):
+        if conn.closed:
+            raise DatabaseError(
+                "read_signals got a closed connection", hint="Reconnect, or pass a database URL."
+            )
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise DatabaseError(
                 "read_signals needs a connection with no transaction in progress",
