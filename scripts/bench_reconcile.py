@@ -114,7 +114,8 @@ def main() -> None:
             f'[fleet]\nsnapshot_id = "{snap.id}"\n[policy]\nmax_instances = {n}\n'
             f"[budget]\nmonthly_ceiling_usd = {20.0 * n}\n"
         )
-        cfg = config_mod.load(tmp / "vultrscale.toml", {"VULTR_API_KEY": KEY, "DATABASE_URL": db_url})
+        env = {"VULTR_API_KEY": KEY, "DATABASE_URL": db_url}
+        cfg = config_mod.load(tmp / "vultrscale.toml", env)
         parts = Parts(client=client, db_url=db_url, drain=NoDrain(), clock=clock,
                       keygen=lambda: ("", ""), render_user_data=lambda *a: "",
                       rng=random.Random(1))

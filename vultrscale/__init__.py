@@ -1,3 +1,3 @@
-"""vultrscale: scale Vultr queue-worker fleets from zero to a hard cap and back without losing a job."""
+"""vultrscale: scale Vultr queue-worker fleets from zero to a hard cap and back, losing no job."""
 
 __version__ = "0.1.0"

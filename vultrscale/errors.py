@@ -55,7 +55,7 @@ class RuntimeFailure(VultrscaleError):
 
 
 class DatabaseError(RuntimeFailure):
-    default_hint = "Check DATABASE_URL and that Postgres is reachable; then run `vultrscale db init`."
+    default_hint = "Check DATABASE_URL and that Postgres is reachable, then `vultrscale db init`."
 
 
 class SSHError(RuntimeFailure):
