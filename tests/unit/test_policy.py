@@ -880,3 +880,61 @@ def test_billing_hour_margin_edges(minutes_ago: float, drained: bool) -> None:
     else:
         assert plan.next_scale_in_at == policy.drain_window_opens(o.instances[0], NOW)
         assert plan.next_scale_in_at is not None and plan.next_scale_in_at > NOW
+
+
+def test_burst_scales_up_once_holds_while_booting_and_drains_each_before_its_hour_ends() -> None:
+    """12 jobs from zero, passes every 30 s: three creates in the first pass and none while
+    they boot; the jobs run for 20 minutes; then every instance is drained inside the last
+    five minutes of its first paid hour, never while it holds a lease."""
+    config = cfg(jobs=4, billing_hour_aware=True)
+    now = t(2026, 11, 10, 9, 0)
+    instances: dict[str, Instance] = {}
+    last_up: datetime | None = None
+    last_down: datetime | None = None
+    idle_since: datetime | None = None
+    creates = 0
+    drained_at: dict[str, datetime] = {}
+    jobs_done_at = now + timedelta(minutes=25)
+    for _ in range(160):  # 80 minutes
+        for label, i in list(instances.items()):
+            if i.state is S.PENDING and now - (i.created_at or now) >= timedelta(minutes=4):
+                instances[label] = replace(i, state=S.RUNNING)
+        running = [i for i in instances.values() if i.state is S.RUNNING]
+        busy = now < jobs_done_at
+        # The 12 jobs wait until workers are up, then hold 4 leases per running instance.
+        in_flight = min(12, 4 * len(running)) if busy else 0
+        ready = 12 - in_flight if busy else 0
+        per = iter([4] * (in_flight // 4))
+        view = tuple(
+            replace(i, live_leases=next(per, 0)) if i.state is S.RUNNING else i
+            for i in instances.values()
+        )
+        o = Observation(
+            instances=view,
+            signals=Signals(ready, in_flight),
+            price=PRICE,
+            last_scale_up=last_up,
+            last_scale_down=last_down,
+            idle_since=idle_since,
+        )
+        plan = decide(o, config, now)
+        idle_since = plan.idle_since
+        for _ in range(plan.creates):
+            creates += 1
+            label = f"w{creates}"
+            instances[label] = Instance(label, S.PENDING, id=label, created_at=now)
+        if plan.creates:
+            last_up = now
+        for action in plan.drains:
+            assert action.label is not None
+            victim = next(i for i in view if i.label == action.label)
+            assert victim.live_leases == 0
+            drained_at[action.label] = now
+            instances[action.label] = replace(instances[action.label], state=S.DRAINING)
+            last_down = now
+        now += timedelta(seconds=30)
+    assert creates == 3
+    assert sorted(drained_at) == ["w1", "w2", "w3"]
+    for when in drained_at.values():
+        into = when - t(2026, 11, 10, 9, 0)
+        assert timedelta(minutes=55) <= into < timedelta(minutes=60)
