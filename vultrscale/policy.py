@@ -187,9 +187,10 @@ class _Decision:
             budget_max = max(check.max_total, 0)
             if check.over_budget:
                 self.warnings.append(
-                    f"over budget: {check.current} instance(s) exceed the ${check.ceiling:.2f} "
-                    f"monthly ceiling ({'; '.join(check.reasons)}); no scale-up until it fits "
-                    "(nothing is removed for it)"
+                    f"over budget: {check.current} instance(s) and ${check.month_to_date_usd:.2f} "
+                    f"billed this month do not fit the ${check.ceiling:.2f} monthly ceiling "
+                    f"({'; '.join(check.reasons)}); no scale-up until they do (nothing is "
+                    "removed for it)"
                 )
         else:
             budget_max = n_now
