@@ -231,6 +231,25 @@ def test_a_silent_host_is_unreachable_within_the_connect_timeout(
             s.close()
 
 
+def test_a_command_that_hangs_times_out_and_the_next_pass_reconnects(
+    hosts: sshd_hosts.Hosts, client_key: Path
+) -> None:
+    host = hosts.hosts[1]
+    hang = host.service_dir / "hang"
+    hang.touch()
+    try:
+        with SSHDrain(str(client_key), connect_timeout=5, command_timeout=1.0) as drain:
+            started = time.monotonic()
+            with pytest.raises(SSHError, match="gave no answer within 1s"):
+                drain.is_active(host.target())
+            assert time.monotonic() - started < 3
+            hang.unlink()
+            # The timed-out connection was dropped; the next command connects afresh.
+            assert drain.is_active(host.target()) is ServiceState.INACTIVE
+    finally:
+        hang.unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize(
     "service",
     ["worker; rm -rf /", "worker'", 'worker"', "my worker", "$(id)", "worker\nid", "", "-h"],
