@@ -1,0 +1,563 @@
+"""``vultrscale demo``: the whole loop on this machine (DESIGN §9).
+
+Postgres (``DATABASE_URL``, else a throwaway server), the Vultr simulator on loopback over real
+HTTP, simulated instances that boot from the rendered user-data (a real ``vultrscale worker``
+process each and an SSH server holding the pinned host key, see ``vultrscale.sim.hosts``), a
+bursty workload, and the real reconcile loop with the real SSH drain. The run ends when the
+queue is empty and the fleet is back at its floor, or when the duration is up; the summary
+says whether every job ended and the fleet came back down.
+
+Nothing here prints: the CLI shows the ``Tick`` after every pass and the ``Summary``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import secrets
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from vultrscale import config as config_mod
+from vultrscale.clock import SystemClock
+from vultrscale.config import mask_url
+from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError, VultrscaleError
+from vultrscale.reconcile import Parts, PassResult, run_forever
+
+FLEET = "demo"
+TAG = "vultrscale-demo"
+PLAN, REGION = "vc2-1c-2gb", "ewr"
+APP = "vultrscale.worker.examples:three_steps"  # three saved steps per job
+TERMINAL = ("succeeded", "failed", "dead")
+
+
+@dataclass(frozen=True)
+class Burst:
+    """``jobs`` jobs enqueued ``at`` seconds into the run."""
+
+    at: float
+    jobs: int
+
+
+DEFAULT_BURSTS = (Burst(0, 24), Burst(40, 12))
+
+
+def parse_bursts(text: str) -> tuple[Burst, ...]:
+    """``"0:24,40:12"`` -> bursts (seconds:jobs); UsageError naming the bad part."""
+    out = []
+    for part in text.split(","):
+        at, sep, jobs = part.strip().partition(":")
+        try:
+            burst = Burst(float(at), int(jobs))
+        except ValueError:
+            burst = None
+        if not sep or burst is None or burst.at < 0 or burst.jobs < 1:
+            raise UsageError(
+                f"--bursts: {part.strip()!r} is not SECONDS:JOBS",
+                hint='Write e.g. --bursts "0:24,40:12" (24 jobs at once, 12 more after 40 s).',
+            )
+        out.append(burst)
+    return tuple(sorted(out, key=lambda b: b.at))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The demo's knobs (the CLI exposes the first three)."""
+
+    duration: float = 120.0
+    bursts: tuple[Burst, ...] = DEFAULT_BURSTS
+    seed: int = 0
+    max_instances: int = 4
+    jobs_per_instance: int = 4
+    interval: float = 2.0
+    job_seconds: tuple[float, float] = (1.0, 4.0)
+    boot_seconds: float = 6.0
+
+
+def demo_config(
+    settings: Settings,
+    *,
+    api_url: str,
+    api_key: str,
+    db_url: str,
+    ssh_key: str,
+    ssh_port: int,
+    queue: str,
+    fleet: str,
+) -> config_mod.Config:
+    """The scaler's config for a short run: small cap, cool-downs of seconds, short drains.
+
+    ``billing_hour_aware`` is off: with it on, an idle instance is kept until its paid hour is
+    nearly over, so a two-minute demo would never scale in.
+    """
+    from vultrscale.config import (
+        BudgetConfig,
+        Config,
+        DrainConfig,
+        FleetConfig,
+        PolicyConfig,
+        QueueConfig,
+        Secret,
+        Secrets,
+        WorkerConfig,
+        validate,
+    )
+
+    cfg = Config(
+        fleet=FleetConfig(
+            name=fleet,
+            region=REGION,
+            plan=PLAN,
+            tag=TAG,
+            label_prefix="demo",
+            service="worker",
+            ssh_user="worker",
+            ssh_key=ssh_key,
+            ssh_port=ssh_port,
+        ),
+        # drain 5 s < TimeoutStopSec 15 s < drain.timeout 20 s (DESIGN §5)
+        worker=WorkerConfig(
+            app=APP,
+            concurrency=settings.jobs_per_instance,
+            drain_seconds=5.0,
+            lease_seconds=15.0,
+            queue=queue,
+        ),
+        queue=QueueConfig(jobs_per_instance=settings.jobs_per_instance, queue=queue),
+        policy=PolicyConfig(
+            min_instances=0,
+            max_instances=settings.max_instances,
+            scale_up_cooldown=timedelta(seconds=5),
+            scale_down_cooldown=timedelta(seconds=15),
+            idle_before_scale_down=timedelta(seconds=10),
+            boot_timeout=timedelta(seconds=60),
+            billing_hour_aware=False,
+        ),
+        budget=BudgetConfig(monthly_ceiling_usd=100.0),
+        drain=DrainConfig(
+            timeout=timedelta(seconds=20),
+            poll_interval=timedelta(seconds=settings.interval),
+            unreachable_grace=timedelta(seconds=30),
+        ),
+        secrets=Secrets(api_key=Secret(api_key), database_url=Secret(db_url)),
+        api_url=api_url,
+        source="vultrscale demo",
+    )
+    problems = validate(cfg)
+    if problems:  # a bug in the settings above, not the user's doing
+        raise UsageError("the demo's config is invalid: " + "; ".join(problems))
+    return cfg
+
+
+# --- what the CLI shows ----------------------------------------------------------------------
+
+
+@dataclass
+class Tick:
+    """After each pass: the pass, and the run around it."""
+
+    elapsed: float
+    result: PassResult | None
+    error: str | None
+    config: config_mod.Config
+    jobs: dict[str, int]  # by state, this run's queue
+    enqueued: int
+    fleet: int  # tagged instances at the simulator now
+    notes: list[str]  # what happened since the last tick (bursts, boots, drains)
+
+
+@dataclass
+class Summary:
+    """The closing figures. ``ok``: no job lost, fleet back at the floor, cap never passed."""
+
+    wall_seconds: float
+    enqueued: int
+    succeeded: int
+    failed: int
+    dead: int
+    lost: int  # enqueued jobs not in a terminal state when the run ended
+    retried: int  # jobs that needed more than one attempt
+    max_instances: int
+    peak: int
+    final: int  # instances left at the simulator at the end
+    created: int
+    scale_ups: int
+    scale_ins: int
+    instance_seconds: float
+    always_on_seconds: float
+    booted: int
+    worker_clean_exits: int
+    worker_failed_exits: int
+    killed_at_power_off: int
+    ssh: dict[str, int]
+    database: str
+    finished: bool  # ended because the work was done, not because the duration ran out
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.final == 0 and self.peak <= self.max_instances
+
+    @property
+    def saved_pct(self) -> float:
+        if self.always_on_seconds <= 0:
+            return 0.0
+        return 100.0 * (1 - self.instance_seconds / self.always_on_seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "finished": self.finished,
+            "wall_seconds": round(self.wall_seconds, 1),
+            "jobs": {
+                "enqueued": self.enqueued,
+                "succeeded": self.succeeded,
+                "failed": self.failed,
+                "dead": self.dead,
+                "lost": self.lost,
+                "retried": self.retried,
+            },
+            "fleet": {
+                "max_instances": self.max_instances,
+                "peak": self.peak,
+                "final": self.final,
+                "created": self.created,
+                "scale_ups": self.scale_ups,
+                "scale_ins": self.scale_ins,
+            },
+            "instance_seconds": round(self.instance_seconds, 1),
+            "always_on_instance_seconds": round(self.always_on_seconds, 1),
+            "saved_pct": round(self.saved_pct, 1),
+            "hosts": {
+                "booted": self.booted,
+                "worker_clean_exits": self.worker_clean_exits,
+                "worker_failed_exits": self.worker_failed_exits,
+                "killed_at_power_off": self.killed_at_power_off,
+                "ssh": self.ssh,
+            },
+            "database": self.database,
+            "problems": self.problems,
+        }
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Run:
+    def __init__(
+        self,
+        settings: Settings,
+        on_tick: Callable[[Tick], None],
+        say: Callable[[str], None],
+        stop: threading.Event,
+    ) -> None:
+        self.settings = settings
+        self.on_tick = on_tick
+        self.say = say
+        self.stop = stop
+        self.rng = random.Random(settings.seed)
+        self.notes: list[str] = []
+        self.notes_lock = threading.Lock()
+        self.peak = 0
+        self.fleet_now = 0
+        self.pending_bursts = list(settings.bursts)
+        self.enqueued = 0
+        self.scale_ups = self.scale_ins = 0
+        self.finished = False
+        self.started = 0.0
+
+    def note(self, text: str) -> None:
+        with self.notes_lock:
+            self.notes.append(text)
+
+    def take_notes(self) -> list[str]:
+        with self.notes_lock:
+            out, self.notes = self.notes, []
+        return out
+
+    def run(self, database_url: str | None) -> Summary:
+        import psycopg
+
+        from vultrscale import cloudinit, ssh
+        from vultrscale.db import schema
+        from vultrscale.sim import Simulator, Timings, start_server
+        from vultrscale.sim.hosts import Hosts, LoopbackIps
+        from vultrscale.vultr.client import VultrClient
+
+        s = self.settings
+        with contextlib.ExitStack() as stack:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vultrscale-demo-")))
+            if database_url:
+                db_url, where = database_url, mask_url(database_url)
+                self.say(f"Postgres: {where} (DATABASE_URL)")
+            else:
+                from vultrscale.db import throwaway
+
+                self.say("Postgres: starting a throwaway server ...")
+                pg = throwaway.start()
+                stack.callback(pg.stop)
+                db_url, where = pg.url, "throwaway"
+                self.say(f"Postgres: throwaway server on 127.0.0.1:{pg.port}")
+            schema.migrate(db_url)
+            # one queue and fleet per run: a DATABASE_URL you use for other things is left alone
+            run_id = f"{int(time.time())}-{secrets.token_hex(2)}"
+            queue_name, fleet = f"demo-{run_id}", f"demo-{run_id}"
+
+            key_path = tmp / "scaler_ed25519"
+            private, public = ssh.generate_host_key()
+            key_path.touch(mode=0o600)
+            key_path.write_text(private)
+            key_path.with_name(key_path.name + ".pub").write_text(public + "\n")
+
+            api_key = "demo-" + secrets.token_hex(16)
+            sim = Simulator(
+                api_key,
+                clock=SystemClock(),
+                seed=s.seed,
+                timings=Timings(
+                    boot_pending=s.boot_seconds,
+                    boot_ready=3.0,
+                    visible_after=1.0,
+                    snapshot_complete=1.0,
+                ),
+                ip_allocator=LoopbackIps(),
+            )
+
+            def alive() -> set[str]:
+                instances = sim.instances
+                fleet_now = sum(1 for i in instances.values() if TAG in i["tags"])
+                self.fleet_now = fleet_now
+                self.peak = max(self.peak, fleet_now)
+                return set(instances)
+
+            ssh_port = _free_port()
+            hosts = Hosts(tmp / "hosts", ssh_port, alive, tag=TAG)
+            stack.callback(hosts.close)
+            sim.on_instance_ready = hosts.on_instance_ready
+            server = start_server(sim)
+            stack.callback(server.stop)
+            self.say(f"Vultr simulator: {server.url}; instances get 127.0.0.x, SSH port {ssh_port}")
+            client = VultrClient(api_key, server.url, timeout=10)
+            stack.callback(client.close)
+
+            cfg = demo_config(
+                s,
+                api_url=server.url,
+                api_key=api_key,
+                db_url=db_url,
+                ssh_key=str(key_path),
+                ssh_port=ssh_port,
+                queue=queue_name,
+                fleet=fleet,
+            )
+            snapshot = self.bake(sim, client)
+            from dataclasses import replace
+
+            cfg = replace(cfg, fleet=replace(cfg.fleet, snapshot_id=snapshot))
+
+            def render(label: str, host_private: str, host_public: str) -> str:
+                return cloudinit.render_user_data(
+                    cfg, label, host_private, host_public, public, show_secrets=True
+                )
+
+            parts = Parts(
+                client=client,
+                db_url=db_url,
+                drain=ssh.SSHDrain(str(key_path), connect_timeout=5, command_timeout=5),
+                clock=SystemClock(),
+                keygen=ssh.generate_host_key,
+                render_user_data=render,
+                rng=random.Random(s.seed),
+            )
+            try:
+                conn = psycopg.connect(db_url, autocommit=True, connect_timeout=10)
+            except psycopg.Error as exc:
+                raise DatabaseError(f"cannot connect to the demo database: {exc}") from None
+            stack.callback(conn.close)
+
+            self.say(
+                f"Workload: {', '.join(f'{b.jobs} jobs at {b.at:g}s' for b in s.bursts)}; "
+                f"fleet 0..{s.max_instances}, {s.jobs_per_instance} jobs per instance; "
+                f"ends when all is done or after {s.duration:g}s"
+            )
+            self.started = time.monotonic()
+            self.enqueue_due(conn, queue_name)
+
+            def after_pass(result: PassResult) -> None:
+                self.after_pass(conn, cfg, queue_name, result, None)
+
+            def after_error(exc: VultrscaleError) -> None:
+                self.after_pass(conn, cfg, queue_name, None, exc.message)
+
+            run_forever(
+                cfg,
+                parts,
+                interval=timedelta(seconds=s.interval),
+                stop=self.stop,
+                on_result=after_pass,
+                on_error=after_error,
+            )
+            return self.summary(conn, cfg, queue_name, hosts, sim, where)
+        raise AssertionError("unreachable")  # pragma: no cover - the with block returns
+
+    def bake(self, sim: Any, client: Any) -> str:
+        """The fleet's base image: a snapshot of a (simulated) Debian instance."""
+        base = sim.create_instance(region=REGION, plan=PLAN, os_id=2136, label="demo-base")
+        snap = client.create_snapshot(base["id"], "vultrscale demo base image")
+        deadline = time.monotonic() + 30
+        while client.get_snapshot(snap.id).status != "complete":
+            if time.monotonic() > deadline:
+                raise RuntimeFailure("the simulator's snapshot did not complete in 30 s")
+            self.stop.wait(0.2)
+        return str(snap.id)
+
+    def enqueue_due(self, conn: Any, queue_name: str) -> None:
+        from vultrscale.db import queue
+
+        elapsed = time.monotonic() - self.started
+        lo, hi = self.settings.job_seconds
+        while self.pending_bursts and self.pending_bursts[0].at <= elapsed:
+            burst = self.pending_bursts.pop(0)
+            payloads = [
+                {"step_seconds": round(self.rng.uniform(lo, hi) / 3, 2)} for _ in range(burst.jobs)
+            ]
+            queue.enqueue(conn, payloads, queue=queue_name)
+            self.enqueued += burst.jobs
+            self.note(f"burst: {burst.jobs} jobs enqueued")
+
+    def job_states(self, conn: Any, queue_name: str) -> dict[str, int]:
+        rows = conn.execute(
+            "SELECT state, count(*) FROM jobs WHERE queue = %s GROUP BY state", (queue_name,)
+        ).fetchall()
+        return {str(state): int(n) for state, n in rows}
+
+    def after_pass(
+        self, conn: Any, cfg: Any, queue_name: str, result: PassResult | None, error: str | None
+    ) -> None:
+        import psycopg
+
+        elapsed = time.monotonic() - self.started
+        if result is not None and result.plan is not None:
+            plan = result.plan
+            if plan.creates:
+                self.scale_ups += 1
+                self.note(f"scale up: {plan.creates} instance(s) created")
+            if plan.drains:
+                self.scale_ins += 1
+                self.note(f"scale in: {len(plan.drains)} instance(s) draining")
+        try:
+            self.enqueue_due(conn, queue_name)
+            jobs = self.job_states(conn, queue_name)
+        except psycopg.Error as exc:
+            raise DatabaseError(f"the demo lost its database: {exc}") from None
+        open_jobs = self.enqueued - sum(jobs.get(s, 0) for s in TERMINAL)
+        ledger_left = (
+            len(result.observation.instances)
+            if result is not None and result.observation is not None
+            else 1
+        )
+        if not self.pending_bursts and open_jobs == 0 and ledger_left == 0 and not self.fleet_now:
+            self.finished = True
+            self.stop.set()
+        elif elapsed >= self.settings.duration:
+            self.note(f"duration of {self.settings.duration:g}s is up")
+            self.stop.set()
+        self.on_tick(
+            Tick(
+                elapsed, result, error, cfg, jobs, self.enqueued, self.fleet_now, self.take_notes()
+            )
+        )
+
+    def summary(
+        self, conn: Any, cfg: Any, queue_name: str, hosts: Any, sim: Any, where: str
+    ) -> Summary:
+        wall = time.monotonic() - self.started
+        jobs = self.job_states(conn, queue_name)
+        retried = conn.execute(
+            "SELECT count(*) FROM jobs WHERE queue = %s AND attempts > 1", (queue_name,)
+        ).fetchone()[0]
+        now = datetime.now(UTC)
+        created, seconds = conn.execute(
+            "SELECT count(*), coalesce(sum(extract(epoch FROM coalesce(gone_at, %s) - "
+            "created_at)), 0) FROM fleet_instances WHERE fleet = %s AND instance_id IS NOT NULL",
+            (now, cfg.fleet.name),
+        ).fetchone()
+        final = sum(1 for i in sim.instances.values() if TAG in i["tags"])
+        hosts.close()  # powers off what is left, so the exit counts are final
+        st = hosts.stats
+        done = sum(jobs.get(s, 0) for s in TERMINAL)
+        problems = [f"boot failed: {text}" for text in st.boot_failures]
+        if self.enqueued - done:
+            problems.append(
+                f"{self.enqueued - done} job(s) did not finish: "
+                + ", ".join(f"{n} {state}" for state, n in jobs.items() if state not in TERMINAL)
+            )
+        if final:
+            problems.append(f"{final} instance(s) still up when the run ended")
+        if self.peak > cfg.policy.max_instances:
+            problems.append(f"the fleet reached {self.peak}, above max_instances")
+        if not self.finished:
+            problems.append(
+                f"the duration ({self.settings.duration:g}s) ran out before the queue was empty "
+                "and the fleet back at zero"
+            )
+        return Summary(
+            wall_seconds=wall,
+            enqueued=self.enqueued,
+            succeeded=jobs.get("succeeded", 0),
+            failed=jobs.get("failed", 0),
+            dead=jobs.get("dead", 0),
+            lost=self.enqueued - done,
+            retried=int(retried),
+            max_instances=cfg.policy.max_instances,
+            peak=self.peak,
+            final=final,
+            created=int(created),
+            scale_ups=self.scale_ups,
+            scale_ins=self.scale_ins,
+            instance_seconds=float(seconds),
+            always_on_seconds=cfg.policy.max_instances * wall,
+            booted=st.booted,
+            worker_clean_exits=st.clean_exits,
+            worker_failed_exits=st.failed_exits,
+            killed_at_power_off=st.killed_at_power_off,
+            ssh={
+                "stop": st.ssh.stop,
+                "is_active": st.ssh.is_active,
+                "refused_commands": st.ssh.refused_commands,
+                "refused_logins": st.ssh.refused_logins,
+            },
+            database=where,
+            finished=self.finished,
+            problems=problems,
+        )
+
+
+def run(
+    settings: Settings,
+    *,
+    database_url: str | None = None,
+    on_tick: Callable[[Tick], None] = lambda t: None,
+    say: Callable[[str], None] = lambda line: None,
+    stop: threading.Event | None = None,
+) -> Summary:
+    """Run the demo to its end and return the summary; everything it started is stopped again,
+    also on an exception or KeyboardInterrupt."""
+    # paramiko logs a client that hangs up mid-handshake as an error; the drain reports its own
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    logging.getLogger("paramiko").propagate = False
+    return _Run(settings, on_tick, say, stop or threading.Event()).run(database_url)
