@@ -848,6 +848,163 @@ def sim_serve(
         handle.stop()
 
 
+# --- demo (the whole loop on this machine) ---------------------------------------------------
+
+
+@app.command("demo")
+def demo_cmd(
+    duration: Annotated[
+        float, typer.Option("--duration", min=10, help="Stop after this many seconds at most.")
+    ] = 120.0,
+    bursts: Annotated[
+        str,
+        typer.Option("--bursts", help="Workload: SECONDS:JOBS,... enqueued into the run."),
+    ] = "0:24,40:12",
+    no_live: Annotated[
+        bool, typer.Option("--no-live", help="Plain log lines instead of the live fleet view.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the summary as one JSON document.")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for job lengths and ids.")] = 0,
+) -> int:
+    """The whole system on this machine: Postgres, the Vultr simulator, instances running real
+    workers behind SSH, a bursty workload and the reconcile loop. Exit 0 when no job was lost
+    and the fleet came back down."""
+    import signal
+
+    from rich.console import Console
+
+    from vultrscale import demo
+
+    settings = demo.Settings(duration=duration, bursts=demo.parse_bursts(bursts), seed=seed)
+    # with --json, stdout carries only the summary
+    console = Console(stderr=as_json)
+
+    def _stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    url = os.environ.get("DATABASE_URL", "").strip() or None
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False)
+
+    if no_live:
+        summary = demo.run(settings, database_url=url, on_tick=_demo_log(say), say=say)
+    else:
+        from rich.live import Live
+
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            view = _DemoView(live)
+            summary = demo.run(settings, database_url=url, on_tick=view.update, say=view.say)
+    if as_json:
+        print_json(summary.to_json())
+    else:
+        _print_demo_summary(console, summary)
+    return 0 if summary.ok else EXIT_RUNTIME
+
+
+def _demo_counts(tick: Any) -> str:
+    jobs = tick.jobs
+    done = sum(jobs.get(s, 0) for s in ("succeeded", "failed", "dead"))
+    states: dict[str, int] = {}
+    if tick.result is not None and tick.result.observation is not None:
+        for i in tick.result.observation.instances:
+            states[i.state.value] = states.get(i.state.value, 0) + 1
+    fleet = ", ".join(f"{n} {s}" for s, n in states.items()) or "none"
+    return (
+        f"[{tick.elapsed:5.1f}s] instances: {fleet} | jobs: {jobs.get('ready', 0)} ready, "
+        f"{jobs.get('leased', 0)} running, {done}/{tick.enqueued} done"
+    )
+
+
+def _demo_log(say: Any) -> Any:
+    def log(tick: Any) -> None:
+        say(_demo_counts(tick))
+        for note in tick.notes:
+            say(f"         {note}")
+        if tick.result is not None:
+            for r in tick.result.results:
+                say(f"         {r['label']}: {r['result']}")
+            for e in tick.result.errors:
+                say(f"         error: {e}")
+        if tick.error:
+            say(f"         error: {tick.error}")
+
+    return log
+
+
+class _DemoView:
+    """The live view: the fleet table of `vultrscale status` and the run's recent events."""
+
+    def __init__(self, live: Any) -> None:
+        self.live = live
+        self.lines: list[str] = []
+
+    def say(self, line: str) -> None:
+        self.live.console.print(line, markup=False, highlight=False)
+
+    def update(self, tick: Any) -> None:
+        from datetime import UTC, datetime
+
+        from rich.console import Group
+        from rich.text import Text
+
+        from vultrscale import status
+
+        for note in tick.notes:
+            self.lines.append(f"{tick.elapsed:5.1f}s  {note}")
+        if tick.result is not None:
+            for r in tick.result.results:
+                self.lines.append(f"{tick.elapsed:5.1f}s  {r['label']}: {r['result']}")
+        if tick.error:
+            self.lines.append(f"{tick.elapsed:5.1f}s  error: {tick.error}")
+        self.lines = self.lines[-8:]
+        parts: list[Any] = [Text(_demo_counts(tick), style="bold")]
+        result = tick.result
+        if result is not None and result.observation is not None and result.plan is not None:
+            cfg = tick.config
+            parts.append(
+                status.render(
+                    result.observation,
+                    result.plan,
+                    datetime.now(UTC),
+                    cfg.budget.monthly_ceiling_usd,
+                    cfg.fleet.name,
+                )
+            )
+        parts.append(Text("\n".join(self.lines), style="dim"))
+        self.live.update(Group(*parts), refresh=True)
+
+
+def _print_demo_summary(console: Any, s: Any) -> None:
+    verdict = "[green]OK[/green]" if s.ok else "[red]FAILED[/red]"
+    console.print(f"\n[bold]Demo summary[/bold] ({s.wall_seconds:.0f}s): {verdict}")
+    console.print(
+        f"  jobs: {s.enqueued} enqueued, {s.succeeded} succeeded, {s.failed} failed, "
+        f"{s.dead} dead, [bold]{s.lost} lost[/bold] ({s.retried} needed a retry)"
+    )
+    console.print(
+        f"  fleet: peak {s.peak} of max {s.max_instances}, {s.created} created, "
+        f"{s.scale_ups} scale-up(s), {s.scale_ins} scale-in(s), {s.final} left at the end"
+    )
+    console.print(
+        f"  instance time: {s.instance_seconds:.0f} instance-seconds against "
+        f"{s.always_on_seconds:.0f} for {s.max_instances} always-on instances "
+        f"({s.saved_pct:.0f}% less)"
+    )
+    console.print(
+        f"  workers: {s.booted} booted, {s.worker_clean_exits} drained and exited cleanly, "
+        f"{s.worker_failed_exits} failed, {s.killed_at_power_off} killed at power-off; "
+        f"SSH: {s.ssh['stop']} stop, {s.ssh['is_active']} is-active, "
+        f"{s.ssh['refused_commands'] + s.ssh['refused_logins']} refused"
+    )
+    for problem in s.problems:
+        console.print(f"  [red]problem:[/red] {problem}", highlight=False)
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
