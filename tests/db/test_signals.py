@@ -355,66 +355,115 @@ def _execute(url: str, query: str, *params: object) -> None:
 
 def test_pgqueuer_preset_matches_pgqueuer(pg_url: str) -> None:
     from pgqueuer.adapters.persistence.queries import Queries
+    from pgqueuer.core.qm import QueueManager
+    from pgqueuer.models import Job
     from pgqueuer.ports.repository import EntrypointExecutionParameter
     from pgqueuer.types import QueueEntrypoint, QueueManagerId
 
+    timeout = timedelta(seconds=30)  # PgQueuer's default heartbeat_timeout
+    backlog = {QueueEntrypoint("backlog"): EntrypointExecutionParameter(concurrency_limit=0)}
+
     async def scenario() -> None:
         conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
-        try:
-            q = Queries.from_psycopg_connection(conn)
-            await q.install()
-            await q.enqueue(["email"] * 6, [None] * 6, [0] * 6)
-            await q.enqueue(["report"] * 3, [None] * 3, [0] * 3)
-            await q.enqueue("email", None, execute_after=timedelta(hours=1))  # not due
+        worker_conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+        q = Queries.from_psycopg_connection(conn)
+        release = asyncio.Event()
+        qm = QueueManager(Queries.from_psycopg_connection(worker_conn))
 
-            timeout = timedelta(seconds=30)
-            params = {QueueEntrypoint("email"): EntrypointExecutionParameter(concurrency_limit=0)}
-            live_qm, dead_qm = QueueManagerId(uuid.uuid4()), QueueManagerId(uuid.uuid4())
-            picked_live = await q.dequeue(3, params, live_qm, None, timeout)
-            picked_dead = await q.dequeue(1, params, dead_qm, None, timeout)
-            assert len(picked_live) == 3 and len(picked_dead) == 1
-            # One of the live manager's jobs finishes: PgQueuer moves it to its log.
-            await q.log_jobs([(picked_live[0], "successful", None)])
-            # The dead manager stops heartbeating: age its job past the timeout.
+        @qm.entrypoint("report")
+        async def report(job: Job) -> None:
+            return None
+
+        @qm.entrypoint("email")
+        async def email(job: Job) -> None:
+            await release.wait()
+
+        worker: asyncio.Task[None] | None = None
+        try:
+            await q.install()
+            await q.enqueue(["report"] * 3, [None] * 3, [0] * 3)  # done by the worker
+            await q.enqueue(["email"] * 2, [None] * 2, [0] * 2)  # held by the worker
+            await q.enqueue("email", None, execute_after=timedelta(hours=1))  # not due
+            await q.enqueue(["backlog"] * 5, [None] * 5, [0] * 5)  # nobody runs these
+            # A queue manager that died holding one job: picked, then no more heartbeats.
+            dead_qm = QueueManagerId(uuid.uuid4())
+            (dead_job,) = await q.dequeue(1, backlog, dead_qm, None, timeout)
             await conn.execute(
                 "UPDATE pgqueuer SET heartbeat = now() - interval '2 minutes' WHERE id = %s",
-                (picked_dead[0].id,),
+                (dead_job.id,),
             )
+
+            worker = asyncio.create_task(
+                qm.run(
+                    dequeue_timeout=timedelta(seconds=0.2),
+                    batch_size=2,
+                    heartbeat_timeout=timeout,
+                    log_aggregation_interval=timedelta(0),
+                )
+            )
+
+            async def settled() -> bool:
+                stats = await q.queue_size()
+                left: dict[tuple[str, str], int] = {
+                    (str(x.entrypoint), str(x.status)): x.count for x in stats
+                }
+                return ("report", "queued") not in left and left.get(("email", "picked")) == 2
+
+            await _wait_for(settled)
 
             s = await asyncio.to_thread(read_signals, pg_url, QueueConfig(preset="pgqueuer"))
             stats = await q.queue_size()
             queued = sum(x.count for x in stats if x.status == "queued")
             picked = sum(x.count for x in stats if x.status == "picked")
             stale = await q.stale_jobs(timeout)
-            workers = await q.active_workers()
+            workers = {str(w.queue_manager_id): w.active_jobs for w in await q.active_workers()}
 
-            assert queued == 6  # 2 + 3 due, 1 in an hour
-            assert s.ready == queued - 1 == 5
+            assert queued == 5  # 4 backlog + the email in an hour
+            assert s.ready == queued - 1 == 4
             assert s.expired_leases == len(stale) == 1
+            assert stale[0].id == dead_job.id
             assert s.in_flight == picked - len(stale) == 2
-            by_manager = {str(w.queue_manager_id): w.active_jobs for w in workers}
-            assert s.leases_by_worker == {str(live_qm): 2}
-            assert by_manager == {str(live_qm): 2, str(dead_qm): 1}
+            assert workers == {str(qm.queue_manager_id): 2, str(dead_qm): 1}
+            assert s.leases_by_worker == {str(qm.queue_manager_id): 2}
             assert 0 <= s.oldest_ready_seconds < 30
 
-            email = await asyncio.to_thread(
+            only = await asyncio.to_thread(
                 read_signals, pg_url, QueueConfig(preset="pgqueuer", queue="email")
             )
-            assert (email.ready, email.in_flight, email.expired_leases) == (2, 2, 1)
-            # A tighter liveness window turns the live picks stale as well.
-            await conn.execute("UPDATE pgqueuer SET heartbeat = now() - interval '10 seconds'")
+            assert (only.ready, only.in_flight, only.expired_leases) == (0, 2, 0)
+            # A zero liveness window: every heartbeat is in the past, so every pick is stale.
             tight = await asyncio.to_thread(
                 lambda: read_signals(
-                    pg_url, QueueConfig(preset="pgqueuer"), stale_after=timedelta(seconds=5)
+                    pg_url, QueueConfig(preset="pgqueuer"), stale_after=timedelta(0)
                 )
             )
             assert (tight.in_flight, tight.expired_leases) == (0, 3)
-            # PgQueuer's own dequeue re-picks exactly those stale rows: they were demand.
-            repicked = await q.dequeue(
-                10, params, QueueManagerId(uuid.uuid4()), None, timedelta(seconds=5)
+
+            release.set()
+            await _wait_for(lambda: _pgq_picked(q, "email", 0))
+            after = await asyncio.to_thread(
+                read_signals, pg_url, QueueConfig(preset="pgqueuer", queue="backlog")
             )
-            assert len(repicked) == 2 + 3  # the 2 queued-and-due 'email' jobs + 3 stale
+            assert (after.ready, after.in_flight, after.expired_leases) == (4, 0, 1)
+            # PgQueuer's own dequeue takes the ready jobs and re-picks the stale one: all demand.
+            taken = await q.dequeue(10, backlog, QueueManagerId(uuid.uuid4()), None, timeout)
+            assert len(taken) == after.ready + after.expired_leases
         finally:
+            release.set()
+            qm.shutdown.set()
+            if worker is not None:
+                # Its jobs are finished; a graceful stop would only wait for its heartbeat
+                # buffer's flush timer (heartbeat_timeout / 8).
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+            await worker_conn.close()
             await conn.close()
 
     asyncio.run(scenario())
+
+
+async def _pgq_picked(q, entrypoint: str, expected: int) -> bool:  # type: ignore[no-untyped-def]
+    stats = await q.queue_size()
+    n = sum(x.count for x in stats if x.entrypoint == entrypoint and x.status == "picked")
+    return n == expected
