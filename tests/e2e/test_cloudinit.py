@@ -111,6 +111,7 @@ def test_the_document_holds_exactly_the_values_given(variant: str) -> None:
     assert doc["ssh_deletekeys"] is True
     [user] = doc["users"]
     assert user["name"] == cfg.fleet.ssh_user and user["ssh_authorized_keys"] == [scaler]
+    assert user["hashed_passwd"] == "*" and user["lock_passwd"] is False  # key login works
     files = {f["path"]: f for f in doc["write_files"]}
     env = files["/etc/vultrscale/worker.env"]
     assert env["permissions"] == "0600" and env["owner"] == "root:root"
