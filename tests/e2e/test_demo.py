@@ -1,0 +1,115 @@
+"""`vultrscale demo` end to end, as a user runs it: one process that starts the Vultr simulator,
+simulated instances (a real `vultrscale worker` process and a paramiko SSH server each, booted
+from the rendered user-data), and the real reconcile loop with the real SSH drain.
+
+The summary is checked against the database the demo used, not only against itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+# 16 jobs at once ask for 4 instances (4 jobs each, cap 4); 8 more after 30 s ask for 2.
+BURSTS = "0:16,30:8"
+
+
+def _processes_using(db_url: str) -> list[int]:
+    """Processes whose environment holds this test's own database URL (the demo's workers)."""
+    needle = f"DATABASE_URL={db_url}".encode() + b"\0"
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def test_demo_scales_up_and_back_down_without_losing_a_job(pg_url: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VULTRSCALE_")}
+    env["DATABASE_URL"] = pg_url
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vultrscale.cli",
+            "demo",
+            "--no-live",
+            "--json",
+            "--bursts",
+            BURSTS,
+            "--duration",
+            "85",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=150,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] and doc["finished"], doc
+
+    jobs = doc["jobs"]
+    assert jobs == {**jobs, "enqueued": 24, "succeeded": 24, "lost": 0}
+    fleet = doc["fleet"]
+    # up: the first burst is seen at once and asks for exactly the cap
+    assert fleet["peak"] == fleet["max_instances"] == 4
+    assert fleet["scale_ups"] >= 1 and fleet["created"] >= 4
+    # and back down to zero
+    assert fleet["scale_ins"] >= 1 and fleet["final"] == 0
+    assert 0 < doc["instance_seconds"] < doc["always_on_instance_seconds"]
+
+    hosts = doc["hosts"]
+    assert hosts["booted"] == fleet["created"]
+    # every worker was stopped over SSH and drained cleanly; none was left to be killed
+    assert hosts["worker_clean_exits"] == hosts["booted"]
+    assert hosts["worker_failed_exits"] == 0 and hosts["killed_at_power_off"] == 0
+    assert hosts["ssh"]["stop"] >= hosts["booted"]
+    assert hosts["ssh"]["is_active"] >= hosts["booted"]
+    assert hosts["ssh"]["refused_commands"] == 0 and hosts["ssh"]["refused_logins"] == 0
+    assert doc["problems"] == []
+
+    # The database agrees: every job of the run succeeded, every instance is gone, every
+    # worker recorded its stop, and the passes are in the decision ledger.
+    with psycopg.connect(pg_url) as conn:
+        states: dict[str, int] = dict(
+            conn.execute(
+                "SELECT state, count(*) FROM jobs WHERE queue LIKE 'demo-%' GROUP BY state"
+            ).fetchall()
+        )
+        ledger: dict[str, int] = dict(
+            conn.execute(
+                "SELECT state, count(*) FROM fleet_instances WHERE fleet LIKE 'demo-%' "
+                "GROUP BY state"
+            ).fetchall()
+        )
+        workers = conn.execute(
+            "SELECT count(*), count(stopped_at) FROM workers WHERE worker_id LIKE 'demo-%'"
+        ).fetchone()
+        events = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE actions::text LIKE '%drain%') "
+            "FROM fleet_events WHERE fleet LIKE 'demo-%'"
+        ).fetchone()
+    assert states == {"succeeded": 24}
+    assert ledger == {"gone": fleet["created"]}
+    assert workers == (hosts["booted"], hosts["booted"])
+    assert events is not None
+    passes, with_drains = events
+    assert passes >= 10 and with_drains == fleet["scale_ins"]
+
+    # no worker process outlived the demo
+    assert _processes_using(pg_url) == []
