@@ -8,7 +8,8 @@ seconds after SIGTERM. A drain is what reconcile does over its passes, done back
 ``stop_many`` then ``is_active_many`` every ``--poll`` seconds until every host is stopped,
 with a fresh SSHDrain (fresh connections) per drain. In the same run, alternating the order
 each repetition, it drains one host and all N hosts, and prints the median wall times and the
-ratio all/one (target: within 1.5x, i.e. parallel, not serial).
+ratio all/one (target: within 1.5x, i.e. parallel, not serial). ``--serial`` adds the same
+20-host drain with ``max_parallel=1`` as a reference for what a one-at-a-time loop costs.
 
 Needs root, /usr/sbin/sshd and sudo. Example: python scripts/bench_drain.py --hosts 20 --repeat 5
 """
@@ -41,10 +42,12 @@ while True:
 """
 
 
-def drain(key: Path, targets: list[HostTarget], poll: float, timeout: float) -> tuple[float, float]:
+def drain(
+    key: Path, targets: list[HostTarget], poll: float, timeout: float, parallel: int = 32
+) -> tuple[float, float]:
     """Wall seconds from the stop request until every target reports stopped, and the CPU
     seconds this (the scaler's) process spent on it."""
-    with SSHDrain(str(key), connect_timeout=10, command_timeout=20, max_parallel=32) as ssh:
+    with SSHDrain(str(key), connect_timeout=10, command_timeout=20, max_parallel=parallel) as ssh:
         cpu = time.process_time()
         started = time.monotonic()
         sent = ssh.stop_many(targets)
@@ -73,6 +76,11 @@ def main() -> int:
     )
     parser.add_argument("--poll", type=float, default=0.2, help="is-active poll interval (s)")
     parser.add_argument("--first", type=int, default=101, help="first address 127.0.0.<first>")
+    parser.add_argument(
+        "--serial",
+        action="store_true",
+        help="also drain all hosts with max_parallel=1 (what a serial loop would cost)",
+    )
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="vultrscale-bench-key-"))
@@ -85,21 +93,26 @@ def main() -> int:
     hosts = sshd_hosts.start_hosts(args.hosts, key, first_address=args.first)
     one: list[float] = []
     many: list[float] = []
-    cpu: dict[str, list[float]] = {"one": [], "all": []}
+    serial: list[float] = []
+    cpu: dict[str, list[float]] = {"one": [], "all": [], "serial": []}
     try:
         targets = [h.target() for h in hosts.hosts]
         for rep in range(args.repeat):
-            order = ("one", "all") if rep % 2 == 0 else ("all", "one")
+            order = ["one", "all"] if rep % 2 == 0 else ["all", "one"]
+            if args.serial:
+                order.append("serial")
             for which in order:
                 chosen = hosts.hosts[:1] if which == "one" else hosts.hosts
                 for h in chosen:
                     hosts.start_service(h, argv, timeout_stop_sec=30)
                 picked = targets[:1] if which == "one" else targets
-                seconds, used = drain(key, picked, args.poll, timeout=60)
-                (one if which == "one" else many).append(seconds)
+                parallel = 1 if which == "serial" else 32
+                seconds, used = drain(key, picked, args.poll, timeout=120, parallel=parallel)
+                {"one": one, "all": many, "serial": serial}[which].append(seconds)
                 cpu[which].append(used)
                 print(
-                    f"  rep {rep + 1}: drain of {len(picked):>2}: {seconds * 1000:7.0f} ms "
+                    f"  rep {rep + 1}: drain of {len(picked):>2} {which:>6}"
+                    f": {seconds * 1000:7.0f} ms "
                     f"(scaler CPU {used * 1000:.0f} ms)"
                 )
     finally:
@@ -116,6 +129,12 @@ def main() -> int:
         f"{statistics.median(cpu['all']) * 1000:.0f} ms for {args.hosts} (the rest of the wall "
         "time is sshd, sudo and the services, which share this machine's cores)"
     )
+    if serial:
+        m_serial = statistics.median(serial)
+        print(
+            f"median drain of {args.hosts} hosts one at a time (max_parallel=1): "
+            f"{m_serial * 1000:.0f} ms ({m_serial / m_one:.2f}x one host)"
+        )
     ratio = m_many / m_one
     verdict = "within" if ratio <= 1.5 else "NOT within"
     print(f"ratio {args.hosts}/1: {ratio:.2f}x ({verdict} the 1.5x target)")
