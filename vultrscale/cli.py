@@ -1009,17 +1009,13 @@ def _print_demo_summary(console: Any, s: Any) -> None:
 
 
 def _secrets_from_env() -> list[str | None]:
-    from urllib.parse import urlsplit
+    from vultrscale.config import url_password
 
     out: list[str | None] = [os.environ.get("VULTR_API_KEY")]
     for name in ("DATABASE_URL", "WORKER_DATABASE_URL"):
         url = os.environ.get(name)
         if url:
-            out.append(url)
-            try:
-                out.append(urlsplit(url).password)
-            except ValueError:  # an unparsable URL has no password we could find
-                continue
+            out += [url, url_password(url)]
     return out
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from vultrscale.errors import ConfigError
@@ -83,21 +82,29 @@ class Secret:
         return hash(self._value)
 
 
+_URL_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][\w+.-]*://)(?P<user>[^:@/]*):(?P<pw>.*)@(?P<rest>[^@]*)$")
+_PASSWORD_PARAM = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)", re.IGNORECASE)
+
+
+def url_password(url: str) -> str | None:
+    """The password inside a database URL or conninfo string, if there is one."""
+    m = _URL_USERINFO.match(url)
+    if m and m["pw"]:
+        return m["pw"]
+    p = _PASSWORD_PARAM.search(url)
+    return p.group(2).strip("'") if p and p.group(2) else None
+
+
 def mask_url(url: str) -> str:
-    """A database URL with its password replaced by ``***`` (``postgresql://u:***@h/db``)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "***"
-    if parts.password is None and "password=" not in (parts.query or ""):
-        return url
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, _, hostinfo = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hostinfo}"
-    query = re.sub(r"(password=)[^&]*", r"\1***", parts.query or "")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    """A database URL or conninfo string with its password replaced by ``***``.
+
+    Done by pattern, not by a URL parser: a password with an unescaped ``#``, ``/`` or ``?``
+    would end up in the parser's fragment or path and be printed.
+    """
+    m = _URL_USERINFO.match(url)
+    if m:
+        url = f"{m['scheme']}{m['user']}:***@{m['rest']}"
+    return _PASSWORD_PARAM.sub(lambda p: p.group(1) + "***", url)
 
 
 @dataclass(frozen=True)
@@ -182,10 +189,7 @@ class Secrets:
             v = s.reveal()
             if v:
                 out.append(v)
-                try:
-                    pw = urlsplit(v).password
-                except ValueError:
-                    pw = None
+                pw = url_password(v)
                 if pw:
                     out.append(pw)
         return out

@@ -172,3 +172,19 @@ def test_secret_repr_never_shows_the_value() -> None:
     assert SECRET_KEY not in repr(s) and SECRET_KEY not in str(s) and SECRET_KEY not in f"{s}"
     assert config.mask_url(f"postgresql://u:{SECRET_PW}@h/db") == "postgresql://u:***@h/db"
     assert SECRET_PW not in config.mask_url(f"postgresql://h/db?password={SECRET_PW}")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://app:{SECRET_PW}#x@db/jobs",
+        f"postgresql://app:{SECRET_PW}/y?z@db:5432/jobs?sslmode=require",
+        f"postgresql://db/jobs?password={SECRET_PW}&sslmode=require",
+        f"host=db password={SECRET_PW} dbname=jobs",
+        f"postgresql://app:{SECRET_PW}@x@db/jobs",
+    ],
+    ids=["hash", "slash-and-question-mark", "query-param", "conninfo", "at-sign"],
+)
+def test_passwords_with_url_characters_are_masked(url: str) -> None:
+    assert SECRET_PW not in config.mask_url(url)
+    assert SECRET_PW in (config.url_password(url) or "")
