@@ -46,7 +46,8 @@ What each number means, per preset (DESIGN §4):
 ``custom``
     ``ready_sql``, ``in_flight_sql`` and ``oldest_ready_seconds_sql`` each return one number
     (one row, one column, not NULL). ``%(queue)s`` in them is bound to ``queue.queue`` (NULL when
-    empty). No per-worker leases, ``expired_leases`` 0.
+    empty); a query that uses it must write a literal ``%`` as ``%%``. No per-worker leases,
+    ``expired_leases`` 0.
 
 "No data" is never read as zero: a failing query, a missing row or a NULL raises
 ``DatabaseError``; the scaler then holds the fleet.
