@@ -184,7 +184,7 @@ class SSHDrain:
         *,
         connect_timeout: float = 10.0,
         command_timeout: float = 20.0,
-        max_parallel: int = 16,
+        max_parallel: int = 32,
     ) -> None:
         self._key = load_private_key(key_path)
         self.connect_timeout = connect_timeout
