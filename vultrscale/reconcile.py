@@ -515,6 +515,9 @@ class _Pass:
             waited = self.now - since
             live = self.live_leases(row.label)
             if isinstance(st, ServiceState) and st.stopped:
+                if live is None:
+                    self.note(row.label, f"worker {st.value}; queue unreadable, not deleting yet")
+                    continue
                 if live:
                     self.note(
                         row.label, f"worker {st.value}; waiting for {live} live lease(s) to expire"
