@@ -334,3 +334,29 @@ def test_bad_input_is_refused_before_any_instance_is_touched(
     assert message in err.value.message and err.value.exit_code == 2
     assert world.sim.count("POST", "/v2/instances") == 0
     assert world.sim.count("DELETE", "/v2/instances/*") == 0
+
+
+def test_unreadable_queue_holds_scale_in_and_deletes(world: World) -> None:
+    cfg = world.config(
+        policy={"max_instances": 2, "idle_before_scale_down": "30s", "scale_down_cooldown": "30s"}
+    )
+    world.enqueue(8)
+    world.run(cfg)
+    world.clock.advance(121)
+    world.run(cfg)
+    a, b = world.boot_ready()
+    with psycopg.connect(world.db_url, autocommit=True) as conn:
+        ledger.mark_draining(conn, a, world.clock.now())
+    world.hosts.hosts[a].service = ServiceState.INACTIVE
+
+    def broken(conn: object) -> None:
+        raise DatabaseError('relation "jobs" does not exist')
+
+    blind = world.make_parts(signals_reader=broken)
+    for _ in range(5):
+        world.clock.advance(600)  # long past every idle window, cool-down and drain deadline
+        result = run_pass(cfg, blind)
+        assert result.exit_code == 1
+        assert result.plan is not None and not result.plan.actions
+    assert world.sim.count("DELETE", "/v2/instances/*") == 0
+    assert world.ledger() == {a: "draining", b: "running"}
