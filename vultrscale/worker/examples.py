@@ -6,7 +6,7 @@ Run one with ``vultrscale worker --app vultrscale.worker.examples:three_steps``.
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 from typing import Any
 
 from vultrscale.worker.job import Job, PermanentError
@@ -16,6 +16,12 @@ STEPS = ("classify", "draft", "embed")
 
 def _step_result(job: Job, name: str) -> dict[str, Any]:
     return {"step": name, "attempt": job.attempt}
+
+
+def _pause(seconds: float) -> None:
+    # Event.wait rather than time.sleep: the clock-skew test runs this under libfaketime,
+    # whose clock_nanosleep fails with EINVAL when only the wall clock is shifted.
+    threading.Event().wait(seconds)
 
 
 def three_steps(job: Job) -> None:
@@ -28,7 +34,7 @@ def three_steps(job: Job) -> None:
     for name in STEPS:
 
         def work(name: str = name) -> dict[str, Any]:
-            time.sleep(delay)
+            _pause(delay)
             return _step_result(job, name)
 
         job.step(name, work)
