@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -123,7 +124,7 @@ def test_sigkill_leaves_leases_until_expiry_then_attempt_two_without_duplicates(
     w.signal(signal.SIGKILL)
     assert w.wait() == -signal.SIGKILL
 
-    killed = dict(
+    killed: dict[int, Any] = dict(
         conn.execute(
             "SELECT job_id, expires_at FROM job_leases WHERE expires_at > now() ORDER BY job_id"
         ).fetchall()
