@@ -867,42 +867,64 @@ def demo_cmd(
         bool, typer.Option("--json", help="Print the summary as one JSON document.")
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed for job lengths and ids.")] = 0,
+    logs: Annotated[
+        str | None,
+        typer.Option("--logs", metavar="DIR", help="Keep each instance's worker log in DIR."),
+    ] = None,
 ) -> int:
     """The whole system on this machine: Postgres, the Vultr simulator, instances running real
     workers behind SSH, a bursty workload and the reconcile loop. Exit 0 when no job was lost
     and the fleet came back down."""
     import signal
+    import threading
+    from pathlib import Path
 
     from rich.console import Console
 
     from vultrscale import demo
 
-    settings = demo.Settings(duration=duration, bursts=demo.parse_bursts(bursts), seed=seed)
+    settings = demo.Settings(
+        duration=duration,
+        bursts=demo.parse_bursts(bursts),
+        seed=seed,
+        logs_dir=Path(logs).expanduser().resolve() if logs else None,
+    )
     # with --json, stdout carries only the summary
     console = Console(stderr=as_json)
+    stop = threading.Event()
 
     def _stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        # The first signal ends the run after the current pass, cleanly; a second one hurries
+        # (cleanup still runs, but a half-started Postgres may be left).
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        console.print("Stopping: cleaning up (again to hurry).", style="yellow")
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGHUP, _stop)
+    # also SIGINT: a shell starts a background job with SIGINT ignored
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
     url = os.environ.get("DATABASE_URL", "").strip() or None
 
     def say(line: str) -> None:
         console.print(line, markup=False, highlight=False)
 
     if no_live:
-        summary = demo.run(settings, database_url=url, on_tick=_demo_log(say), say=say)
+        summary = demo.run(settings, database_url=url, on_tick=_demo_log(say), say=say, stop=stop)
     else:
         from rich.live import Live
 
         with Live(console=console, auto_refresh=False, transient=False) as live:
             view = _DemoView(live)
-            summary = demo.run(settings, database_url=url, on_tick=view.update, say=view.say)
+            summary = demo.run(
+                settings, database_url=url, on_tick=view.update, say=view.say, stop=stop
+            )
     if as_json:
         print_json(summary.to_json())
     else:
         _print_demo_summary(console, summary)
+    if summary.ended_by == "interrupted":
+        return 130
     return 0 if summary.ok else EXIT_RUNTIME
 
 

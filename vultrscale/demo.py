@@ -80,6 +80,7 @@ class Settings:
     interval: float = 2.0
     job_seconds: tuple[float, float] = (1.0, 4.0)
     boot_seconds: float = 6.0
+    logs_dir: Path | None = None  # keep each instance's worker log here (else a temp dir)
 
 
 def demo_config(
@@ -199,8 +200,12 @@ class Summary:
     killed_at_power_off: int
     ssh: dict[str, int]
     database: str
-    finished: bool  # ended because the work was done, not because the duration ran out
+    ended_by: str  # "done" (work done, fleet down), "duration" or "interrupted"
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.ended_by == "done"
 
     @property
     def ok(self) -> bool:
@@ -216,6 +221,7 @@ class Summary:
         return {
             "ok": self.ok,
             "finished": self.finished,
+            "ended_by": self.ended_by,
             "wall_seconds": round(self.wall_seconds, 1),
             "jobs": {
                 "enqueued": self.enqueued,
@@ -277,7 +283,7 @@ class _Run:
         self.pending_bursts = list(settings.bursts)
         self.enqueued = 0
         self.scale_ups = self.scale_ins = 0
-        self.finished = False
+        self.ended_by = ""  # set when the run decides to end; empty: stopped from outside
         self.started = 0.0
 
     def note(self, text: str) -> None:
@@ -345,7 +351,8 @@ class _Run:
                 return set(instances)
 
             ssh_port = _free_port()
-            hosts = Hosts(tmp / "hosts", ssh_port, alive, tag=TAG)
+            logs = s.logs_dir or tmp / "hosts"
+            hosts = Hosts(logs, ssh_port, alive, tag=TAG)
             stack.callback(hosts.close)
             sim.on_instance_ready = hosts.on_instance_ready
             server = start_server(sim)
@@ -471,9 +478,10 @@ class _Run:
             else 1
         )
         if not self.pending_bursts and open_jobs == 0 and ledger_left == 0 and not self.fleet_now:
-            self.finished = True
+            self.ended_by = "done"
             self.stop.set()
         elif elapsed >= self.settings.duration:
+            self.ended_by = "duration"
             self.note(f"duration of {self.settings.duration:g}s is up")
             self.stop.set()
         self.on_tick(
@@ -501,6 +509,7 @@ class _Run:
         st = hosts.stats
         done = sum(jobs.get(s, 0) for s in TERMINAL)
         problems = [f"boot failed: {text}" for text in st.boot_failures]
+        problems += st.failures
         if self.enqueued - done:
             problems.append(
                 f"{self.enqueued - done} job(s) did not finish: "
@@ -510,11 +519,14 @@ class _Run:
             problems.append(f"{final} instance(s) still up when the run ended")
         if self.peak > cfg.policy.max_instances:
             problems.append(f"the fleet reached {self.peak}, above max_instances")
-        if not self.finished:
+        ended_by = self.ended_by or "interrupted"
+        if ended_by == "duration":
             problems.append(
                 f"the duration ({self.settings.duration:g}s) ran out before the queue was empty "
                 "and the fleet back at zero"
             )
+        elif ended_by == "interrupted":
+            problems.append("interrupted before the run finished")
         return Summary(
             wall_seconds=wall,
             enqueued=self.enqueued,
@@ -542,7 +554,7 @@ class _Run:
                 "refused_logins": st.ssh.refused_logins,
             },
             database=where,
-            finished=self.finished,
+            ended_by=ended_by,
             problems=problems,
         )
 

@@ -40,28 +40,24 @@ def _processes_using(db_url: str) -> list[int]:
 def test_demo_scales_up_and_back_down_without_losing_a_job(pg_url: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VULTRSCALE_")}
     env["DATABASE_URL"] = pg_url
+    logs = tmp_path / "logs"
+    demo_args = ["--no-live", "--json", "--bursts", BURSTS, "--duration", "85", "--logs", str(logs)]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vultrscale.cli",
-            "demo",
-            "--no-live",
-            "--json",
-            "--bursts",
-            BURSTS,
-            "--duration",
-            "85",
-        ],
+        [sys.executable, "-m", "vultrscale.cli", "demo", *demo_args],
         capture_output=True,
         text=True,
         env=env,
         cwd=tmp_path,
         timeout=150,
     )
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    worker_logs = "\n".join(
+        f"--- {p.parent.name}\n{p.read_text(errors='replace')[-1500:]}"
+        for p in sorted(logs.glob("*/worker.log"))
+    )
+    why = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-4000:]}\n{worker_logs}"
+    assert proc.returncode == 0, why
     doc = json.loads(proc.stdout)
-    assert doc["ok"] and doc["finished"], doc
+    assert doc["ok"] and doc["finished"] and doc["problems"] == [], why
 
     jobs = doc["jobs"]
     assert jobs == {**jobs, "enqueued": 24, "succeeded": 24, "lost": 0}
@@ -74,14 +70,13 @@ def test_demo_scales_up_and_back_down_without_losing_a_job(pg_url: str, tmp_path
     assert 0 < doc["instance_seconds"] < doc["always_on_instance_seconds"]
 
     hosts = doc["hosts"]
-    assert hosts["booted"] == fleet["created"]
+    assert hosts["booted"] == fleet["created"], why
     # every worker was stopped over SSH and drained cleanly; none was left to be killed
     assert hosts["worker_clean_exits"] == hosts["booted"]
-    assert hosts["worker_failed_exits"] == 0 and hosts["killed_at_power_off"] == 0
+    assert hosts["worker_failed_exits"] == 0 and hosts["killed_at_power_off"] == 0, why
     assert hosts["ssh"]["stop"] >= hosts["booted"]
     assert hosts["ssh"]["is_active"] >= hosts["booted"]
     assert hosts["ssh"]["refused_commands"] == 0 and hosts["ssh"]["refused_logins"] == 0
-    assert doc["problems"] == []
 
     # The database agrees: every job of the run succeeded, every instance is gone, every
     # worker recorded its stop, and the passes are in the decision ledger.

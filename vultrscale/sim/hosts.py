@@ -611,6 +611,7 @@ class HostStats:
     boot_failures: list[str] = field(default_factory=list)
     clean_exits: int = 0  # the worker drained and exited 0 (or on the SIGTERM itself)
     failed_exits: int = 0  # non-zero exits, SIGKILL after TimeoutStopSec included
+    failures: list[str] = field(default_factory=list)  # each failed exit, with its log's end
     killed_at_power_off: int = 0  # still running when its instance was deleted
     ssh: SSHCounters = field(default_factory=SSHCounters)
 
@@ -733,6 +734,17 @@ class Hosts:
                     self.stats.clean_exits += 1
                 else:
                     self.stats.failed_exits += 1
+                    self.stats.failures.append(
+                        f"{host.label}: worker exited {rc}: {_last_line(host.unit.log_path)}"
+                    )
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return lines[-1][:300] if lines else "(empty log)"
 
 
 def _unit_environment(env_file: dict[str, str]) -> dict[str, str]:
