@@ -285,3 +285,23 @@ def test_enqueue_notifies_listeners(db_url: str, conn: psycopg.Connection) -> No
         q.enqueue(conn, [{}], queue="emails")
         notes = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.payload for n in notes] == ["emails"]
+
+
+def test_a_handler_still_running_after_give_back_is_fenced_out(conn: psycopg.Connection) -> None:
+    """A sync handler thread cannot be killed at the drain deadline: its writes must bounce."""
+    q.enqueue(conn, [{}])
+    (job,) = q.claim(conn, "w1", "default", 1, 30)
+    assert q.give_back(conn, job.id, "w1", job.token)
+    assert q.save_step(conn, job.id, "w1", job.token, "late", 1) is False
+    assert q.complete(conn, job.id, "w1", job.token) is False
+    assert q.fail(conn, job.id, "w1", job.token, "late") is None
+    assert (_job(conn, job.id)["state"], q.load_steps(conn, job.id)) == ("ready", {})
+
+
+def test_complete_many_writes_only_the_leases_still_held(conn: psycopg.Connection) -> None:
+    q.enqueue(conn, [{}] * 3)
+    a, b, c = q.claim(conn, "w1", "default", 3, 30)
+    _expire(conn, b.id)
+    written = q.complete_many(conn, "w1", [(a.id, a.token), (b.id, b.token), (c.id, uuid.uuid4())])
+    assert written == {a.id}
+    assert [_job(conn, j.id)["state"] for j in (a, b, c)] == ["succeeded", "leased", "leased"]

@@ -78,13 +78,15 @@ def test_sigterm_mid_run_finishes_running_jobs_and_leaves_the_rest_ready(
     assert {a for _, a in jobs(conn).values()} == {1}
 
 
+@pytest.mark.parametrize("app", ["three_steps", "three_steps_async"])
 def test_sigterm_with_short_drain_gives_jobs_back_at_their_old_attempt(
-    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess]
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess], app: str
 ) -> None:
-    """Async handler this time: the unfinished coroutines are cancelled after the give back."""
+    """Sync: the handler threads cannot be killed, their leases are given back (fenced out).
+    Async: the unfinished coroutines are also cancelled after the give back."""
     ids = q.enqueue(conn, [{"step_seconds": 0.6}] * 4)
     args = ("--concurrency", "4", "--lease-seconds", "3", "--drain-seconds", "0.3")
-    w = WorkerProcess(db_url, f"{EXAMPLES}:three_steps_async", *args)
+    w = WorkerProcess(db_url, f"{EXAMPLES}:{app}", *args)
     procs.append(w)
     w.wait_started()
     wait_for(lambda: len(steps(conn)) == 4, "every job to save its first step")
@@ -98,7 +100,7 @@ def test_sigterm_with_short_drain_gives_jobs_back_at_their_old_attempt(
     kept = steps(conn)
     assert all(STEPS[0] in kept[i] for i in ids)  # saved steps stay saved
 
-    w2 = WorkerProcess(db_url, f"{EXAMPLES}:three_steps_async", *args)
+    w2 = WorkerProcess(db_url, f"{EXAMPLES}:{app}", *args)
     procs.append(w2)
     wait_for(lambda: states(conn) == {"succeeded": 4}, "the new worker to finish", 30)
     w2.signal(signal.SIGINT)

@@ -164,17 +164,33 @@ gone AS (
 
 def complete(conn: psycopg.Connection, job_id: int, worker_id: str, token: UUID) -> bool:
     """Mark the job succeeded; False (nothing written) if the lease was lost."""
+    return job_id in complete_many(conn, worker_id, [(job_id, token)])
+
+
+def complete_many(
+    conn: psycopg.Connection, worker_id: str, held: Iterable[tuple[int, UUID]]
+) -> set[int]:
+    """Mark several jobs succeeded in one statement, each fenced by its own lease; return the
+    ids that were written (a missing id had lost its lease)."""
+    pairs = list(held)
+    if not pairs:
+        return set()
     with conn.transaction():
-        row = conn.execute(
-            "WITH"
-            + _GONE
-            + """
+        rows = conn.execute(
+            """
+            WITH gone AS (
+                DELETE FROM job_leases l
+                USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(job_id, token)
+                WHERE l.job_id = h.job_id AND l.token = h.token AND l.worker_id = %(worker)s
+                  AND l.expires_at > now()
+                RETURNING l.job_id
+            )
             UPDATE jobs j SET state = 'succeeded', finished_at = now()
             FROM gone WHERE j.id = gone.job_id RETURNING j.id
             """,
-            {"id": job_id, "worker": worker_id, "token": token},
-        ).fetchone()
-    return row is not None
+            {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs], "worker": worker_id},
+        ).fetchall()
+    return {int(r[0]) for r in rows}
 
 
 def fail(

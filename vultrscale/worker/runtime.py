@@ -177,6 +177,7 @@ class Worker:
         self._fatal: BaseException | None = None
         self._marked_draining = False
         self._work: queue_mod.SimpleQueue[Job | None] = queue_mod.SimpleQueue()
+        self._done: queue_mod.SimpleQueue[Job] = queue_mod.SimpleQueue()
         self._pool: ConnectionPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._futures: dict[int, concurrent.futures.Future[Any]] = {}
@@ -310,18 +311,22 @@ class Worker:
             job = self._work.get()
             if job is None:
                 return
+            handed_on = False
             try:
-                self._execute(job)
+                handed_on = self._execute(job)
             except (psycopg.Error, PoolTimeout) as exc:
                 if not job.given_back:
                     self._fatal = exc
             finally:
                 with self._lock:
-                    self._running.pop(job.id, None)
                     self._futures.pop(job.id, None)
+                    if not handed_on:
+                        self._running.pop(job.id, None)
                 self._wake.set()
 
-    def _execute(self, job: Job) -> None:
+    def _execute(self, job: Job) -> bool:
+        """Run the handler and record a failure; True if a success waits for the batch
+        completion in the main thread (the job stays running, and heartbeated, until then)."""
         s = self.settings
         assert self._pool is not None
         error: BaseException | None = None
@@ -336,39 +341,59 @@ class Worker:
         except (concurrent.futures.CancelledError, LeaseLost):
             if not job.given_back:
                 self.summary.add("lost")
-            return
+            return False
         except Exception as exc:  # the handler's error is this job's outcome, recorded below
             error = exc
         if job.given_back:
-            return  # its lease was handed back at the drain deadline: whatever it did is dropped
+            return False  # handed back at the drain deadline: whatever it did is dropped
+        if error is None:
+            self._done.put(job)
+            return True
         with self._pool.connection() as conn:
-            if error is None:
-                if queue.complete(conn, job.id, self.worker_id, job.token):
-                    self.summary.add("succeeded")
-                    return
-                new_state = None
-            else:
-                new_state = queue.fail(
-                    conn,
-                    job.id,
-                    self.worker_id,
-                    job.token,
-                    f"{type(error).__name__}: {error}",
-                    permanent=isinstance(error, PermanentError),
-                    backoff_seconds=s.backoff_seconds,
-                    backoff_cap_seconds=s.backoff_cap_seconds,
-                )
+            new_state = queue.fail(
+                conn,
+                job.id,
+                self.worker_id,
+                job.token,
+                f"{type(error).__name__}: {error}",
+                permanent=isinstance(error, PermanentError),
+                backoff_seconds=s.backoff_seconds,
+                backoff_cap_seconds=s.backoff_cap_seconds,
+            )
         if new_state is None:
             if not job.given_back:
                 self.summary.add("lost")
                 self.say(f"job {job.id}: lease lost; its result was dropped.")
-            return
+            return False
         counter = {"ready": "retried", "failed": "failed", "dead": "dead"}[new_state]
         self.summary.add(counter)
         outcome = {"ready": "will retry", "failed": "failed for good", "dead": "is dead"}[new_state]
         self.say(
             f"job {job.id} attempt {job.attempt} raised {type(error).__name__}: {error}; {outcome}."
         )
+        return False
+
+    def _flush_done(self, conn: psycopg.Connection) -> None:
+        """Complete every finished job in one fenced statement (main thread only)."""
+        done: list[Job] = []
+        while True:
+            try:
+                job = self._done.get_nowait()
+            except queue_mod.Empty:
+                break
+            if not job.given_back:
+                done.append(job)
+        if not done:
+            return
+        written = queue.complete_many(conn, self.worker_id, [(j.id, j.token) for j in done])
+        with self._lock:
+            for job in done:
+                self._running.pop(job.id, None)
+        self.summary.add("succeeded", len(written))
+        for job in done:
+            if job.id not in written:
+                self.summary.add("lost")
+                self.say(f"job {job.id}: lease lost; its result was dropped.")
 
     # --- main thread ---------------------------------------------------------------------------
 
@@ -385,6 +410,7 @@ class Worker:
             self._check_fatal()
             now = time.monotonic()
             with self._pool.connection() as conn:
+                self._flush_done(conn)
                 if now >= next_reap:
                     next_reap = now + s.reap_seconds
                     if queue.reap_expired(conn):
@@ -430,6 +456,9 @@ class Worker:
         deadline = time.monotonic() + s.drain_seconds
         while not self._fast.is_set():
             self._check_fatal()
+            if not self._done.empty():
+                with self._pool.connection() as conn:
+                    self._flush_done(conn)
             with self._lock:
                 if not self._running:
                     break
@@ -438,6 +467,8 @@ class Worker:
                 break
             self._wake.wait(min(left, 0.5))
             self._wake.clear()
+        with self._pool.connection() as conn:
+            self._flush_done(conn)
         with self._lock:
             leftover = list(self._running.values())
         for job in leftover:
