@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psycopg
 import pytest
+
+from tests.e2e.worker_procs import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -108,3 +112,38 @@ def test_demo_scales_up_and_back_down_without_losing_a_job(pg_url: str, tmp_path
 
     # no worker process outlived the demo
     assert _processes_using(pg_url) == []
+
+
+def test_an_interrupted_demo_cleans_up_and_exits_130(pg_url: str, tmp_path: Path) -> None:
+    """Ctrl-C while instances run: the run ends after the pass, every worker and the SSH
+    servers stop, the summary says what was left, and the exit code is 130."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VULTRSCALE_")}
+    env["DATABASE_URL"] = pg_url
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vultrscale.cli", "demo", "--no-live", "--bursts", "0:8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=lambda: lines.extend(iter(proc.stdout.readline, "")),  # type: ignore[union-attr]
+        daemon=True,
+    )
+    reader.start()
+    try:
+        wait_for(lambda: any("-> running" in line for line in lines), "a worker up", timeout=60)
+        workers = wait_for(lambda: _processes_using(pg_url), "worker processes", timeout=10)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=5)
+    text = "".join(lines)
+    assert code == 130, text
+    assert "Stopping: cleaning up" in text and "problem: interrupted" in text, text
+    assert _processes_using(pg_url) == [], f"left running (were {workers}):\n{text}"
