@@ -181,3 +181,21 @@ def test_poison_job_goes_dead_at_max_attempts_without_holding_the_slot(
     ).fetchone()
     assert last_good is not None and last_good[0] < row[2]
     assert any("2 to retry later" in line and "1 dead" in line for line in w.out), w.text()
+
+
+def test_a_second_signal_skips_the_drain_wait(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess]
+) -> None:
+    ids = q.enqueue(conn, [{"step_seconds": 5}] * 2)
+    args = ("--concurrency", "2", "--lease-seconds", "3", "--drain-seconds", "60")
+    w = WorkerProcess(db_url, f"{EXAMPLES}:three_steps", *args)
+    procs.append(w)
+    w.wait_started()
+    wait_for(lambda: _leased(conn) == 2, "2 running jobs")
+    w.signal(signal.SIGTERM)
+    wait_for(lambda: any(line.startswith("Stopping:") for line in w.out), "the drain to begin")
+    w.signal(signal.SIGINT)
+    assert w.wait(timeout=10) == 0, w.text()  # far less than the 60 s drain
+    assert any("2 given back" in line for line in w.out), w.text()
+    assert jobs(conn) == {i: ("ready", 0) for i in ids}
+    assert leases(conn) == 0
