@@ -875,6 +875,7 @@ def demo_cmd(
     """The whole system on this machine: Postgres, the Vultr simulator, instances running real
     workers behind SSH, a bursty workload and the reconcile loop. Exit 0 when no job was lost
     and the fleet came back down."""
+    import logging
     import signal
     import threading
     from pathlib import Path
@@ -905,6 +906,9 @@ def demo_cmd(
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _stop)
     url = os.environ.get("DATABASE_URL", "").strip() or None
+    # paramiko logs a client that hangs up mid-handshake as an error; the drain reports its own
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    logging.getLogger("paramiko").propagate = False
 
     def say(line: str) -> None:
         console.print(line, markup=False, highlight=False)

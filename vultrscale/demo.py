@@ -13,7 +13,6 @@ Nothing here prints: the CLI shows the ``Tick`` after every pass and the ``Summa
 from __future__ import annotations
 
 import contextlib
-import logging
 import random
 import secrets
 import socket
@@ -418,8 +417,8 @@ class _Run:
                 on_result=after_pass,
                 on_error=after_error,
             )
-            return self.summary(conn, cfg, queue_name, hosts, sim, where)
-        raise AssertionError("unreachable")  # pragma: no cover - the with block returns
+            summary = self.summary(conn, cfg, queue_name, hosts, sim, where)
+        return summary
 
     def bake(self, sim: Any, client: Any) -> str:
         """The fleet's base image: a snapshot of a (simulated) Debian instance."""
@@ -568,8 +567,5 @@ def run(
     stop: threading.Event | None = None,
 ) -> Summary:
     """Run the demo to its end and return the summary; everything it started is stopped again,
-    also on an exception or KeyboardInterrupt."""
-    # paramiko logs a client that hangs up mid-handshake as an error; the drain reports its own
-    logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    logging.getLogger("paramiko").propagate = False
+    also on an exception or KeyboardInterrupt. Setting ``stop`` ends the run after its pass."""
     return _Run(settings, on_tick, say, stop or threading.Event()).run(database_url)
