@@ -190,6 +190,11 @@ def worker_cmd(
         instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
         backoff_seconds=backoff_seconds,
     )
+    if not _globals.debug:
+        # The pool logs each failed reconnect; the worker reports a lost database once, itself.
+        import logging
+
+        logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     runtime.Worker(settings, conninfo, handler, say=typer.echo).run()
 
 

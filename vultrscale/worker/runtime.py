@@ -131,12 +131,19 @@ def load_handler(spec: str) -> Handler:
     return func  # type: ignore[return-value]
 
 
-def _database_error(exc: BaseException, conninfo: str, lease_seconds: float) -> DatabaseError:
+def _database_error(
+    exc: BaseException, conninfo: str, lease_seconds: float, *, starting: bool = False
+) -> DatabaseError:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return DatabaseError(
             f"the queue tables are missing in {mask_url(conninfo)}: {text}",
             hint="Run `vultrscale db init` with the same DATABASE_URL first.",
+        )
+    if starting:
+        return DatabaseError(
+            f"cannot reach the database at {mask_url(conninfo)}: {text}",
+            hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
         )
     return DatabaseError(
         f"lost the database at {mask_url(conninfo)}: {text}",
@@ -195,6 +202,7 @@ class Worker:
         """Work until a stop is requested, drain, and return what was done."""
         started = time.monotonic()
         s = self.settings
+        self._install_signals()  # first: a SIGTERM during start-up drains an idle worker
         self._pool = ConnectionPool(
             self.conninfo,
             min_size=2,
@@ -205,19 +213,20 @@ class Worker:
             name="vultrscale-worker",
         )
         try:
+            # One direct connection first: a wrong address fails at once with the real reason.
+            psycopg.connect(self.conninfo, connect_timeout=10).close()
             self._pool.open(wait=True, timeout=10)
             with self._pool.connection() as conn:
                 queue.register_worker(conn, self.worker_id, self.label)
         except (psycopg.Error, PoolTimeout) as exc:
             self._pool.close(timeout=1)
-            raise _database_error(exc, self.conninfo, s.lease_seconds) from exc
+            raise _database_error(exc, self.conninfo, s.lease_seconds, starting=True) from exc
 
         self.say(
             f"Worker {self.worker_id} ({self.label}) started: app {s.app}, "
             f"concurrency {s.concurrency}, queue {s.queue!r}, lease {s.lease_seconds:g} s, "
             f"drain {s.drain_seconds:g} s."
         )
-        self._install_signals()
         self._start_threads()
         try:
             self._main_loop()
