@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -307,7 +307,10 @@ class _Run:
         with contextlib.ExitStack() as stack:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vultrscale-demo-")))
             if database_url:
-                db_url, where = database_url, mask_url(database_url)
+                db_url = database_url
+                # a libpq "key=value" string could show its password; name the variable only
+                url_form = database_url.startswith(("postgres://", "postgresql://"))
+                where = mask_url(database_url) if url_form else "the database"
                 self.say(f"Postgres: {where} (DATABASE_URL)")
             else:
                 from vultrscale.db import throwaway
@@ -371,8 +374,6 @@ class _Run:
                 fleet=fleet,
             )
             snapshot = self.bake(sim, client)
-            from dataclasses import replace
-
             cfg = replace(cfg, fleet=replace(cfg.fleet, snapshot_id=snapshot))
 
             def render(label: str, host_private: str, host_public: str) -> str:
@@ -392,7 +393,8 @@ class _Run:
             try:
                 conn = psycopg.connect(db_url, autocommit=True, connect_timeout=10)
             except psycopg.Error as exc:
-                raise DatabaseError(f"cannot connect to the demo database: {exc}") from None
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise DatabaseError(f"cannot connect to {where}: {first}") from None
             stack.callback(conn.close)
 
             self.say(
@@ -457,6 +459,9 @@ class _Run:
         import psycopg
 
         elapsed = time.monotonic() - self.started
+        if result is not None and result.observation is not None:
+            # the ledger's view too, besides the simulator's sampled one
+            self.peak = max(self.peak, len(result.observation.instances))
         if result is not None and result.plan is not None:
             plan = result.plan
             if plan.creates:
