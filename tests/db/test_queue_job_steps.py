@@ -1,0 +1,66 @@
+"""Job.step against a real Postgres: a step runs once per job, and a lost lease stops it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from vultrscale.db import queue as q
+from vultrscale.worker import Job, LeaseLost
+
+
+@pytest.fixture
+def pool(db_url: str) -> Iterator[ConnectionPool]:
+    with ConnectionPool(db_url, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:
+        yield p
+
+
+def _claim(pool: ConnectionPool, worker: str) -> Job:
+    with pool.connection() as conn:
+        (c,) = q.claim(conn, worker, "default", 1, 30)
+    return Job(c.id, c.payload, c.attempt, c.token, worker_id=worker, pool=pool)
+
+
+def test_a_step_runs_once_and_later_attempts_get_its_saved_result(pool: ConnectionPool) -> None:
+    with pool.connection() as conn:
+        q.enqueue(conn, [{}])
+    calls: list[str] = []
+
+    def classify(label: str) -> dict[str, str]:
+        calls.append(label)
+        return {"label": label}
+
+    job = _claim(pool, "w1")
+    assert job.step("classify", lambda: classify("bug")) == {"label": "bug"}
+    with pool.connection() as conn:
+        assert q.give_back(conn, job.id, "w1", job.token)
+    again = _claim(pool, "w2")
+    assert again.attempt == 1  # the give back refunded the attempt
+    assert again.step("classify", lambda: classify("other")) == {"label": "bug"}
+    assert calls == ["bug"]
+
+
+def test_a_lost_lease_refuses_the_step_result_and_stops_the_handler(
+    pool: ConnectionPool, db_url: str
+) -> None:
+    with pool.connection() as conn:
+        q.enqueue(conn, [{}])
+    job = _claim(pool, "w1")
+
+    def slow_step() -> str:
+        # Meanwhile the lease runs out and the reaper hands the job on.
+        with psycopg.connect(db_url, autocommit=True) as other:
+            other.execute("UPDATE job_leases SET expires_at = now() - interval '1 second'")
+            assert q.reap_expired(other) == 1
+        return "late"
+
+    with pytest.raises(LeaseLost):
+        job.step("draft", slow_step)
+    assert job.lost
+    with pytest.raises(LeaseLost):
+        job.step("embed", lambda: "never")
+    with pool.connection() as conn:
+        assert q.load_steps(conn, job.id) == {}
