@@ -509,7 +509,9 @@ class _Run:
             (now, cfg.fleet.name),
         ).fetchone()
         final = sum(1 for i in sim.instances.values() if TAG in i["tags"])
-        hosts.close()  # powers off what is left, so the exit counts are final
+        # power off what is left (after an interrupt: SIGTERM, time to give jobs back, SIGKILL)
+        # so that the exit counts are final
+        hosts.close(grace=cfg.worker.drain_seconds + 1)
         st = hosts.stats
         done = sum(jobs.get(s, 0) for s in TERMINAL)
         problems = [f"boot failed: {text}" for text in st.boot_failures]
