@@ -199,3 +199,34 @@ def test_a_second_signal_skips_the_drain_wait(
     assert any("2 given back" in line for line in w.out), w.text()
     assert jobs(conn) == {i: ("ready", 0) for i in ids}
     assert leases(conn) == 0
+
+
+def test_a_worker_marked_draining_in_postgres_claims_nothing_more(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess]
+) -> None:
+    args = ("--concurrency", "2", "--lease-seconds", "3")
+    w = WorkerProcess(db_url, f"{EXAMPLES}:noop", *args, env={"VULTRSCALE_WORKER_ID": "w-d"})
+    procs.append(w)
+    w.wait_started()
+    conn.execute("UPDATE workers SET draining = true WHERE worker_id = 'w-d'")  # the scaler
+    wait_for(lambda: any("Marked draining" in line for line in w.out), "the worker to notice")
+    ids = q.enqueue(conn, [{}] * 2)  # its NOTIFY wakes the worker at once
+    mark = conn.execute("SELECT now()").fetchone()
+    assert mark is not None
+    # Two more heartbeats (1 s apart) prove it is alive and has looked at the queue since.
+    wait_for(
+        lambda: (
+            conn.execute(
+                "SELECT last_seen > %s + interval '1.5 seconds'"
+                " FROM workers WHERE worker_id = 'w-d'",
+                (mark[0],),
+            ).fetchone()
+            == (True,)
+        ),
+        "two heartbeats",
+    )
+    assert jobs(conn) == {i: ("ready", 0) for i in ids}
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.text()
+    row = conn.execute("SELECT stopped_at IS NOT NULL FROM workers WHERE worker_id = 'w-d'")
+    assert row.fetchone() == (True,)
