@@ -140,18 +140,18 @@ def worker_cmd(
         typer.Option("--app", help="Handler MODULE:FUNC (default: $VULTRSCALE_WORKER_APP)."),
     ] = None,
     concurrency: Annotated[
-        int | None, typer.Option("--concurrency", help="Jobs run at once [default: 4].")
+        int | None, typer.Option("--concurrency", help="Jobs run at once (default 4).")
     ] = None,
     drain_seconds: Annotated[
         float | None,
-        typer.Option("--drain-seconds", help="On SIGTERM, wait this long for jobs [default: 20]."),
+        typer.Option("--drain-seconds", help="On SIGTERM, wait this long for jobs (default 20)."),
     ] = None,
     lease_seconds: Annotated[
         float | None,
-        typer.Option("--lease-seconds", help="Lease per job, renewed every third [default: 60]."),
+        typer.Option("--lease-seconds", help="Lease per job, renewed every third (default 60)."),
     ] = None,
     queue_name: Annotated[
-        str | None, typer.Option("--queue", help="Queue to take jobs from [default: default].")
+        str | None, typer.Option("--queue", help="Queue to take jobs from (default: default).")
     ] = None,
     backoff_seconds: Annotated[
         float, typer.Option("--backoff-seconds", help="First retry delay; doubles per attempt.")
