@@ -102,7 +102,8 @@ def test_demo_scales_up_and_back_down_without_losing_a_job(pg_url: str, tmp_path
             "SELECT count(*), count(stopped_at) FROM workers WHERE worker_id LIKE 'demo-%'"
         ).fetchone()
         events = conn.execute(
-            "SELECT count(*), count(*) FILTER (WHERE actions::text LIKE '%drain%') "
+            "SELECT count(*), count(*) FILTER (WHERE EXISTS (SELECT 1 FROM "
+            "jsonb_array_elements(actions) a WHERE a->>'kind' = 'drain')) "
             "FROM fleet_events WHERE fleet LIKE 'demo-%'"
         ).fetchone()
     assert states == {"succeeded": 24}
