@@ -1059,22 +1059,33 @@ def _fail(message: str, hint: str, code: int) -> int:
     return code
 
 
+def _click_exceptions() -> Any:
+    """Click's exception classes as this Typer raises them: recent Typer releases carry their
+    own copy of click (``typer._click``), older ones use the ``click`` package."""
+    try:
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions  # type: ignore[no-redef]
+    return exceptions
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point; returns the exit code (DESIGN §2)."""
-    import click
-
+    errors = _click_exceptions()
+    exits = (typer.Exit, getattr(errors, "Exit", typer.Exit))
+    aborts = (typer.Abort, getattr(errors, "Abort", typer.Abort))
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=argv, prog_name="vultrscale", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
-    except click.exceptions.Exit as exc:
+    except exits as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:
+    except aborts:
         typer.echo("Aborted.", err=True)
         code = EXIT_RUNTIME
-    except click.exceptions.ClickException as exc:
+    except errors.ClickException as exc:
         exc.show()
-        code = EXIT_USAGE if isinstance(exc, click.exceptions.UsageError) else exc.exit_code
+        code = EXIT_USAGE if isinstance(exc, errors.UsageError) else exc.exit_code
     except VultrscaleError as exc:
         if _globals.debug:
             import traceback
