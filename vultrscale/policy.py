@@ -132,6 +132,7 @@ class _Decision:
         self.reasons: list[str] = []
         self.clamps: list[str] = []
         self.warnings: list[str] = []
+        self._leaving = 0  # draining, deleting or being replaced: still at Vultr, still billed
 
     def run(self) -> Plan:
         obs, pol, now = self.obs, self.pol, self.now
@@ -158,6 +159,9 @@ class _Decision:
         if not holding:
             replaced = self._replacements(capacity)
         gone_soon = {i.label for i in replaced}
+        self._leaving = len(replaced) + sum(
+            1 for i in obs.instances if i.state in (InstanceState.DRAINING, InstanceState.DELETING)
+        )
         staying = [i for i in capacity if i.label not in gone_soon]
         n_now = len(staying)
 
@@ -299,12 +303,23 @@ class _Decision:
                 f"cap: max_instances={pol.max_instances} limits {goal} -> {pol.max_instances}"
             )
             goal = pol.max_instances
+        # Instances on their way out still exist at Vultr (a locked delete can take a while)
+        # and are billed: they count toward the hard cap and the budget until they are gone.
+        leaving = self._leaving
+        if leaving and goal + leaving > pol.max_instances:
+            allowed = max(pol.max_instances - leaving, min(goal, n_now))
+            if allowed < goal:
+                self.clamps.append(
+                    f"cap: {leaving} instance(s) still draining or being deleted count toward "
+                    f"max_instances={pol.max_instances}: limits {goal} -> {allowed}"
+                )
+                goal = allowed
         if check is None:
             if goal > n_now:
                 self.clamps.append(f"budget: plan price unknown, holds {goal} -> {n_now}")
             return 0
-        if goal > check.max_total:
-            allowed = max(check.max_total, n_now)
+        if goal + leaving > check.max_total:
+            allowed = max(check.max_total - leaving, min(goal, n_now))
             rule = (
                 "(a) monthly cost"
                 if check.by_monthly <= check.by_month_end

@@ -787,10 +787,15 @@ def test_invariants(scenario: tuple[Observation, Config, datetime]) -> None:
     assert drained <= {i.label for i in staying}
     assert not (plan.creates and drained), "never grow and shrink in one pass"
 
-    # Never above the cap or past the budget rule, pending instances counted.
+    # Never above the cap or past the budget rule, pending instances counted, and instances
+    # still on their way out (draining, deleting, replaced) counted against the cap too.
+    n_leaving = len(replaced) + sum(1 for i in o.instances if i.state in (S.DRAINING, S.DELETING))
     if plan.creates:
         assert o.price is not None
-        assert after <= pol.max_instances
+        assert after + n_leaving <= pol.max_instances
+        assert budget.check(o, o.price, c.budget.monthly_ceiling_usd, now, leaving=replaced).allows(
+            after + n_leaving
+        )
         ceiling = c.budget.monthly_ceiling_usd
         assert budget.check(o, o.price, ceiling, now, leaving=replaced).allows(after)
         assert _oracle_rule_a(staying, o.price, plan.creates, ceiling)
@@ -818,10 +823,11 @@ def test_invariants(scenario: tuple[Observation, Config, datetime]) -> None:
     reachable = (
         not holding
         and o.price is not None
+        and plan.floor + n_leaving <= pol.max_instances
         and pol.max_step_up == 0
         and (o.last_scale_up is None or now >= o.last_scale_up + pol.scale_up_cooldown)
         and budget.check(o, o.price, c.budget.monthly_ceiling_usd, now, leaving=replaced).allows(
-            plan.floor
+            plan.floor + n_leaving
         )
     )
     if reachable:
