@@ -257,6 +257,33 @@ def give_back(conn: psycopg.Connection, job_id: int, worker_id: str, token: UUID
     return row is not None
 
 
+def give_back_many(
+    conn: psycopg.Connection, worker_id: str, held: Iterable[tuple[int, UUID]]
+) -> set[int]:
+    """``give_back`` for several jobs in one statement, each fenced by its own lease; return
+    the ids given back (a missing id had lost its lease or was finished)."""
+    pairs = list(held)
+    if not pairs:
+        return set()
+    with conn.transaction():
+        rows = conn.execute(
+            """
+            WITH gone AS (
+                DELETE FROM job_leases l
+                USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(job_id, token)
+                WHERE l.job_id = h.job_id AND l.token = h.token AND l.worker_id = %(worker)s
+                  AND l.expires_at > now()
+                RETURNING l.job_id
+            )
+            UPDATE jobs j SET state = 'ready', attempts = greatest(j.attempts - 1, 0),
+                run_at = now()
+            FROM gone WHERE j.id = gone.job_id RETURNING j.id
+            """,
+            {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs], "worker": worker_id},
+        ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
 def reap_expired(conn: psycopg.Connection, batch: int = 1000) -> int:
     """Return jobs whose lease expired: ``ready`` (attempt stays spent) or ``dead``; count them.
 
@@ -339,15 +366,26 @@ def load_steps(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
 
 
 def register_worker(conn: psycopg.Connection, worker_id: str, instance_label: str) -> None:
-    """Insert or refresh this worker's row (not draining, not stopped)."""
+    """Insert or refresh this worker's row, not stopped.
+
+    It starts draining if the scaler is draining or deleting its instance
+    (``fleet_instances.state``), and it stays draining if its row already was, unless that
+    row ended in a clean stop (``stopped_at``: the worker's own drain, not the scaler's): a
+    worker restarted by systemd on an instance being drained must not claim again.
+    """
     with conn.transaction():
         conn.execute(
             """
-            INSERT INTO workers (worker_id, instance_label) VALUES (%s, %s)
+            INSERT INTO workers (worker_id, instance_label, draining)
+            VALUES (%(worker)s, %(label)s, EXISTS (
+                SELECT 1 FROM fleet_instances
+                WHERE label = %(label)s AND state IN ('draining', 'deleting')))
             ON CONFLICT (worker_id) DO UPDATE SET instance_label = excluded.instance_label,
-                started_at = now(), last_seen = now(), draining = false, stopped_at = NULL
+                started_at = now(), last_seen = now(), stopped_at = NULL,
+                draining = excluded.draining
+                    OR (workers.draining AND workers.stopped_at IS NULL)
             """,
-            (worker_id, instance_label),
+            {"worker": worker_id, "label": instance_label},
         )
 
 

@@ -1,0 +1,92 @@
+"""Worker registration, batch give-back and the v2 migration against a real Postgres."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from vultrscale.db import queue as q
+from vultrscale.db import schema
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(db_url, autocommit=True) as c:
+        yield c
+
+
+def _draining(conn: psycopg.Connection, worker_id: str) -> bool:
+    row = conn.execute("SELECT draining FROM workers WHERE worker_id = %s", (worker_id,))
+    found = row.fetchone()
+    assert found is not None
+    return bool(found[0])
+
+
+def _instance(conn: psycopg.Connection, label: str, state: str) -> None:
+    conn.execute(
+        "INSERT INTO fleet_instances (label, fleet, state, created_at, state_since)"
+        " VALUES (%s, 'workers', %s, now(), now())",
+        (label, state),
+    )
+
+
+def test_a_restarted_worker_keeps_the_scalers_draining_mark(conn: psycopg.Connection) -> None:
+    q.register_worker(conn, "worker-1", "worker-1")
+    conn.execute("UPDATE workers SET draining = true WHERE instance_label = 'worker-1'")  # scaler
+    q.register_worker(conn, "worker-1", "worker-1")  # systemd restarted it (same id)
+    assert _draining(conn, "worker-1")
+    q.enqueue(conn, [{}])
+    assert q.claim(conn, "worker-1", "default", 1, 30) == []
+
+
+@pytest.mark.parametrize(
+    ("state", "draining"), [("draining", True), ("deleting", True), ("running", False)]
+)
+def test_registration_reads_draining_from_the_instance_state(
+    conn: psycopg.Connection, state: str, draining: bool
+) -> None:
+    _instance(conn, "worker-7", state)
+    q.register_worker(conn, "worker-7-1234", "worker-7")  # a fresh worker id on that instance
+    assert _draining(conn, "worker-7-1234") is draining
+    q.register_worker(conn, "worker-7-1234", "worker-7")  # and again on conflict
+    assert _draining(conn, "worker-7-1234") is draining
+
+
+def test_a_worker_restarted_after_its_own_clean_stop_claims_again(
+    conn: psycopg.Connection,
+) -> None:
+    q.register_worker(conn, "w-own", "w-own")
+    q.set_draining(conn, "w-own")  # its own SIGTERM drain
+    q.mark_stopped(conn, "w-own")
+    q.register_worker(conn, "w-own", "w-own")
+    assert not _draining(conn, "w-own")
+
+
+def test_give_back_many_is_fenced_per_job(conn: psycopg.Connection) -> None:
+    ids = q.enqueue(conn, [{}] * 3)
+    held = q.claim(conn, "w", "default", 3, 30)
+    assert q.complete(conn, held[0].id, "w", held[0].token)
+    wrong = [(held[1].id, held[2].token)]  # a token from another job: refused
+    assert q.give_back_many(conn, "w", wrong) == set()
+    back = q.give_back_many(conn, "w", [(c.id, c.token) for c in held])
+    assert back == {held[1].id, held[2].id}
+    rows = dict(conn.execute("SELECT id, (state, attempts)::text FROM jobs").fetchall())
+    assert rows == {ids[0]: "(succeeded,1)", ids[1]: "(ready,0)", ids[2]: "(ready,0)"}
+
+
+def test_v2_drops_the_active_state_index_no_query_used(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        # A database at v1, as shipped.
+        c.execute(
+            "CREATE TABLE vultrscale_schema ("
+            " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        c.execute(schema.MIGRATIONS[0][1].encode())
+        c.execute("INSERT INTO vultrscale_schema (version) VALUES (1)")
+        assert c.execute("SELECT to_regclass('jobs_active_state_idx')").fetchone() != (None,)
+    assert schema.migrate(pg_url) == 2
+    with psycopg.connect(pg_url) as c:
+        assert c.execute("SELECT to_regclass('jobs_active_state_idx')").fetchone() == (None,)
+        assert c.execute("SELECT to_regclass('jobs_ready_idx')").fetchone() != (None,)
