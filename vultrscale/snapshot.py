@@ -5,9 +5,10 @@ once (an ambiguous outcome is resolved by looking the snapshot up by its descrip
 posting again), and polls with a growing interval until Vultr says ``complete``. The snapshot
 is listed in ``fleet_snapshots`` as ``pending`` right after the POST, so an interrupted or
 timed-out bake is never lost track of; it becomes the fleet's snapshot
-(``fleet_state.snapshot_id``) only once complete. Then older snapshots of this fleet (only
-those recorded in ``fleet_snapshots``) beyond ``keep`` are deleted at Vultr, never the new one
-nor the one named in ``fleet.snapshot_id``.
+(``fleet_state.snapshot_id``) only once complete. Then older complete snapshots of this fleet
+(only those recorded in ``fleet_snapshots``) beyond ``keep`` are deleted at Vultr, never the new
+one, the fleet's previous one (a reconcile pass may still be creating from it), the one named
+in ``fleet.snapshot_id``, nor a pending one (Vultr may still be making it).
 
 ``resume`` picks up a snapshot that is still pending (after ``--no-wait`` or a timeout): it
 waits, records and prunes exactly as a bake does, without creating anything.
@@ -272,7 +273,8 @@ def _check_args(keep: int, timeout: timedelta) -> None:
     if keep < 1:
         raise UsageError(
             f"--keep must be at least 1, got {keep}",
-            hint="The new snapshot is always kept; --keep 1 deletes every older one.",
+            hint="The new and the previous fleet snapshot are always kept; --keep 1 deletes "
+            "every other older one.",
         )
     if timeout.total_seconds() <= 0:
         raise UsageError("--timeout must be positive", hint="For example --timeout 60m.")
@@ -331,9 +333,9 @@ def _finish(
     fleet = cfg.fleet.name
     snap, elapsed = _wait_complete(client, database_url, snapshot_id, timeout, clock, on_progress)
     _record(database_url, fleet, snapshot_id, description, created_at, store.COMPLETE)
-    protect = {snapshot_id}
-    if cfg.fleet.snapshot_id:
-        protect.add(cfg.fleet.snapshot_id)
+    # The previous fleet snapshot too: a reconcile pass that read it before this bake may be
+    # creating instances from it right now.
+    protect = {snapshot_id, *(s for s in (cfg.fleet.snapshot_id, previous) if s)}
     deleted, errors, kept = prune(client, database_url, fleet, keep, protect)
     return BakeResult(
         fleet=fleet,
@@ -416,16 +418,18 @@ def prune(
     keep: int,
     protect: set[str],
 ) -> tuple[list[str], list[str], list[str]]:
-    """Delete this fleet's recorded snapshots beyond the newest ``keep``, except ``protect``.
+    """Delete this fleet's complete snapshots beyond the newest ``keep``, except ``protect``.
 
-    Only snapshots listed in ``fleet_snapshots`` for ``fleet`` are candidates: snapshots made
-    by hand or for another fleet are never touched. One that cannot be deleted stays recorded
-    (the next bake tries again). Returns (deleted ids, "<id>: <why>" errors, kept ids).
+    Only ``complete`` snapshots listed in ``fleet_snapshots`` for ``fleet`` are candidates and
+    counted toward ``keep``: a pending one may still be in the making at Vultr (``--resume``
+    finishes it), and snapshots made by hand or for another fleet are never touched. One that
+    cannot be deleted stays recorded (the next bake tries again). Returns (deleted ids,
+    "<id>: <why>" errors, kept ids).
     """
     deleted: list[str] = []
     errors: list[str] = []
     with store.connect(database_url) as conn:
-        rows = store.fleet_snapshots(conn, fleet)
+        rows = [r for r in store.fleet_snapshots(conn, fleet) if r.status == store.COMPLETE]
         for row in rows[keep:]:
             if row.snapshot_id in protect:
                 continue

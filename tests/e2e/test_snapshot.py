@@ -120,11 +120,63 @@ def test_prune_never_deletes_the_configured_snapshot(
 ) -> None:
     first = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
     second = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    third = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
     pinned = _cfg(snapshot_id=first.snapshot_id)  # fleet.snapshot_id in the config
-    third = snapshots.bake(client, db_url, pinned, base_instance, clock=clock, keep=1)
+    fourth = snapshots.bake(client, db_url, pinned, base_instance, clock=clock, keep=1)
 
-    assert third.deleted == (second.snapshot_id,)
-    assert set(sim.snapshots) == {first.snapshot_id, third.snapshot_id}
+    # third was the fleet's snapshot before this bake: kept too (see the test below)
+    assert fourth.deleted == (second.snapshot_id,)
+    assert set(sim.snapshots) == {first.snapshot_id, third.snapshot_id, fourth.snapshot_id}
+
+
+def test_prune_keeps_the_previous_fleet_snapshot_a_running_pass_may_create_from(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    first = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    # A reconcile pass reads the fleet's snapshot (first), then a bake with --keep 1 finishes
+    # before the pass sends its create.
+    with store.connect(db_url) as conn:
+        in_flight = store.recorded_snapshot(conn, "workers")
+    second = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+
+    assert second.previous == first.snapshot_id == in_flight
+    assert second.deleted == ()
+    assert second.kept == (second.snapshot_id, first.snapshot_id)
+    made = client.create_instance(
+        region="ewr", plan="vc2-1c-2gb", label="w-1", tags=[], snapshot_id=in_flight
+    )
+    assert made.id in sim.instances
+    # One bake later nothing can still hold it: it goes.
+    third = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    assert third.deleted == (first.snapshot_id,)
+    assert set(sim.snapshots) == {second.snapshot_id, third.snapshot_id}
+
+
+def test_prune_leaves_pending_snapshots_alone_and_does_not_count_them(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    oldest = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    older = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    # A long snapshot still being made at Vultr (--no-wait), then a short one finishes first.
+    sim.timings = dataclasses.replace(sim.timings, snapshot_complete=3 * 3600)
+    pending = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, wait=False)
+    sim.timings = dataclasses.replace(sim.timings, snapshot_complete=SNAP_SECONDS)
+    clock.advance(60)
+    newest = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=3)
+
+    # keep=3 counts the three complete ones; the pending one is neither counted nor deleted.
+    assert newest.deleted == ()
+    assert sim.snapshots[pending.snapshot_id]["status"] == "pending"
+    one = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    assert set(one.deleted) == {oldest.snapshot_id, older.snapshot_id}
+    assert sim.snapshots[pending.snapshot_id]["status"] == "pending"
+    assert set(sim.snapshots) == {newest.snapshot_id, one.snapshot_id, pending.snapshot_id}
+    with store.connect(db_url) as conn:
+        statuses = {r.snapshot_id: r.status for r in store.fleet_snapshots(conn, "workers")}
+    assert statuses[pending.snapshot_id] == "pending"
+    clock.advance(3 * 3600)
+    done = snapshots.resume(client, db_url, _cfg(), pending.snapshot_id, keep=1, clock=clock)
+    assert done.is_complete
 
 
 def test_timeout_records_nothing_as_the_fleets_snapshot_and_resume_finishes(
@@ -150,7 +202,8 @@ def test_timeout_records_nothing_as_the_fleets_snapshot_and_resume_finishes(
     clock.advance(3 * 3600)
     # Later, `--resume` waits for the same snapshot, records it and prunes; nothing is created.
     done = snapshots.resume(client, db_url, _cfg(), err.snapshot_id, keep=1, clock=clock)
-    assert done.is_complete and done.deleted == (earlier.snapshot_id,)
+    # earlier was the fleet's snapshot until now: kept for passes still using it
+    assert done.is_complete and done.previous == earlier.snapshot_id and done.deleted == ()
     assert _posts(sim) == 2
     with store.connect(db_url) as conn:
         assert store.recorded_snapshot(conn, "workers") == err.snapshot_id
@@ -225,17 +278,18 @@ def test_a_snapshot_that_cannot_be_deleted_stays_recorded_and_is_reported(
     client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
 ) -> None:
     first = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    second = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
     sim.fail_next("DELETE", "/v2/snapshots/*", 400, {"error": "snapshot is busy", "status": 400})
-    second = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
-    assert second.deleted == ()
-    [problem] = second.delete_errors
+    third = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    assert third.deleted == ()
+    [problem] = third.delete_errors
     assert problem.startswith(f"{first.snapshot_id}: ") and "snapshot is busy" in problem
     assert first.snapshot_id in sim.snapshots
-    assert second.kept == (second.snapshot_id, first.snapshot_id)
-    # the next bake tries again and succeeds
-    third = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
-    assert set(third.deleted) == {first.snapshot_id, second.snapshot_id}
-    assert set(sim.snapshots) == {third.snapshot_id}
+    assert third.kept == (third.snapshot_id, second.snapshot_id, first.snapshot_id)
+    # the next bake tries again and succeeds (third, the previous one, stays)
+    fourth = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    assert set(fourth.deleted) == {first.snapshot_id, second.snapshot_id}
+    assert set(sim.snapshots) == {third.snapshot_id, fourth.snapshot_id}
 
 
 def test_no_wait_lists_it_pending_but_does_not_make_it_the_fleets(
@@ -306,8 +360,11 @@ def test_cli_bakes_records_and_prunes_over_http(
 ) -> None:
     sim = cli_env
     base = _booted(sim)
-    # an older fleet snapshot, complete at once (no wait), to be pruned with --keep 1
+    # two older fleet snapshots, complete at once (no wait): with --keep 1 the oldest is
+    # pruned, the previous one ("old") is kept for passes that may still create from it
     sim.timings = dataclasses.replace(sim.timings, snapshot_complete=0)
+    assert cli.main(["snapshot", "--from-instance", base, "--description", "oldest"]) == 0
+    oldest = store_id(db_url, "clifleet")
     assert cli.main(["snapshot", "--from-instance", base, "--description", "old"]) == 0
     old = store_id(db_url, "clifleet")
     capsys.readouterr()
@@ -319,8 +376,8 @@ def test_cli_bakes_records_and_prunes_over_http(
     new = store_id(db_url, "clifleet")
     assert new != old
     assert f"Snapshot {new} (new) is complete" in out
-    assert f"Deleted 1 older fleet snapshot(s): {old}" in out
-    assert set(sim.snapshots) == {new}
+    assert f"Deleted 1 older fleet snapshot(s): {oldest}" in out
+    assert set(sim.snapshots) == {new, old}
 
 
 def store_id(db_url: str, fleet: str) -> str:
