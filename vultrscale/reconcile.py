@@ -57,8 +57,11 @@ CREATE_VISIBILITY_GRACE = timedelta(minutes=5)
 POST_VISIBILITY_GRACE = timedelta(minutes=3)
 # Past drain.timeout, wait this much more before deleting a drain that never reported stopped.
 DRAIN_MARGIN = timedelta(seconds=30)
-# A worker heartbeat older than this does not count as "seen" for booting -> running.
+# A worker heartbeat older than this (on the database's clock) does not count as "seen":
+# booting -> running needs one, and a running instance without one is no longer capacity.
 WORKER_SEEN_WITHIN = timedelta(minutes=5)
+# How long a process trusts the plan's price and region check before asking again.
+PRICE_TTL = timedelta(minutes=10)
 
 
 class DrainTransport(Protocol):
@@ -221,6 +224,7 @@ class _Pass:
         self.vultr: dict[str, VInstance] = {}
         self.workers: dict[str, WorkerView] = {}
         self.signals: Signals | None = None
+        self.created = 0
 
     # The pass, in order. ------------------------------------------------------------------
     def run(self) -> PassResult:
@@ -247,11 +251,12 @@ class _Pass:
         except DatabaseError as exc:
             signal_error = f"queue signals: {exc}"
             res.errors.append(signal_error)
-        self.workers = ledger.workers_by_label(self.conn)
         month_start = budget.month_bounds(self.now)[0]
         ledger_rows = ledger.rows(self.conn, self.cfg.fleet.name, since=month_start)
         self.rows = {r.label: r for r in ledger_rows if r.state is not InstanceState.GONE}
         gone_this_month = [r for r in ledger_rows if r.state is InstanceState.GONE]
+        labels = sorted({*self.rows, *self.vultr})
+        self.workers = ledger.workers_by_label(self.conn, labels, seen_within=WORKER_SEEN_WITHIN)
 
         if api_error is None:
             self.sync_ledger()
@@ -270,9 +275,9 @@ class _Pass:
             month_to_date_usd=sum(
                 self.billed(r, price) for r in [*self.rows.values(), *gone_this_month]
             ),
-            last_scale_up=state.last_scale_up,
-            last_scale_down=state.last_scale_down,
-            idle_since=state.idle_since,
+            last_scale_up=self.not_after_now(state.last_scale_up),
+            last_scale_down=self.not_after_now(state.last_scale_down),
+            idle_since=self.not_after_now(state.idle_since),
         )
         res.observation = obs
         plan = policy.decide(obs, self.cfg, self.now)
@@ -282,12 +287,15 @@ class _Pass:
         ]
 
         if not self.dry:
-            self.act(plan, price)
+            # Bad input (no snapshot, or one that is not complete) stops the pass before it
+            # touches any instance, drains included.
+            snapshot = self.snapshot_id() if plan.creates and price is not None else ""
+            self.act(plan, price, snapshot)
             ledger.save_fleet_state(
                 self.conn,
                 self.cfg.fleet.name,
                 self.now,
-                last_scale_up=self.now if plan.creates else state.last_scale_up,
+                last_scale_up=self.now if self.created else state.last_scale_up,
                 last_scale_down=self.now if plan.drains else state.last_scale_down,
                 idle_since=plan.idle_since,
             )
@@ -308,12 +316,17 @@ class _Pass:
         return res
 
     # Observe. -------------------------------------------------------------------------------
+    def not_after_now(self, when: datetime | None) -> datetime | None:
+        """A stored time later than now (written while a clock ran ahead) is read as now."""
+        return None if when is None else min(when, self.now)
+
     def price(self) -> PlanPrice:
-        """The plan's price, checked once per process: unknown plan, plan not in the region and
-        a ceiling below one instance-month are refused (exit 2) before anything is touched."""
+        """The plan's price, checked at most every PRICE_TTL per process: an unknown plan, a plan
+        not in the region and a ceiling below one instance-month are refused (exit 2) before
+        anything is touched. A loop sees a price change within PRICE_TTL."""
         cached = self.parts.cache.get("price")
-        if cached is not None:
-            return cached  # type: ignore[no-any-return]
+        if cached is not None and self.parts.clock.monotonic() < cached[1]:
+            return cached[0]  # type: ignore[no-any-return]
         from vultrscale.vultr.errors import NotFound
 
         client, fleet = self.parts.client, self.cfg.fleet
@@ -337,7 +350,8 @@ class _Pass:
                 f"{fleet.plan} (${price.monthly:g})",
                 hint="Raise the ceiling or pick a cheaper plan.",
             )
-        self.parts.cache["price"] = price
+        expires = self.parts.clock.monotonic() + PRICE_TTL.total_seconds()
+        self.parts.cache["price"] = (price, expires)
         return price
 
     def read_signals(self) -> Signals:
@@ -356,9 +370,14 @@ class _Pass:
         end = row.gone_at or self.now
         return budget.billed(row.created_at, end, p, *budget.month_bounds(self.now))
 
+    def cached_price(self) -> PlanPrice | None:
+        cached = self.parts.cache.get("price")
+        return None if cached is None else cached[0]  # type: ignore[no-any-return]
+
     def worker_seen(self, label: str) -> bool:
+        """The instance's worker heartbeated recently, judged on the database's clock."""
         w = self.workers.get(label)
-        return w is not None and w.last_seen >= self.now - WORKER_SEEN_WITHIN
+        return w is not None and w.seen
 
     def instance(self, row: LedgerRow) -> Instance:
         v = self.vultr.get(row.label)
@@ -382,7 +401,7 @@ class _Pass:
             draining_since=row.draining_at,
             hourly_rate=row.hourly_rate or 0.0,
             monthly_cost=row.monthly_cost or 0.0,
-            billed_usd=self.billed(row, self.parts.cache.get("price")),
+            billed_usd=self.billed(row, self.cached_price()),
         )
 
     def sync_ledger(self) -> None:
@@ -422,7 +441,7 @@ class _Pass:
             self.rows[label] = _replace(
                 row, state=new_state, instance_id=iid or row.instance_id, main_ip=ip or row.main_ip
             )
-        price = self.parts.cache.get("price")
+        price = self.cached_price()
         for v in self.vultr.values():
             if v.id in known or v.label in self.rows:
                 continue
@@ -445,9 +464,16 @@ class _Pass:
                 )
             self.rows[v.label] = _adopted_row(self.cfg.fleet.name, v, state, created, self.now)
 
+    @property
+    def own_workers(self) -> bool:
+        """Workers report in the `workers` table (the built-in queue); foreign presets' don't."""
+        return self.cfg.queue.preset == "vultrscale"
+
     def boot_state(self, v: VInstance, label: str) -> InstanceState:
         if self.worker_seen(label):
             return InstanceState.RUNNING
+        if not self.own_workers and v.status == "active" and v.server_status == "ok":
+            return InstanceState.RUNNING  # no worker table to watch: the instance is up
         return InstanceState.BOOTING if v.status == "active" else InstanceState.PENDING
 
     def next_state(
@@ -463,8 +489,14 @@ class _Pass:
             posted = row.posted_at or row.created_at
             if s is InstanceState.PENDING and self.now - posted < POST_VISIBILITY_GRACE:
                 return s, None, None  # 404 just after create: not visible yet
+            if row.instance_id and not self.confirmed_gone(row.instance_id):
+                return s, None, None  # the list missed it, but it is there: keep it
             return InstanceState.GONE, None, None
         iid = v.id if row.instance_id != v.id else None
+        if s is InstanceState.RUNNING and self.own_workers and not self.worker_seen(row.label):
+            # Its worker stopped heartbeating: it is no longer capacity. Back to booting, where
+            # boot_timeout replaces it if the worker does not come back (and holds no lease).
+            return InstanceState.BOOTING, iid, "worker not seen; waiting for it to come back"
         if s in (InstanceState.CREATING, InstanceState.PENDING, InstanceState.BOOTING):
             new = self.boot_state(v, row.label)
             order = [
@@ -477,6 +509,18 @@ class _Pass:
                 new = s
             return new, iid, None
         return s, iid, None
+
+    def confirmed_gone(self, instance_id: str) -> bool:
+        """GET the instance the list did not show. Only "not found" means gone; another error
+        is an API error (the pass holds), never a reason to forget a paid instance."""
+        from vultrscale.vultr.errors import NotFound
+
+        try:
+            v = self.parts.client.get_instance(instance_id)
+        except NotFound:
+            return True
+        self.vultr[v.label] = v
+        return False
 
     def note(self, label: str, what: str) -> None:
         self.result.results.append({"label": label, "result": what})
@@ -504,6 +548,11 @@ class _Pass:
         """For each draining instance: is the worker stopped? Then DELETE. Never blocks."""
         draining = [r for r in self.rows.values() if r.state is InstanceState.DRAINING]
         deleting = [r for r in self.rows.values() if r.state is InstanceState.DELETING]
+        from vultrscale.db import ledger
+
+        if draining:
+            # A worker restarted (or first started) after the drain began must claim nothing.
+            ledger.mark_workers_draining(self.conn, [r.label for r in draining])
         targets = {r.label: t for r in draining if (t := self.target(r)) is not None}
         states: dict[str, ServiceState | SSHError] = {}
         if targets:
@@ -525,7 +574,7 @@ class _Pass:
                     continue
                 self.start_delete(row, f"worker {st.value}")
             elif isinstance(st, ServiceState):
-                if st is ServiceState.ACTIVE and waited < self.cfg.drain.timeout:
+                if st is ServiceState.ACTIVE:
                     restop.append(targets[row.label])  # the stop never arrived: send it again
                 if waited > self.cfg.drain.timeout + DRAIN_MARGIN:
                     self.delete_past_deadline(
@@ -602,7 +651,7 @@ class _Pass:
         self.note(row.label, "delete accepted; still listed, verifying next pass")
 
     # Act. -----------------------------------------------------------------------------------
-    def act(self, plan: Plan, price: PlanPrice | None) -> None:
+    def act(self, plan: Plan, price: PlanPrice | None, snapshot: str) -> None:
         from vultrscale.db import ledger
 
         drain_targets: list[HostTarget] = []
@@ -633,13 +682,10 @@ class _Pass:
                 else:
                     self.result.errors.append(f"{label}: systemctl stop failed: {err}")
         if plan.creates and price is not None:
-            self.create(plan.creates, price)
+            self.create(plan.creates, price, snapshot)
 
     def snapshot_id(self) -> str:
         """The snapshot to boot from: fleet.snapshot_id, else the recorded one; must be complete."""
-        cached = self.parts.cache.get("snapshot")
-        if cached:
-            return str(cached)
         from vultrscale.vultr.errors import NotFound
 
         sid = self.cfg.fleet.snapshot_id
@@ -647,6 +693,8 @@ class _Pass:
             from vultrscale.db.snapshots import recorded_snapshot
 
             sid = recorded_snapshot(self.conn, self.cfg.fleet.name) or ""
+        if sid and self.parts.cache.get("snapshot") == sid:
+            return sid  # checked complete before; a newly baked one is picked up next pass
         if not sid:
             raise UsageError(
                 "no snapshot to create instances from",
@@ -667,13 +715,12 @@ class _Pass:
         self.parts.cache["snapshot"] = sid
         return sid
 
-    def create(self, count: int, price: PlanPrice) -> None:
+    def create(self, count: int, price: PlanPrice, snapshot: str) -> None:
         """Create ``count`` instances: intent in the ledger first, then one POST each."""
         from vultrscale.db import ledger
         from vultrscale.vultr.errors import AmbiguousCreate, VultrError
 
         f = self.cfg.fleet
-        snapshot = self.snapshot_id()
         for _ in range(count):
             label = self.new_label()
             private, public = self.parts.keygen()
@@ -713,6 +760,7 @@ class _Pass:
                 )
                 self.result.errors.append(f"{label}: create refused: {exc}")
                 return
+            self.created += 1
             self.parts.fault("after_post")
             ledger.transition(
                 self.conn, label, InstanceState.PENDING, self.now, instance_id=inst.id

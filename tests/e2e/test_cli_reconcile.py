@@ -131,8 +131,9 @@ def test_refused_key_exits_2_with_a_fix(cli_env, capsys, monkeypatch) -> None:
     sim, _ = cli_env
     monkeypatch.setenv("VULTR_API_KEY", "wrong-key-1234567890")
     code = main(["reconcile"])
-    err = capsys.readouterr().err
-    assert code == 2 and "VULTR_API_KEY" in err
+    out = capsys.readouterr()
+    assert code == 2 and "VULTR_API_KEY" in out.err
+    assert "wrong-key-1234567890" not in out.out + out.err
     assert sim.count("POST", "/v2/instances") == 0
 
 

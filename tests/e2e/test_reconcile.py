@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -154,21 +154,24 @@ def test_two_passes_at_once_only_one_acts(world: World) -> None:
         blocked = world.run(cfg)
         assert blocked.lock_held and blocked.exit_code == 0
         assert world.sim.count("POST", "/v2/instances") == 0
-    # Truly concurrent passes: exactly one creates.
-    results = []
-    barrier = threading.Barrier(3)
+    # Truly concurrent: the first pass is held inside its act step (just before its POST)
+    # until the second has run to the end; the second must find the lock taken.
+    inside, second_done = threading.Event(), threading.Event()
 
-    def go() -> None:
-        barrier.wait()
-        results.append(world.run(cfg))
+    def hold(point: str) -> None:
+        if point == "before_post":
+            inside.set()
+            assert second_done.wait(timeout=60)
 
-    threads = [threading.Thread(target=go) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    first: list[object] = []
+    t = threading.Thread(target=lambda: first.append(run_pass(cfg, world.make_parts(fault=hold))))
+    t.start()
+    assert inside.wait(timeout=60)
+    second = world.run(cfg)
+    second_done.set()
+    t.join(timeout=60)
+    assert second.lock_held and second.exit_code == 0
     assert len(world.fleet()) == 1
-    assert sum(1 for r in results if not r.lock_held and r.plan and r.plan.creates) == 1
 
 
 def test_api_storm_does_no_damage_and_exits_1(world: World) -> None:
@@ -360,3 +363,122 @@ def test_unreadable_queue_holds_scale_in_and_deletes(world: World) -> None:
         assert result.plan is not None and not result.plan.actions
     assert world.sim.count("DELETE", "/v2/instances/*") == 0
     assert world.ledger() == {a: "draining", b: "running"}
+
+
+def test_an_instance_missing_from_one_list_is_not_forgotten(world: World) -> None:
+    cfg = world.config(policy={"max_instances": 3})
+    world.enqueue(12)
+    world.run(cfg)
+    world.clock.advance(121)
+    world.run(cfg)
+    world.boot_ready()
+    world.run(cfg)
+    assert sorted(world.ledger().values()) == ["running"] * 3
+    # One list comes back empty but successful (an API glitch): GET says they are there.
+    world.sim.fail_next(
+        "GET",
+        "/v2/instances",
+        200,
+        body={"instances": [], "meta": {"total": 0, "links": {"next": "", "prev": ""}}},
+    )
+    world.clock.advance(30)
+    result = world.run(cfg)
+    assert result.exit_code == 0, result.errors
+    assert sorted(world.ledger().values()) == ["running"] * 3
+    assert len(world.fleet()) == 3 and creates(world) == 3
+
+
+def test_replacing_a_stuck_instance_never_exceeds_max_instances(
+    db_url: str, tmp_path: Path
+) -> None:
+    # Instances never leave pending, and a pending instance cannot be deleted (locked).
+    w = World(db_url, tmp_path, MONDAY_NOON, boot_pending=10**6)
+    try:
+        cfg = w.config(policy={"max_instances": 1, "boot_timeout": "10m"})
+        w.enqueue(4)
+        for _ in range(60):  # 30 minutes
+            result = w.run(cfg)
+            assert len(w.fleet()) <= 1, result.plan
+            w.clock.advance(30)
+        assert any("deleting" in c or "draining" in c for c in result.plan.clamps)
+    finally:
+        w.close()
+
+
+def test_a_restarted_worker_on_a_draining_instance_is_marked_draining_again(world: World) -> None:
+    cfg = world.config()
+    world.enqueue(1)
+    world.run(cfg)
+    world.clock.advance(121)
+    world.run(cfg)
+    (label,) = world.boot_ready()
+    world.hosts.hosts[label].reachable = False  # the stop cannot be sent
+    with psycopg.connect(world.db_url, autocommit=True) as conn:
+        ledger.mark_draining(conn, label, world.clock.now())
+        conn.execute("UPDATE workers SET draining = false WHERE worker_id = %s", (label,))
+    world.clock.advance(30)
+    world.run(cfg)
+    with psycopg.connect(world.db_url) as conn:
+        (draining,) = conn.execute(
+            "SELECT draining FROM workers WHERE worker_id = %s", (label,)
+        ).fetchone()
+    assert draining
+
+
+def test_a_running_instance_whose_worker_vanished_is_replaced(world: World) -> None:
+    cfg = world.config(policy={"boot_timeout": "10m"})
+    world.enqueue(1)
+    world.run(cfg)
+    world.clock.advance(121)
+    world.run(cfg)
+    (label,) = world.boot_ready()
+    world.run(cfg)
+    assert world.ledger() == {label: "running"}
+    with psycopg.connect(world.db_url, autocommit=True) as conn:
+        conn.execute("UPDATE workers SET last_seen = now() - interval '10 minutes'")
+    world.clock.advance(30)
+    world.run(cfg)
+    assert world.ledger()[label] == "booting"
+    for _ in range(25):
+        world.clock.advance(30)
+        world.run(cfg)
+    assert world.ledger()[label] == "gone"
+    assert len(world.fleet()) == 1 and world.fleet()[0]["label"] != label
+
+
+def test_foreign_preset_instances_count_as_running_once_vultr_says_ok(world: World) -> None:
+    cfg = world.config(
+        queue={
+            "preset": "custom",
+            "ready_sql": "SELECT 0",
+            "in_flight_sql": "SELECT 4",
+            "oldest_ready_seconds_sql": "SELECT 0",
+        },
+        policy={"boot_timeout": "10m"},
+    )
+    for _ in range(50):  # 25 minutes with 4 jobs in flight the whole time
+        result = world.run(cfg)
+        assert result.exit_code == 0, result.errors
+        world.clock.advance(30)
+    assert list(world.ledger().values()) == ["running"]
+    assert world.sim.count("DELETE", "/v2/instances/*") == 0
+
+
+def test_scaler_clock_ahead_of_the_database_still_sees_its_workers(
+    db_url: str, tmp_path: Path
+) -> None:
+    ahead = datetime.now(UTC) + timedelta(hours=1)
+    w = World(db_url, tmp_path, ahead)
+    try:
+        cfg = w.config(policy={"boot_timeout": "10m"})
+        w.enqueue(1)
+        w.run(cfg)
+        w.clock.advance(121)
+        w.run(cfg)
+        (label,) = w.boot_ready()
+        for _ in range(30):
+            w.run(cfg)
+            w.clock.advance(30)
+        assert w.ledger() == {label: "running"}
+    finally:
+        w.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -128,7 +128,8 @@ def adopt(
         "hourly_rate, monthly_cost, created_at, posted_at, state_since, last_error) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
         "ON CONFLICT (label) DO UPDATE SET instance_id = EXCLUDED.instance_id, "
-        "state = EXCLUDED.state, state_since = EXCLUDED.state_since, gone_at = NULL",
+        "state = EXCLUDED.state, state_since = EXCLUDED.state_since, gone_at = NULL, "
+        "draining_at = NULL, deleting_at = NULL, last_error = EXCLUDED.last_error",
         (
             label,
             fleet,
@@ -213,24 +214,51 @@ class WorkerView:
     last_seen: datetime
     draining: bool
     live_leases: int
+    seen: bool  # heartbeat within the window, judged on the database's clock
 
 
-def workers_by_label(conn: psycopg.Connection[Any]) -> dict[str, WorkerView]:
-    """Per instance label: the newest worker's last heartbeat, draining flag and live leases."""
+def workers_by_label(
+    conn: psycopg.Connection[Any], labels: list[str], *, seen_within: timedelta
+) -> dict[str, WorkerView]:
+    """Per instance label of ``labels``: the newest heartbeat of its running workers, whether it
+    is recent on the database's clock, the draining flag and the live leases they hold."""
+    if not labels:
+        return {}
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
-            "SELECT w.instance_label, max(w.last_seen) AS last_seen, bool_or(w.draining) AS "
-            "draining, (SELECT count(*) FROM job_leases l JOIN workers w2 ON w2.worker_id = "
-            "l.worker_id WHERE w2.instance_label = w.instance_label AND l.expires_at > now()) "
-            "AS live_leases FROM workers w WHERE w.instance_label IS NOT NULL "
-            "AND w.stopped_at IS NULL GROUP BY w.instance_label"
+            """
+            SELECT w.instance_label, max(w.last_seen) AS last_seen,
+                   max(w.last_seen) > now() - %(within)s AS seen,
+                   bool_or(w.draining) AS draining,
+                   coalesce(sum(l.live), 0) AS live_leases
+            FROM workers w
+            LEFT JOIN LATERAL (
+                SELECT count(*) AS live FROM job_leases
+                WHERE worker_id = w.worker_id AND expires_at > now()
+            ) l ON true
+            WHERE w.instance_label = ANY(%(labels)s) AND w.stopped_at IS NULL
+            GROUP BY w.instance_label
+            """,
+            {"labels": labels, "within": seen_within},
         )
         return {
             r["instance_label"]: WorkerView(
-                r["instance_label"], r["last_seen"], bool(r["draining"]), int(r["live_leases"])
+                r["instance_label"],
+                r["last_seen"],
+                bool(r["draining"]),
+                int(r["live_leases"]),
+                bool(r["seen"]),
             )
             for r in cur.fetchall()
         }
+
+
+def mark_workers_draining(conn: psycopg.Connection[Any], labels: list[str]) -> None:
+    """Keep the workers of draining instances marked draining (a restarted one too)."""
+    conn.execute(
+        "UPDATE workers SET draining = true WHERE instance_label = ANY(%s) AND NOT draining",
+        (labels,),
+    )
 
 
 def mark_draining(conn: psycopg.Connection[Any], label: str, now: datetime) -> None:
