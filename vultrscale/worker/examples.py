@@ -45,11 +45,16 @@ def three_steps(job: Job) -> None:
 
 
 async def three_steps_async(job: Job) -> None:
-    """The async twin of ``three_steps``: the sleeps are ``asyncio.sleep``."""
+    """The async twin of ``three_steps``: each step is an ``async`` function saved with
+    ``await job.astep`` (``job.step`` would block the event loop on the database)."""
     delay = float(job.payload.get("step_seconds", 0.5))
     for name in STEPS:
-        await asyncio.sleep(delay)
-        job.step(name, lambda name=name: _step_result(job, name))  # type: ignore[misc]
+
+        async def work(name: str = name) -> dict[str, Any]:
+            await asyncio.sleep(delay)
+            return _step_result(job, name)
+
+        await job.astep(name, work)
     if job.payload.get("fail"):
         raise RuntimeError("payload asked for a failure")
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 from uuid import UUID
 
 from vultrscale.db.queue import LeaseLost
@@ -25,8 +28,10 @@ class Job:
     """One claimed job, handed to ``handle(job)``.
 
     ``id``, ``payload`` and ``attempt`` (1 on the first run) describe it; ``step(name, fn)`` runs
-    ``fn`` once per job and returns its saved JSON result on later attempts; ``stopping`` turns
-    True when the worker starts draining, and ``lost`` when its lease is gone (writes refused).
+    ``fn`` once per job and returns its saved JSON result on later attempts (``await
+    job.astep(name, fn)`` is the same for ``async def`` handlers: it never blocks the event
+    loop); ``stopping`` turns True when the worker starts draining, and ``lost`` when its lease
+    is gone or the job was given back (writes refused, steps raise ``LeaseLost``).
     """
 
     def __init__(
@@ -48,6 +53,9 @@ class Job:
         self._stopping = threading.Event()
         self._lost = threading.Event()
         self.given_back = False
+        # Local monotonic time the lease was last known good (the runtime sets it at claim and
+        # at each renewal's send time); the heartbeat marks the job lost well before expiry.
+        self._renewed_at = time.monotonic()
 
     @property
     def stopping(self) -> bool:
@@ -63,23 +71,55 @@ class Job:
         """Run ``fn`` once for this job and save its JSON result under ``name``.
 
         On a later attempt the saved result is returned and ``fn`` is not called. Raises
-        ``LeaseLost`` if the lease is gone, so the handler stops instead of working for nothing.
+        ``LeaseLost`` if the lease is gone or the job was given back at the drain deadline, so
+        the handler stops instead of working for nothing. Blocks on the database: an ``async
+        def`` handler uses ``astep``.
         """
-        from vultrscale.db import queue
-
         self._check_lease(name)
-        with self._pool.connection() as conn:
-            found, saved = queue.load_step(conn, self.id, name)
+        found, saved = self._load(name)
         if found:
             return saved  # type: ignore[no-any-return]
+        self._check_lease(name)  # given back while loading: fn must not run
         result = fn()
+        self._save(name, result)
+        return result
+
+    @overload
+    async def astep(self, name: str, fn: Callable[[], Awaitable[T]]) -> T: ...
+
+    @overload
+    async def astep(self, name: str, fn: Callable[[], T]) -> T: ...
+
+    async def astep(self, name: str, fn: Callable[[], Any]) -> Any:
+        """``step`` for ``async def`` handlers: ``fn`` may be sync or async, and the database
+        reads and writes run in the loop's default executor, so other jobs keep running."""
+        loop = asyncio.get_running_loop()
+        self._check_lease(name)
+        found, saved = await loop.run_in_executor(None, self._load, name)
+        if found:
+            return saved
+        self._check_lease(name)
+        result = fn()
+        if inspect.isawaitable(result):
+            result = await result
+        await loop.run_in_executor(None, self._save, name, result)
+        return result
+
+    def _load(self, name: str) -> tuple[bool, Any]:
+        from vultrscale.db import queue
+
+        with self._pool.connection() as conn:
+            return queue.load_step(conn, self.id, name)
+
+    def _save(self, name: str, result: Any) -> None:
+        from vultrscale.db import queue
+
         self._check_lease(name)
         with self._pool.connection() as conn:
             ok = queue.save_step(conn, self.id, self._worker_id, self.token, name, result)
         if not ok:
             self._lost.set()
             self._check_lease(name)
-        return result
 
     def _check_lease(self, name: str) -> None:
         if self.lost:
@@ -92,6 +132,11 @@ class Job:
         self._stopping.set()
 
     def _mark_lost(self) -> None:
+        self._lost.set()
+
+    def _mark_given_back(self) -> None:
+        # Lost too: a sync handler still running must not run another step's side effects.
+        self.given_back = True
         self._lost.set()
 
     def __repr__(self) -> str:

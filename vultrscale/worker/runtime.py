@@ -7,11 +7,18 @@ Threads, and why each exists:
 - ``concurrency`` slot threads run the handler and write the outcome (fenced); they are daemons
   because a stuck sync handler cannot be killed: at drain its job is given back, so whatever it
   writes later is refused, and the process exits without waiting for it;
-- a heartbeat thread renews every held lease in one statement every ``lease/3`` seconds; a job
-  cannot block it, and a lease it fails to renew flips that job's ``lost`` flag;
+- a heartbeat thread renews every held lease in one statement every ``lease/3`` seconds on a
+  connection of its own (a pool emptied by handlers cannot starve it); after a failure it
+  retries quickly, and a job whose lease it could not renew in time (lease minus a margin, by
+  the local clock since the last renewal) is marked ``lost`` before the lease runs out;
 - a listener thread waits on LISTEN/NOTIFY so an idle worker wakes as soon as a job arrives
   (polling backs off from 50 ms to 1 s as a fallback, and covers retries with a later run_at);
 - for ``async def`` handlers, one event-loop thread runs the coroutines.
+
+Every connection has TCP keepalives, ``tcp_user_timeout`` and a ``statement_timeout`` sized
+from the lease, so a silent network partition is an error in seconds, not a 15-minute hang.
+The main loop checks that the slot, loop and heartbeat threads are alive: a dead one is fatal
+(what can be given back is, then exit 1).
 """
 
 from __future__ import annotations
@@ -30,18 +37,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from vultrscale.config import mask_url
+from vultrscale.config import mask_url, url_password
 from vultrscale.db import queue
 from vultrscale.db.queue import DEFAULT_BACKOFF_CAP_SECONDS, DEFAULT_BACKOFF_SECONDS
-from vultrscale.errors import DatabaseError, UsageError
+from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError, redact
 from vultrscale.worker.job import Job, LeaseLost, PermanentError
 
 Handler = Callable[[Job], Any]
+T = TypeVar("T")
 
 POLL_MIN_SECONDS = 0.05
 POLL_MAX_SECONDS = 1.0
@@ -64,6 +72,16 @@ class WorkerSettings:
     @property
     def heartbeat_seconds(self) -> float:
         return self.lease_seconds / 3
+
+    @property
+    def lost_margin_seconds(self) -> float:
+        """A job is marked lost this long before its lease would run out unrenewed."""
+        return max(0.5, self.lease_seconds / 6)
+
+    @property
+    def statement_timeout_seconds(self) -> float:
+        """The heartbeat's statement timeout (pooled connections get twice as long)."""
+        return max(1.0, self.lease_seconds / 6)
 
     @property
     def reap_seconds(self) -> float:
@@ -131,10 +149,45 @@ def load_handler(spec: str) -> Handler:
     return func  # type: ignore[return-value]
 
 
+def db_error_text(exc: BaseException, conninfo: str) -> str:
+    """The first line of a database error, with the DATABASE_URL password redacted.
+
+    libpq echoes parts of a malformed address (a bad percent-escape in the password, say), so
+    every worker message built from a database error goes through here.
+    """
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return redact(first, [url_password(conninfo)])
+
+
+def connect_kwargs(
+    conninfo: str, lease_seconds: float, statement_timeout_seconds: float
+) -> dict[str, Any]:
+    """psycopg connect arguments bounding every wait by the lease: TCP keepalives and
+    ``tcp_user_timeout`` end a silently partitioned connection, ``statement_timeout`` a
+    statement stuck behind a lock (appended to any ``options`` the address already has)."""
+    try:
+        existing = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or "")
+    except psycopg.Error:
+        existing = ""  # a malformed address fails at connect, with a redacted message
+    tcp_ms = int(max(2.0, lease_seconds / 3) * 1000)
+    statement_ms = int(statement_timeout_seconds * 1000)
+    return {
+        "autocommit": True,
+        "connect_timeout": max(2, int(lease_seconds / 3)),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(lease_seconds / 6)),
+        "keepalives_interval": max(1, int(lease_seconds / 12)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": tcp_ms,
+        "options": f"{existing} -c statement_timeout={statement_ms}".strip(),
+    }
+
+
 def _database_error(
     exc: BaseException, conninfo: str, lease_seconds: float, *, starting: bool = False
 ) -> DatabaseError:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = db_error_text(exc, conninfo)
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return DatabaseError(
             f"the queue tables are missing in {mask_url(conninfo)}: {text}",
@@ -154,9 +207,14 @@ def _database_error(
     )
 
 
+class _ThreadDied(Exception):
+    """A slot, event-loop or heartbeat thread ended while the worker runs (main thread only)."""
+
+
 class Worker:
     """One worker process. ``run()`` returns the summary after a drain; DatabaseError if the
-    database goes away (the leases then expire on their own)."""
+    database goes away (the leases then expire on their own), RuntimeFailure if one of its
+    threads dies (what it held is given back first)."""
 
     def __init__(
         self,
@@ -188,6 +246,10 @@ class Worker:
         self._pool: ConnectionPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._futures: dict[int, concurrent.futures.Future[Any]] = {}
+        self._watched: list[threading.Thread] = []
+        self._thread_errors: dict[str, BaseException] = {}
+        self._heartbeat_ok = time.monotonic()  # send time of the last successful renewal
+        self._heartbeat_error: BaseException | None = None
 
     # --- public --------------------------------------------------------------------------------
 
@@ -206,8 +268,8 @@ class Worker:
         self._pool = ConnectionPool(
             self.conninfo,
             min_size=2,
-            max_size=s.concurrency + 2,  # slots + main loop + heartbeat
-            kwargs={"autocommit": True},
+            max_size=s.concurrency + 1,  # slots + main loop (the heartbeat has its own)
+            kwargs=self._kwargs(s.statement_timeout_seconds * 2, "vultrscale-worker"),
             timeout=max(5.0, s.lease_seconds / 3),
             open=False,
             name="vultrscale-worker",
@@ -218,6 +280,7 @@ class Worker:
             self._pool.open(wait=True, timeout=10)
             with self._pool.connection() as conn:
                 queue.register_worker(conn, self.worker_id, self.label)
+                draining = queue.worker_heartbeat(conn, self.worker_id)
         except (psycopg.Error, PoolTimeout) as exc:
             self._pool.close(timeout=1)
             raise _database_error(exc, self.conninfo, s.lease_seconds, starting=True) from exc
@@ -227,19 +290,39 @@ class Worker:
             f"concurrency {s.concurrency}, queue {s.queue!r}, lease {s.lease_seconds:g} s, "
             f"drain {s.drain_seconds:g} s."
         )
+        if draining:
+            self._marked_draining = True
+            self.say("Marked draining in the database: claiming no more jobs.")
+        self._heartbeat_ok = time.monotonic()
         self._start_threads()
         try:
             self._main_loop()
             self._drain()
+        except _ThreadDied as exc:
+            self._stop.set()
+            self._give_back_after_fatal()
+            self._close()
+            raise RuntimeFailure(
+                f"worker {self.worker_id}: {exc}",
+                hint="This is a bug in the worker or the handler; systemd restarts the worker. "
+                "Its unfinished jobs were given back (or return when their lease expires).",
+            ) from exc
         except (psycopg.Error, PoolTimeout) as exc:
-            self._shutdown_threads()
-            self._pool.close(timeout=1)
+            self._close()
             raise _database_error(exc, self.conninfo, s.lease_seconds) from exc
+        except DatabaseError:
+            self._close()
+            raise
         self.summary.elapsed = time.monotonic() - started
         self.say(self.summary.line())
         return self.summary
 
     # --- threads -------------------------------------------------------------------------------
+
+    def _kwargs(self, statement_timeout: float, application_name: str) -> dict[str, Any]:
+        kw = connect_kwargs(self.conninfo, self.settings.lease_seconds, statement_timeout)
+        kw["application_name"] = application_name
+        return kw
 
     def _install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -251,18 +334,41 @@ class Worker:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
+    def _guarded_thread(self, target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:  # recorded; the main loop sees the thread dead
+                self._thread_errors[threading.current_thread().name] = exc
+                self._wake.set()
+
+        return run
+
     def _start_threads(self) -> None:
+        watched: list[threading.Thread] = []
         if self.is_async:
             self._loop = asyncio.new_event_loop()
-            threading.Thread(target=self._loop.run_forever, name="vs-asyncio", daemon=True).start()
+            watched.append(
+                threading.Thread(
+                    target=self._guarded_thread(self._loop.run_forever),
+                    name="vs-asyncio",
+                    daemon=True,
+                )
+            )
         for i in range(self.settings.concurrency):
-            threading.Thread(target=self._slot, name=f"vs-slot-{i}", daemon=True).start()
+            watched.append(
+                threading.Thread(
+                    target=self._guarded_thread(self._slot), name=f"vs-slot-{i}", daemon=True
+                )
+            )
         self._heartbeat_thread = threading.Thread(
-            target=self._heartbeat, name="vs-heartbeat", daemon=True
+            target=self._guarded_thread(self._heartbeat), name="vs-heartbeat", daemon=True
         )
-        self._heartbeat_thread.start()
+        watched.append(self._heartbeat_thread)
         self._listener_thread = threading.Thread(target=self._listen, name="vs-listen", daemon=True)
-        self._listener_thread.start()
+        self._watched = watched
+        for t in [*watched, self._listener_thread]:
+            t.start()
 
     def _shutdown_threads(self) -> None:
         self._threads_stop.set()
@@ -270,13 +376,19 @@ class Worker:
             self._work.put(None)
         self._heartbeat_thread.join(timeout=5)
         self._listener_thread.join(timeout=2)
-        if self._loop is not None:
+        if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _close(self) -> None:
+        self._shutdown_threads()
+        assert self._pool is not None
+        self._pool.close(timeout=1)
 
     def _listen(self) -> None:
         # A dedicated connection: LISTEN needs one that is not handed around by the pool.
         try:
-            with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10) as conn:
+            kw = self._kwargs(self.settings.statement_timeout_seconds, "vultrscale-listen")
+            with psycopg.connect(self.conninfo, **kw) as conn:
                 conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
                 while not self._threads_stop.is_set():
                     for note in conn.notifies(timeout=0.5):
@@ -288,32 +400,79 @@ class Worker:
 
     def _heartbeat(self) -> None:
         s = self.settings
-        assert self._pool is not None
-        last_ok = time.monotonic()
-        while not self._threads_stop.wait(s.heartbeat_seconds):
-            with self._lock:
-                held = [j for j in self._running.values() if not j.given_back and not j.lost]
-            try:
-                with self._pool.connection() as conn, conn.transaction():
-                    kept = queue.renew(
-                        conn, self.worker_id, [(j.id, j.token) for j in held], s.lease_seconds
-                    )
-                    draining = queue.worker_heartbeat(conn, self.worker_id)
-            except (psycopg.Error, PoolTimeout) as exc:
-                if time.monotonic() - last_ok > s.lease_seconds:
-                    # Every lease this worker holds has run out: stop rather than work as a
-                    # zombie whose results would all be refused.
-                    self._fatal = exc
-                    self._wake.set()
-                    return
-                continue
-            last_ok = time.monotonic()
-            for job in held:
-                if job.id not in kept:
-                    job._mark_lost()
-            if draining and not self._marked_draining:
-                self._marked_draining = True
-                self.say("Marked draining in the database: claiming no more jobs.")
+        conn: psycopg.Connection | None = None
+        failures = 0
+        wait = s.heartbeat_seconds
+        try:
+            while not self._threads_stop.wait(wait):
+                with self._lock:
+                    held = [j for j in self._running.values() if not j.given_back and not j.lost]
+                sent = time.monotonic()
+                try:
+                    if conn is None or conn.closed:
+                        kw = self._kwargs(s.statement_timeout_seconds, "vultrscale-heartbeat")
+                        conn = psycopg.connect(self.conninfo, **kw)
+                    with conn.transaction():
+                        kept = queue.renew(
+                            conn, self.worker_id, [(j.id, j.token) for j in held], s.lease_seconds
+                        )
+                        draining = queue.worker_heartbeat(conn, self.worker_id)
+                except Exception as exc:  # noqa: BLE001 - the heartbeat outlives any error; the main loop judges how long it failed
+                    failures += 1
+                    self._heartbeat_error = exc
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    if failures == 1:
+                        self.say(
+                            f"heartbeat failed ({type(exc).__name__}: "
+                            f"{db_error_text(exc, self.conninfo)}); retrying."
+                        )
+                    self._expire_locally()
+                    # Retry soon, and often enough to mark jobs lost before their leases end.
+                    wait = min(0.1 * 2 ** (failures - 1), s.lost_margin_seconds / 2)
+                    continue
+                if failures:
+                    self.say(f"heartbeat recovered after {failures} failed attempt(s).")
+                failures = 0
+                wait = s.heartbeat_seconds
+                self._heartbeat_ok = sent
+                for job in held:
+                    if job.id in kept:
+                        job._renewed_at = max(job._renewed_at, sent)
+                    else:
+                        job._mark_lost()
+                if draining and not self._marked_draining:
+                    self._marked_draining = True
+                    self.say("Marked draining in the database: claiming no more jobs.")
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _expire_locally(self) -> None:
+        """Mark held jobs lost once their lease is nearly out without a renewal we know of."""
+        s = self.settings
+        limit = time.monotonic() - (s.lease_seconds - s.lost_margin_seconds)
+        with self._lock:
+            late = [
+                j
+                for j in self._running.values()
+                if not j.lost and not j.given_back and j._renewed_at < limit
+            ]
+        for job in late:
+            job._mark_lost()
+            self.say(f"job {job.id}: lease not renewed in time; treating it as lost.")
+
+    async def _guarded(self, job: Job) -> BaseException | None:
+        # The loop must never see SystemExit/KeyboardInterrupt from a handler: run_forever
+        # would re-raise it and end the loop thread with every coroutine on it.
+        try:
+            await self.handler(job)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the handler's error is this job's outcome
+            return exc
+        return None
 
     def _slot(self) -> None:
         while True:
@@ -324,8 +483,16 @@ class Worker:
             try:
                 handed_on = self._execute(job)
             except (psycopg.Error, PoolTimeout) as exc:
+                # One failed write drops this job's result only: its lease (no longer renewed)
+                # runs out and the job runs again. Losing the database is the heartbeat's call.
+                job._mark_lost()
                 if not job.given_back:
-                    self._fatal = exc
+                    self.summary.add("lost")
+                    self.say(
+                        f"job {job.id}: writing its outcome failed "
+                        f"({db_error_text(exc, self.conninfo)}); result dropped, the job runs "
+                        "again when its lease expires."
+                    )
             finally:
                 with self._lock:
                     self._futures.pop(job.id, None)
@@ -341,23 +508,28 @@ class Worker:
         error: BaseException | None = None
         try:
             if self._loop is not None:
-                fut = asyncio.run_coroutine_threadsafe(self.handler(job), self._loop)
+                fut = asyncio.run_coroutine_threadsafe(self._guarded(job), self._loop)
                 with self._lock:
                     self._futures[job.id] = fut
-                fut.result()
+                raised = fut.result()
+                if raised is not None:
+                    raise raised
             else:
                 self.handler(job)
         except (concurrent.futures.CancelledError, LeaseLost):
             if not job.given_back:
                 self.summary.add("lost")
             return False
-        except Exception as exc:  # the handler's error is this job's outcome, recorded below
+        except BaseException as exc:  # SystemExit too: a failed attempt, not a worker exit
             error = exc
-        if job.given_back:
-            return False  # handed back at the drain deadline: whatever it did is dropped
-        if error is None:
-            self._done.put(job)
-            return True
+        with self._lock:
+            # Under the lock the drain uses to pick what it gives back: a job is either on
+            # _done (completed) or given back, never both.
+            if job.given_back:
+                return False  # handed back at the drain deadline: whatever it did is dropped
+            if error is None:
+                self._done.put(job)
+                return True
         with self._pool.connection() as conn:
             new_state = queue.fail(
                 conn,
@@ -382,16 +554,21 @@ class Worker:
         )
         return False
 
-    def _flush_done(self, conn: psycopg.Connection) -> None:
-        """Complete every finished job in one fenced statement (main thread only)."""
+    def _take_done(self) -> list[Job]:
         done: list[Job] = []
         while True:
             try:
                 job = self._done.get_nowait()
             except queue_mod.Empty:
-                break
+                return done
             if not job.given_back:
                 done.append(job)
+
+    def _flush_done(self, conn: psycopg.Connection) -> None:
+        """Complete every finished job in one fenced statement (main thread only)."""
+        self._complete(conn, self._take_done())
+
+    def _complete(self, conn: psycopg.Connection, done: list[Job]) -> None:
         if not done:
             return
         written = queue.complete_many(conn, self.worker_id, [(j.id, j.token) for j in done])
@@ -406,9 +583,24 @@ class Worker:
 
     # --- main thread ---------------------------------------------------------------------------
 
-    def _check_fatal(self) -> None:
+    def _check_health(self) -> None:
+        """Raise if the worker cannot go on: a fatal database error, a heartbeat failing for a
+        whole lease, or a dead thread."""
+        s = self.settings
         if self._fatal is not None:
             raise self._fatal
+        for t in self._watched:
+            if not t.is_alive():
+                err = self._thread_errors.get(t.name)
+                why = f"{type(err).__name__}: {err}" if err is not None else "it returned"
+                raise _ThreadDied(f"thread {t.name} died ({why}).")
+        silent = time.monotonic() - self._heartbeat_ok
+        if silent > s.lease_seconds:
+            # Every lease this worker holds has run out: stop rather than work as a zombie
+            # whose results would all be refused.
+            err = self._heartbeat_error or TimeoutError(f"no heartbeat for {silent:.1f} s")
+            raise _database_error(err, self.conninfo, s.lease_seconds)
+        self._expire_locally()
 
     def _main_loop(self) -> None:
         s = self.settings
@@ -416,7 +608,7 @@ class Worker:
         next_reap = 0.0
         poll = POLL_MIN_SECONDS
         while not self._stop.is_set():
-            self._check_fatal()
+            self._check_health()
             now = time.monotonic()
             with self._pool.connection() as conn:
                 self._flush_done(conn)
@@ -427,12 +619,14 @@ class Worker:
                 with self._lock:
                     free = s.concurrency - len(self._running)
                 claimed: list[queue.Claimed] = []
+                sent = time.monotonic()
                 if free > 0 and not self._marked_draining:
                     claimed = queue.claim(conn, self.worker_id, s.queue, free, s.lease_seconds)
             for c in claimed:
                 job = Job(
                     c.id, c.payload, c.attempt, c.token, worker_id=self.worker_id, pool=self._pool
                 )
+                job._renewed_at = sent
                 with self._lock:
                     self._running[job.id] = job
                 self._work.put(job)
@@ -448,6 +642,63 @@ class Worker:
                 poll = POLL_MIN_SECONDS
             self._wake.clear()
 
+    def _with_db(self, what: str, fn: Callable[[psycopg.Connection], T]) -> T:
+        """Run ``fn`` on a pooled connection; on a database error retry on fresh connections a
+        few times (the drain must give jobs back even after a blip), then raise."""
+        assert self._pool is not None
+        last: BaseException | None = None
+        for attempt in range(4):
+            try:
+                if attempt == 0:
+                    with self._pool.connection() as conn:
+                        return fn(conn)
+                kw = self._kwargs(self.settings.statement_timeout_seconds * 2, "vultrscale-drain")
+                with psycopg.connect(self.conninfo, **kw) as conn:
+                    return fn(conn)
+            except (psycopg.Error, PoolTimeout) as exc:
+                last = exc
+                self.say(f"{what} failed ({db_error_text(exc, self.conninfo)}); retrying.")
+                time.sleep(0.2 * 2**attempt)
+        assert last is not None
+        raise last
+
+    def _give_back_unfinished(self) -> None:
+        """Complete what finished, give back the rest in one fenced statement."""
+        self._with_db("completing finished jobs", self._flush_done)
+        with self._lock:
+            # Slots put a success on _done under this lock, after checking given_back: what is
+            # on _done now finished, everything else running is given back and stays so.
+            finished = self._take_done()
+            done_ids = {j.id for j in finished}
+            leftover = [j for j in self._running.values() if j.id not in done_ids]
+            for job in leftover:
+                job._mark_given_back()  # first: the slot writes nothing more, steps refuse
+        if finished:
+            self._with_db("completing finished jobs", lambda conn: self._complete(conn, finished))
+        if leftover:
+            pairs = [(j.id, j.token) for j in leftover]
+            back = self._with_db(
+                "giving jobs back", lambda conn: queue.give_back_many(conn, self.worker_id, pairs)
+            )
+            self.summary.add("given_back", len(back))
+            for job in leftover:
+                if job.id in back:
+                    self.say(f"job {job.id}: given back to the queue (the worker is stopping).")
+        with self._lock:
+            futures = [self._futures.get(j.id) for j in leftover]
+        for fut in futures:
+            if fut is not None:
+                fut.cancel()
+
+    def _give_back_after_fatal(self) -> None:
+        try:
+            self._give_back_unfinished()
+        except (psycopg.Error, PoolTimeout) as exc:
+            self.say(
+                f"could not give jobs back ({db_error_text(exc, self.conninfo)}); "
+                "they return to the queue when their lease expires."
+            )
+
     def _drain(self) -> None:
         s = self.settings
         assert self._pool is not None
@@ -460,14 +711,14 @@ class Worker:
         for job in running:
             job._mark_stopping()
         self._marked_draining = True  # our own mark: the heartbeat need not announce it
-        with self._pool.connection() as conn:
-            queue.set_draining(conn, self.worker_id)
+        self._with_db(
+            "marking the worker draining", lambda c: queue.set_draining(c, self.worker_id)
+        )
         deadline = time.monotonic() + s.drain_seconds
         while not self._fast.is_set():
-            self._check_fatal()
+            self._check_health()
             if not self._done.empty():
-                with self._pool.connection() as conn:
-                    self._flush_done(conn)
+                self._with_db("completing finished jobs", self._flush_done)
             with self._lock:
                 if not self._running:
                     break
@@ -476,22 +727,7 @@ class Worker:
                 break
             self._wake.wait(min(left, 0.5))
             self._wake.clear()
-        with self._pool.connection() as conn:
-            self._flush_done(conn)
-        with self._lock:
-            leftover = list(self._running.values())
-        for job in leftover:
-            job.given_back = True  # set first: the slot then writes nothing for this job
-            with self._pool.connection() as conn:
-                ok = queue.give_back(conn, job.id, self.worker_id, job.token)
-            if ok:
-                self.summary.add("given_back")
-                self.say(f"job {job.id}: given back to the queue (the worker is stopping).")
-            with self._lock:
-                fut = self._futures.get(job.id)
-            if fut is not None:
-                fut.cancel()
+        self._give_back_unfinished()
         self._shutdown_threads()
-        with self._pool.connection() as conn:
-            queue.mark_stopped(conn, self.worker_id)
+        self._with_db("recording the stop", lambda c: queue.mark_stopped(c, self.worker_id))
         self._pool.close(timeout=2)
