@@ -167,6 +167,19 @@ def _parse_host_key(target: HostTarget) -> paramiko.PKey:
         ) from None
 
 
+def _refuse_unpinned(pinned: paramiko.PKey) -> paramiko.MissingHostKeyPolicy:
+    """A missing-host-key policy that refuses with ``BadHostKeyException`` (a mismatch)."""
+    import paramiko
+
+    class Refuse(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(
+            self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+        ) -> None:
+            raise paramiko.BadHostKeyException(hostname, key, pinned)
+
+    return Refuse()
+
+
 def _where(target: HostTarget) -> str:
     return f"{target.label} ({target.user}@{target.address}:{target.port})"
 
@@ -290,7 +303,9 @@ class SSHDrain:
         client = paramiko.SSHClient()
         name = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
         client.get_host_keys().add(name, pinned.get_name(), pinned)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        # A host whose name paramiko cannot match to the pin goes through the missing-key
+        # policy: refuse it as a mismatch (RejectPolicy would raise a plain SSHException).
+        client.set_missing_host_key_policy(_refuse_unpinned(pinned))
         where = _where(target)
         try:
             client.connect(
@@ -305,8 +320,18 @@ class SSHDrain:
                 allow_agent=False,
                 look_for_keys=False,
             )
-        except paramiko.BadHostKeyException:
+        except paramiko.BadHostKeyException as exc:
             client.close()
+            offered = exc.key.get_name()
+            if offered != pinned.get_name():
+                # paramiko asks for the pinned type first; the host has no key of that type.
+                raise HostKeyMismatch(
+                    f"{where} offered no host key of the pinned type ({pinned.get_name()}; it "
+                    f"offered {offered}); nothing was run on it",
+                    hint="Do not trust this host: the instance the scaler created serves the "
+                    "key generated for it. Inspect it in the Vultr console; replace the "
+                    "instance if unsure.",
+                ) from None
             raise HostKeyMismatch(
                 f"{where} presented a host key other than the one pinned at create; "
                 "nothing was run on it",

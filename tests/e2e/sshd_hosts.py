@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -382,50 +382,83 @@ def _install(hosts: Hosts, pw: pwd.struct_passwd, count: int, first: int, startu
 
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     for i in range(count):
-        address = f"127.0.0.{first + i}"
-        port = free_port(address)
-        hdir = root / f"host{i}"
-        (hdir / "service").mkdir(parents=True)
-        hdir.chmod(0o755)
-        (hdir / "service").chmod(0o755)
-        (hdir / "service" / "service").write_text(service)
-        log = hdir / "service" / "commands.log"
-        log.touch()
-        log.chmod(0o666)  # both the login user and root (via sudo) append to it
-        private, public = generate_host_key()
-        key = hdir / "ssh_host_ed25519_key"
-        key.write_text(private)
-        key.chmod(0o600)
-        path_env = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
-        (hdir / "sshd_config").write_text(
-            f"ListenAddress {address}:{port}\n"
-            f"HostKey {key}\n"
-            f"PidFile {hdir / 'sshd.pid'}\n"
-            f"AllowUsers {user}\n"
-            "PasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\n"
-            "PubkeyAuthentication yes\n"
-            "UsePAM no\n"
-            f"MaxStartups {startups}\n"
-            f"SetEnv PATH={path_env} VS_SERVICE_DIR={hdir / 'service'}\n"
-        )
-        host = Host(
-            label=f"worker-{i:02d}",
-            address=address,
-            port=port,
-            host_key=public,
-            dir=hdir,
-            service=service,
-            user=user,
-        )
-        hosts.hosts.append(host)
-        host.sshd = subprocess.Popen(
-            # -r: no re-exec per connection (less CPU when many hosts share this machine)
-            [SSHD, "-D", "-r", "-f", str(hdir / "sshd_config"), "-E", str(hdir / "sshd.log")],
-            stdin=subprocess.DEVNULL,
-        )
+        hosts.hosts.append(_add_host(hosts, i, f"127.0.0.{first + i}", startups))
     for host in hosts.hosts:
         wait_for(functools.partial(_accepts, host), 15, f"sshd on {host.address}:{host.port}")
+
+
+@contextlib.contextmanager
+def extra_host(hosts: Hosts, address: str, *, key_type: str = "ed25519") -> Iterator[Host]:
+    """One more sshd on ``address`` serving only a ``key_type`` host key (rsa, ecdsa, ed25519).
+
+    It shares the hosts' login user, sudoers rule and stand-in, but is not in ``hosts.hosts``;
+    its sshd is stopped on leaving the block.
+    """
+    host = _add_host(hosts, len(list(hosts.root.glob("host*"))), address, 100, key_type=key_type)
+    try:
+        wait_for(functools.partial(_accepts, host), 15, f"sshd on {host.address}:{host.port}")
+        yield host
+    finally:
+        assert host.sshd is not None
+        host.sshd.terminate()
+        try:
+            host.sshd.wait(5)
+        except subprocess.TimeoutExpired:
+            host.sshd.kill()
+            host.sshd.wait()
+
+
+def _add_host(
+    hosts: Hosts, i: int, address: str, startups: int, *, key_type: str = "ed25519"
+) -> Host:
+    """Write host ``i``'s directory, key and sshd_config, and start its sshd (not waited for)."""
+    user, service, bin_dir = hosts.user, hosts.service, hosts.bin_dir
+    assert bin_dir is not None
+    port = free_port(address)
+    hdir = hosts.root / f"host{i}"
+    (hdir / "service").mkdir(parents=True)
+    hdir.chmod(0o755)
+    (hdir / "service").chmod(0o755)
+    (hdir / "service" / "service").write_text(service)
+    log = hdir / "service" / "commands.log"
+    log.touch()
+    log.chmod(0o666)  # both the login user and root (via sudo) append to it
+    key = hdir / f"ssh_host_{key_type}_key"
+    if key_type == "ed25519":
+        private, public = generate_host_key()  # as at create
+        key.write_text(private)
+    else:
+        subprocess.run(["ssh-keygen", "-q", "-t", key_type, "-N", "", "-f", str(key)], check=True)
+        public = " ".join(Path(f"{key}.pub").read_text().split()[:2])
+    key.chmod(0o600)
+    path_env = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
+    (hdir / "sshd_config").write_text(
+        f"ListenAddress {address}:{port}\n"
+        f"HostKey {key}\n"
+        f"PidFile {hdir / 'sshd.pid'}\n"
+        f"AllowUsers {user}\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "PubkeyAuthentication yes\n"
+        "UsePAM no\n"
+        f"MaxStartups {startups}\n"
+        f"SetEnv PATH={path_env} VS_SERVICE_DIR={hdir / 'service'}\n"
+    )
+    host = Host(
+        label=f"worker-{i:02d}",
+        address=address,
+        port=port,
+        host_key=public,
+        dir=hdir,
+        service=service,
+        user=user,
+    )
+    host.sshd = subprocess.Popen(
+        # -r: no re-exec per connection (less CPU when many hosts share this machine)
+        [SSHD, "-D", "-r", "-f", str(hdir / "sshd_config"), "-E", str(hdir / "sshd.log")],
+        stdin=subprocess.DEVNULL,
+    )
+    return host
 
 
 def _accepts(host: Host) -> bool:

@@ -192,6 +192,24 @@ def test_a_host_with_another_key_is_refused_and_nothing_runs(
     assert _accepted(other) == logins  # refused before authenticating: no login, no command
 
 
+@pytest.mark.parametrize("served", ["rsa", "ecdsa"])
+def test_a_host_serving_no_key_of_the_pinned_type_is_a_host_key_mismatch(
+    hosts: sshd_hosts.Hosts, drain: SSHDrain, served: str
+) -> None:
+    # The pinned key is ed25519 (as at create); this sshd serves only an rsa or ecdsa key.
+    _, pinned = generate_host_key()
+    address = "127.0.0.45" if served == "rsa" else "127.0.0.46"
+    with sshd_hosts.extra_host(hosts, address, key_type=served) as other:
+        assert not other.host_key.startswith("ssh-ed25519")
+        with pytest.raises(HostKeyMismatch, match="no host key of the pinned type") as info:
+            drain.is_active(other.target(host_key=pinned))
+        assert "nothing was run" in info.value.message and info.value.hint
+        results = drain.stop_many([other.target(host_key=pinned)])
+        assert isinstance(results[other.label], HostKeyMismatch)
+        assert other.commands() == []
+        assert _accepted(other) == 0  # refused before authenticating: no login, no command
+
+
 def test_a_silent_host_is_unreachable_within_the_connect_timeout(
     hosts: sshd_hosts.Hosts, client_key: Path
 ) -> None:
