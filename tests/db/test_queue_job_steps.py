@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import psycopg
@@ -64,3 +65,42 @@ def test_a_lost_lease_refuses_the_step_result_and_stops_the_handler(
         job.step("embed", lambda: "never")
     with pool.connection() as conn:
         assert q.load_steps(conn, job.id) == {}
+
+
+def test_astep_keeps_the_event_loop_running_while_the_database_waits(
+    pool: ConnectionPool, db_url: str
+) -> None:
+    """The step's save waits behind a row lock; other coroutines keep running meanwhile."""
+    with pool.connection() as conn:
+        q.enqueue(conn, [{}])
+    job = _claim(pool, "w1")
+    calls: list[str] = []
+
+    async def work() -> dict[str, int]:
+        calls.append("work")
+        return {"n": 1}
+
+    with psycopg.connect(db_url) as locker:
+        # The server ends this session if the test hangs, so the lock cannot outlive it.
+        locker.execute("SET idle_in_transaction_session_timeout = '8s'")
+        locker.execute("SELECT 1 FROM job_leases WHERE job_id = %s FOR UPDATE", (job.id,))
+
+        async def main() -> tuple[int, object]:
+            task = asyncio.ensure_future(job.astep("s", work))
+            ticks = 0
+            while ticks < 20:  # 20 turns of the loop while the save is blocked
+                await asyncio.sleep(0.01)
+                ticks += 1
+            assert not task.done()
+            locker.commit()
+            return ticks, await asyncio.wait_for(task, 5)
+
+        ticks, result = asyncio.run(main())
+    assert ticks == 20 and result == {"n": 1} and calls == ["work"]
+    with pool.connection() as conn:
+        assert q.load_step(conn, job.id, "s") == (True, {"n": 1})
+
+    async def again() -> object:
+        return await job.astep("s", work)  # saved: fn is not called again
+
+    assert asyncio.run(again()) == {"n": 1} and calls == ["work"]
