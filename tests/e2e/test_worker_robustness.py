@@ -1,0 +1,163 @@
+"""Worker processes against handlers that exit, a database that blips or blocks, and an
+address libpq echoes: the worker records an attempt, keeps going, or exits 1 in time."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.e2e.worker_procs import WorkerProcess, jobs, states, wait_for
+from vultrscale.db import queue as q
+from vultrscale.errors import DatabaseError
+from vultrscale.worker.runtime import Worker, WorkerSettings
+
+pytestmark = pytest.mark.e2e
+
+HANDLERS = """
+import asyncio
+
+
+def exits(job):
+    raise SystemExit(3)
+
+
+async def interrupts(job):
+    await asyncio.sleep(0)
+    raise KeyboardInterrupt
+"""
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(db_url, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def procs() -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+@pytest.mark.parametrize(("func", "error"), [("exits", "SystemExit"), ("interrupts", "Keyboard")])
+def test_a_handler_raising_systemexit_is_a_failed_attempt_until_dead(
+    db_url: str,
+    conn: psycopg.Connection,
+    procs: list[WorkerProcess],
+    tmp_path: Path,
+    func: str,
+    error: str,
+) -> None:
+    (tmp_path / "exiting_handlers.py").write_text(HANDLERS)
+    ids = q.enqueue(conn, [{}] * 2, max_attempts=3)
+    args = ("--concurrency", "2", "--lease-seconds", "3", "--backoff-seconds", "0.05")
+    w = WorkerProcess(db_url, f"exiting_handlers:{func}", *args, env={"PYTHONPATH": str(tmp_path)})
+    procs.append(w)
+    wait_for(lambda: states(conn) == {"dead": 2}, "both poison jobs to die", 15)
+    assert w.proc.poll() is None, w.text()  # the worker itself did not exit
+    last = conn.execute("SELECT DISTINCT last_error FROM jobs").fetchall()
+    assert len(last) == 1 and last[0][0].startswith(error), last
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.text()
+    assert jobs(conn) == {i: ("dead", 3) for i in ids}
+
+
+def test_a_failed_outcome_write_drops_that_result_and_the_worker_goes_on(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess]
+) -> None:
+    (job_id,) = q.enqueue(conn, [{"step_seconds": 0.2, "fail": True}], max_attempts=3)
+    args = ("--concurrency", "1", "--lease-seconds", "3", "--backoff-seconds", "0")
+    w = WorkerProcess(db_url, "vultrscale.worker.examples:three_steps", *args)
+    procs.append(w)
+    wait_for(lambda: jobs(conn)[job_id][0] == "leased", "the job to be taken")
+    with psycopg.connect(db_url) as locker:
+        # Hold the job row: the handler's fail() waits on it; then kill that backend (a blip).
+        locker.execute("SELECT 1 FROM jobs WHERE id = %s FOR NO KEY UPDATE", (job_id,))
+
+        def blocked_fail() -> list[tuple[int]]:
+            return conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                ("%last_error%",),
+            ).fetchall()
+
+        pids = wait_for(blocked_fail, "the outcome write to wait on the row lock", 10)
+        conn.execute("SELECT pg_terminate_backend(%s)", (pids[0][0],))
+        locker.rollback()
+    wait_for(
+        lambda: any("result dropped" in line for line in w.out) or w.proc.poll() is not None,
+        "the worker to drop that result",
+        10,
+    )
+    assert w.proc.poll() is None, w.text()  # one failed write is not fatal
+    # The lease ran out on its own and the job ran again (attempt 2 onwards).
+    wait_for(lambda: jobs(conn)[job_id][1] >= 2, "the job to run again", 15)
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.text()
+
+
+def test_a_heartbeat_stuck_behind_a_lock_marks_jobs_lost_then_exits_1(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess]
+) -> None:
+    """Without statement timeouts the renewal would wait forever and the worker work on as a
+    zombie; with them it retries, marks its job lost before the lease ends, and exits 1."""
+    (job_id,) = q.enqueue(conn, [{"step_seconds": 1.5}])
+    args = ("--concurrency", "1", "--lease-seconds", "3")
+    w = WorkerProcess(db_url, "vultrscale.worker.examples:three_steps", *args)
+    procs.append(w)
+    wait_for(lambda: jobs(conn)[job_id][0] == "leased", "the job to be taken")
+    wait_for(  # its own connection, not the pool's
+        lambda: conn.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'vultrscale-heartbeat'"
+        ).fetchone(),
+        "the heartbeat's connection",
+        10,
+    )
+    with psycopg.connect(db_url) as locker:
+        locker.execute("SET idle_in_transaction_session_timeout = '30s'")
+        locker.execute("SELECT 1 FROM job_leases WHERE job_id = %s FOR UPDATE", (job_id,))
+        try:
+            assert w.wait(timeout=15) == 1, w.text()
+        finally:
+            locker.rollback()
+    err = "\n".join(w.err)
+    assert "lost the database" in err and "statement timeout" in err, w.text()
+    assert f"job {job_id}: lease not renewed in time; treating it as lost." in w.out, w.text()
+
+
+def test_a_password_libpq_echoes_is_redacted_where_the_message_is_built() -> None:
+    """The worker's own error (before the CLI's last-line redaction) holds no password."""
+    url = "postgresql://u:pw-sec%ZZret@127.0.0.1:9/none"
+    lines: list[str] = []
+    raised: list[BaseException] = []
+
+    def run() -> None:  # off the main thread: the worker installs no signal handlers here
+        try:
+            Worker(WorkerSettings(app="x:y"), url, lambda job: None, say=lines.append).run()
+        except DatabaseError as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert len(raised) == 1
+    exc = raised[0]
+    assert "invalid percent-encoded token" in exc.message, exc.message
+    assert "pw-sec" not in f"{exc.message} {exc.hint} {lines}"
+
+
+def test_a_password_libpq_echoes_never_reaches_the_output(procs: list[WorkerProcess]) -> None:
+    # A bad percent-escape: libpq quotes the password in its error message.
+    w = WorkerProcess(
+        "postgresql://u:pw-sec%ZZret@127.0.0.1:9/none", "vultrscale.worker.examples:noop"
+    )
+    procs.append(w)
+    assert w.wait(timeout=30) == 1, w.text()
+    assert "invalid percent-encoded token" in "\n".join(w.err), w.text()
+    assert "pw-sec" not in w.text()
