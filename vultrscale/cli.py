@@ -220,7 +220,7 @@ def enqueue_cmd(
 
     from vultrscale.config import mask_url
     from vultrscale.db import queue
-    from vultrscale.errors import DatabaseError
+    from vultrscale.errors import DatabaseError, first_line
 
     try:
         with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
@@ -232,7 +232,7 @@ def enqueue_cmd(
         ) from exc
     except psycopg.Error as exc:
         raise DatabaseError(
-            f"cannot enqueue at {mask_url(conninfo)}: {str(exc).strip().splitlines()[0]}"
+            f"cannot enqueue at {mask_url(conninfo)}: {first_line(exc, [conninfo])}"
         ) from exc
     span = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
     typer.echo(f"Enqueued {len(ids)} job(s) on queue {queue_name!r}: id {span}.")
@@ -759,7 +759,7 @@ def events_cmd(
 
     from vultrscale.config import parse_duration
     from vultrscale.db import ledger
-    from vultrscale.errors import DatabaseError
+    from vultrscale.errors import DatabaseError, first_line
 
     try:
         window = parse_duration(since, "--since")
@@ -771,8 +771,7 @@ def events_cmd(
         with psycopg.connect(db_url, connect_timeout=10) as conn:
             rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
     except psycopg.Error as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DatabaseError(f"cannot read the events: {first}") from None
+        raise DatabaseError(f"cannot read the events: {first_line(exc, [db_url])}") from None
     if as_json:
         print_json({"fleet": cfg.fleet.name, "since": since, "events": rows})
         return
@@ -1039,19 +1038,10 @@ def _print_demo_summary(console: Any, s: Any) -> None:
 # --- entry point -----------------------------------------------------------------------------
 
 
-def _secrets_from_env() -> list[str | None]:
-    from vultrscale.config import url_password
-
-    out: list[str | None] = [os.environ.get("VULTR_API_KEY")]
-    for name in ("DATABASE_URL", "WORKER_DATABASE_URL"):
-        url = os.environ.get(name)
-        if url:
-            out += [url, url_password(url)]
-    return out
-
-
 def _fail(message: str, hint: str, code: int) -> int:
-    secrets = _secrets_from_env()
+    from vultrscale.config import Secrets
+
+    secrets = Secrets.from_env(os.environ).values()
     text = redact(message, secrets)
     typer.echo(f"Error: {text}", err=True)
     if hint:

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from vultrscale.errors import ConfigError
+from vultrscale.errors import ConfigError, secret_values
+from vultrscale.errors import mask_url as mask_url  # re-exported: part of config's contract
+from vultrscale.errors import url_password as url_password
 
 DEFAULT_API_URL = "https://api.vultr.com"
 DEFAULT_CONFIG_NAME = "vultrscale.toml"
@@ -80,31 +82,6 @@ class Secret:
 
     def __hash__(self) -> int:
         return hash(self._value)
-
-
-_URL_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][\w+.-]*://)(?P<user>[^:@/]*):(?P<pw>.*)@(?P<rest>[^@]*)$")
-_PASSWORD_PARAM = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)", re.IGNORECASE)
-
-
-def url_password(url: str) -> str | None:
-    """The password inside a database URL or conninfo string, if there is one."""
-    m = _URL_USERINFO.match(url)
-    if m and m["pw"]:
-        return m["pw"]
-    p = _PASSWORD_PARAM.search(url)
-    return p.group(2).strip("'") if p and p.group(2) else None
-
-
-def mask_url(url: str) -> str:
-    """A database URL or conninfo string with its password replaced by ``***``.
-
-    Done by pattern, not by a URL parser: a password with an unescaped ``#``, ``/`` or ``?``
-    would end up in the parser's fragment or path and be printed.
-    """
-    m = _URL_USERINFO.match(url)
-    if m:
-        url = f"{m['scheme']}{m['user']}:***@{m['rest']}"
-    return _PASSWORD_PARAM.sub(lambda p: p.group(1) + "***", url)
 
 
 @dataclass(frozen=True)
@@ -182,17 +159,20 @@ class Secrets:
     database_url: Secret = field(default_factory=lambda: Secret(""))
     worker_database_url: Secret = field(default_factory=lambda: Secret(""))
 
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Secrets:
+        """The secrets as the environment gives them (VULTR_API_KEY, the database URLs)."""
+        return cls(
+            api_key=Secret(env.get("VULTR_API_KEY", "").strip()),
+            database_url=Secret(env.get("DATABASE_URL", "").strip()),
+            worker_database_url=Secret(env.get("WORKER_DATABASE_URL", "").strip()),
+        )
+
     def values(self) -> list[str]:
         """Every secret string, including the password inside the database URLs."""
-        out = []
-        for s in (self.api_key, self.database_url, self.worker_database_url):
-            v = s.reveal()
-            if v:
-                out.append(v)
-                pw = url_password(v)
-                if pw:
-                    out.append(pw)
-        return out
+        return secret_values(
+            s.reveal() for s in (self.api_key, self.database_url, self.worker_database_url)
+        )
 
 
 @dataclass(frozen=True)
@@ -362,11 +342,7 @@ def load(
         problems.append(
             f"VULTR_API_URL: {api_url!r} is not an http(s) URL (example: https://api.vultr.com)"
         )
-    secrets = Secrets(
-        api_key=Secret(merged_env.get("VULTR_API_KEY", "").strip()),
-        database_url=Secret(merged_env.get("DATABASE_URL", "").strip()),
-        worker_database_url=Secret(merged_env.get("WORKER_DATABASE_URL", "").strip()),
-    )
+    secrets = Secrets.from_env(merged_env)
     cfg = None
     if not problems:
         cfg = Config(**built, secrets=secrets, api_url=api_url.rstrip("/"), source=source)

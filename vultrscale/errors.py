@@ -7,6 +7,9 @@ Exit codes (DESIGN §2): 0 success, 1 a runtime failure after which nothing unsa
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
@@ -76,9 +79,68 @@ class LockHeld(VultrscaleError):
     exit_code = EXIT_OK
 
 
-def redact(text: str, secrets: list[str | None]) -> str:
+def redact(text: str, secrets: Iterable[str | None]) -> str:
     """Replace every non-empty secret in ``text`` with ``***``."""
     for secret in secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return text
+
+
+# Secret masking lives here (config re-exports it) so that every module can mask without
+# importing config.
+_URL_USERINFO = re.compile(
+    r"^(?P<scheme>[A-Za-z][\w+.-]*://)(?P<user>[^:@/]*):(?P<pw>.*)@(?P<rest>[^@]*)$"
+)
+_URL_USERINFO_IN_TEXT = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*://[^:@/\s]*:)\S*@")
+_PASSWORD_PARAM = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)", re.IGNORECASE)
+
+
+def url_password(url: str) -> str | None:
+    """The password inside a database URL or conninfo string, if there is one."""
+    m = _URL_USERINFO.match(url)
+    if m and m["pw"]:
+        return m["pw"]
+    p = _PASSWORD_PARAM.search(url)
+    return p.group(2).strip("'") if p and p.group(2) else None
+
+
+def mask_url(url: str) -> str:
+    """A database URL or conninfo string with its password replaced by ``***``.
+
+    Done by pattern, not by a URL parser: a password with an unescaped ``#``, ``/`` or ``?``
+    would end up in the parser's fragment or path and be printed.
+    """
+    m = _URL_USERINFO.match(url)
+    if m:
+        url = f"{m['scheme']}{m['user']}:***@{m['rest']}"
+    return _PASSWORD_PARAM.sub(lambda p: p.group(1) + "***", url)
+
+
+def secret_values(values: Iterable[str | None]) -> list[str]:
+    """Every non-empty value, each followed by the password inside it if it is a database URL."""
+    out: list[str] = []
+    for value in values:
+        if value:
+            out.append(value)
+            pw = url_password(value)
+            if pw:
+                out.append(pw)
+    return out
+
+
+def first_line(exc: BaseException | str, secrets: Iterable[str | None] = ()) -> str:
+    """The first line of an error (or of a library's message text), safe to show.
+
+    Each of ``secrets`` is redacted, and so is the password inside any of them that is a
+    database URL or conninfo string; a URL password or ``password=`` left in the text is
+    masked too. An exception without text gives its class name.
+    """
+    text = str(exc).strip()
+    if text:
+        line = text.splitlines()[0]
+    else:
+        line = type(exc).__name__ if isinstance(exc, BaseException) else "unknown error"
+    line = redact(line, secret_values(secrets))
+    line = _URL_USERINFO_IN_TEXT.sub(lambda m: m["head"] + "***@", line)
+    return _PASSWORD_PARAM.sub(lambda p: p.group(1) + "***", line)
