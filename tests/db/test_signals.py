@@ -212,6 +212,23 @@ def test_unreachable_database_hides_the_password() -> None:
     assert "scaler:***@127.0.0.1:1" in text
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # libpq echoes the bad token; urlsplit would end the password at '#'
+        ("postgresql://scaler:Se#cr%zzetPw@127.0.0.1:1/queue", "scaler:***@127.0.0.1:1"),
+        ("host=127.0.0.1 port=1 user=scaler password=Se#cr%zzetPw", "password=***"),
+    ],
+    ids=["url-with-hash", "key-value"],
+)
+def test_a_password_libpq_echoes_is_masked_whatever_its_form(url: str, shown: str) -> None:
+    with pytest.raises(DatabaseError) as info:
+        read_signals(url, QueueConfig(preset="vultrscale"))
+    text = f"{info.value.message} {info.value.hint}"
+    assert "Se#cr" not in text and "zzetPw" not in text, text
+    assert shown in text
+
+
 def test_unknown_preset(db_url: str) -> None:
     with pytest.raises(ConfigError, match="unknown preset 'celery'"):
         read_signals(db_url, QueueConfig(preset="celery"))

@@ -57,17 +57,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, LiteralString, cast
-from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
 from vultrscale.config import QueueConfig, mask_url
-from vultrscale.errors import ConfigError, DatabaseError, redact
+from vultrscale.errors import ConfigError, DatabaseError, first_line
 from vultrscale.model import Signals
 
 PRESETS = ("vultrscale", "procrastinate", "pgqueuer", "custom")
@@ -151,7 +150,7 @@ def _connection(conn_or_url: psycopg.Connection[Any] | str) -> Iterator[psycopg.
         conn = psycopg.connect(conn_or_url, connect_timeout=10, autocommit=True)
     except psycopg.Error as exc:
         raise DatabaseError(
-            f"cannot connect to {mask_url(conn_or_url)}: {_clean(exc, conn_or_url)}",
+            f"cannot connect to {mask_url(conn_or_url)}: {first_line(exc, [conn_or_url])}",
             hint="Check DATABASE_URL and that Postgres is reachable from here.",
         ) from exc
     try:
@@ -197,21 +196,7 @@ def _translated(conn_or_url: psycopg.Connection[Any] | str, preset: str) -> Iter
 
 def _primary(exc: psycopg.Error, url: str) -> str:
     diag = getattr(exc, "diag", None)
-    text = (diag.message_primary if diag is not None else None) or str(exc)
-    return _clean_text(text, url)
-
-
-def _clean(exc: BaseException, url: str) -> str:
-    return _clean_text(str(exc), url)
-
-
-def _clean_text(text: str, url: str) -> str:
-    secrets: list[str | None] = [url]
-    if url:
-        with suppress(ValueError):
-            secrets.append(urlsplit(url).password)
-    line = text.strip().splitlines()[0] if text.strip() else "unknown error"
-    return redact(line, secrets)
+    return first_line((diag.message_primary if diag is not None else None) or exc, [url])
 
 
 # --- helpers ---------------------------------------------------------------------------------

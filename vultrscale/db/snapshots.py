@@ -19,7 +19,7 @@ from datetime import datetime
 import psycopg
 
 from vultrscale.config import mask_url
-from vultrscale.errors import DatabaseError
+from vultrscale.errors import DatabaseError, first_line
 
 COMPLETE = "complete"
 PENDING = "pending"
@@ -42,7 +42,7 @@ def connect(url: str) -> psycopg.Connection:
         return psycopg.connect(url, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
         raise DatabaseError(
-            f"cannot reach the database at {mask_url(url)}: {_first_line(exc)}",
+            f"cannot reach the database at {mask_url(url)}: {first_line(exc, [url])}",
             hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
         ) from exc
 
@@ -53,11 +53,11 @@ def _translated(what: str) -> Iterator[None]:
         yield
     except psycopg.errors.UndefinedTable as exc:
         raise DatabaseError(
-            f"{what}: the vultrscale tables are missing ({_first_line(exc)})",
+            f"{what}: the vultrscale tables are missing ({first_line(exc)})",
             hint="Run `vultrscale db init` against this DATABASE_URL first.",
         ) from exc
     except psycopg.Error as exc:
-        raise DatabaseError(f"{what}: {_first_line(exc)}") from exc
+        raise DatabaseError(f"{what}: {first_line(exc)}") from exc
 
 
 def record_snapshot(
@@ -122,8 +122,3 @@ def forget_snapshot(conn: psycopg.Connection, snapshot_id: str) -> None:
             "UPDATE fleet_state SET snapshot_id = NULL, updated_at = now() WHERE snapshot_id = %s",
             (snapshot_id,),
         )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
