@@ -28,7 +28,13 @@ from typing import Any
 from vultrscale import config as config_mod
 from vultrscale.clock import SystemClock
 from vultrscale.config import mask_url
-from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError, VultrscaleError
+from vultrscale.errors import (
+    DatabaseError,
+    RuntimeFailure,
+    UsageError,
+    VultrscaleError,
+    first_line,
+)
 from vultrscale.reconcile import Parts, PassResult, run_forever
 
 FLEET = "demo"
@@ -308,9 +314,7 @@ class _Run:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vultrscale-demo-")))
             if database_url:
                 db_url = database_url
-                # a libpq "key=value" string could show its password; name the variable only
-                url_form = database_url.startswith(("postgres://", "postgresql://"))
-                where = mask_url(database_url) if url_form else "the database"
+                where = mask_url(database_url)  # a URL or a libpq "key=value" string
                 self.say(f"Postgres: {where} (DATABASE_URL)")
             else:
                 from vultrscale.db import throwaway
@@ -393,8 +397,9 @@ class _Run:
             try:
                 conn = psycopg.connect(db_url, autocommit=True, connect_timeout=10)
             except psycopg.Error as exc:
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise DatabaseError(f"cannot connect to {where}: {first}") from None
+                raise DatabaseError(
+                    f"cannot connect to {where}: {first_line(exc, [db_url])}"
+                ) from None
             stack.callback(conn.close)
 
             self.say(

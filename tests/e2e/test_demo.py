@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -150,3 +151,27 @@ def test_an_interrupted_demo_cleans_up_and_exits_130(pg_url: str, tmp_path: Path
     assert code == 130, text
     assert "Stopping: cleaning up" in text and "problem: interrupted" in text, text
     assert _processes_using(pg_url) == [], f"left running (were {workers}):\n{text}"
+
+
+def test_a_key_value_database_url_is_shown_with_its_password_masked(tmp_path: Path) -> None:
+    # Nothing listens on the port: the demo names the database it was given, then fails fast.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = "s3cr#t=pw"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VULTRSCALE_")}
+    env["DATABASE_URL"] = f"host=127.0.0.1 port={port} dbname=demo user=u password={secret}"
+    env["COLUMNS"] = "200"  # one line per message
+    proc = subprocess.run(
+        [sys.executable, "-m", "vultrscale.cli", "demo", "--no-live", "--duration", "10"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    shown = f"Postgres: host=127.0.0.1 port={port} dbname=demo user=u password=***"
+    assert shown in proc.stdout, proc.stdout
+    assert "cannot reach the database" in proc.stderr
+    assert "s3cr" not in proc.stdout + proc.stderr
