@@ -7,7 +7,6 @@ parsed back and checked before it is returned; a template that renders invalid i
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import string
@@ -171,7 +170,7 @@ def check_user_data(text: str, expected: dict[str, str] | None = None) -> dict[s
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise UsageError(
-            f"the rendered user-data is not valid YAML: {_first_line(exc)}",
+            f"the rendered user-data is not valid YAML: {_yaml_position(exc)}",
             hint=f"Fix {USER_DATA_TEMPLATE}; values are inserted as quoted strings.",
         ) from None
     if not isinstance(doc, dict):
@@ -196,12 +195,7 @@ def check_user_data(text: str, expected: dict[str, str] | None = None) -> dict[s
     return doc
 
 
-def encode_user_data(text: str) -> str:
-    """User-data as the Vultr create call wants it: base64 of the UTF-8 text."""
-    return base64.b64encode(text.encode("utf-8")).decode("ascii")
-
-
-def _first_line(exc: Exception) -> str:
+def _yaml_position(exc: Exception) -> str:
     # YAML errors quote the offending text, which may hold a secret: keep only the position.
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or "syntax error"

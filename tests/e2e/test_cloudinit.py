@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import shutil
 import subprocess
@@ -16,9 +15,12 @@ import pytest
 import yaml
 
 from vultrscale import cloudinit
+from vultrscale.clock import FakeClock
 from vultrscale.config import Config, load
 from vultrscale.errors import UsageError
+from vultrscale.sim import SimTransport, Simulator
 from vultrscale.ssh import generate_host_key
+from vultrscale.vultr.client import VultrClient
 
 pytestmark = pytest.mark.e2e
 
@@ -238,9 +240,16 @@ def test_templates_ship_inside_the_package() -> None:
     assert (REPO / "vultrscale" / "templates").resolve() == (REPO / "cloud-init").resolve()
 
 
-def test_user_data_is_base64_for_the_create_call() -> None:
+def test_rendered_user_data_reaches_the_instance_unchanged_through_the_create_call() -> None:
+    # The client base64-encodes user-data for POST /v2/instances; the simulator decodes it.
     text, _ = _render(_config("defaults"), show_secrets=True)
-    assert base64.b64decode(cloudinit.encode_user_data(text)).decode() == text
+    sim = Simulator("sim-key-0123456789", clock=FakeClock(), rate_limit=None)
+    with VultrClient("sim-key-0123456789", "http://vultr.sim", transport=SimTransport(sim)) as c:
+        made = c.create_instance(
+            region="ewr", plan="vc2-1c-2gb", label="worker-7f3a", tags=[], os_id=2136,
+            user_data=text,
+        )  # fmt: skip
+    assert sim.user_data(made.id) == text
 
 
 # --- the command ---------------------------------------------------------------------------
