@@ -168,7 +168,9 @@ def test_drain_past_timeout_stop_sec_ends_failed_and_the_job_comes_back_by_lease
     assert (host.service_dir / "result").read_text() == "killed"
     assert _job(db_url, job_id)[:2] == ("leased", 1)  # killed: nothing was given back
 
-    # The lease runs out; a fresh worker (the replacement instance) takes the job and ends it.
+    # The lease runs out; a fresh worker (the replacement instance, with its own label: the
+    # killed worker's row stays draining) takes the job and ends it.
+    env["VULTRSCALE_WORKER_ID"] = f"{host.label}-replacement"
     hosts.start_service(host, _worker_argv(), timeout_stop_sec=5, env=env)
     wait_for(lambda: _job(db_url, job_id)[0] == "succeeded", 30, "the job to come back")
     assert _job(db_url, job_id)[1] == 2
