@@ -29,6 +29,11 @@ def exits(job):
 async def interrupts(job):
     await asyncio.sleep(0)
     raise KeyboardInterrupt
+
+
+async def stops_the_loop(job):
+    asyncio.get_running_loop().stop()  # a handler that ends the worker's event-loop thread
+    await asyncio.sleep(60)
 """
 
 
@@ -67,6 +72,43 @@ def test_a_handler_raising_systemexit_is_a_failed_attempt_until_dead(
     w.signal(signal.SIGTERM)
     assert w.wait() == 0, w.text()
     assert jobs(conn) == {i: ("dead", 3) for i in ids}
+
+
+def test_a_dead_event_loop_thread_gives_the_job_back_and_exits_1(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess], tmp_path: Path
+) -> None:
+    (tmp_path / "exiting_handlers.py").write_text(HANDLERS)
+    (job_id,) = q.enqueue(conn, [{}])
+    args = ("--concurrency", "1", "--lease-seconds", "3")
+    w = WorkerProcess(
+        db_url, "exiting_handlers:stops_the_loop", *args, env={"PYTHONPATH": str(tmp_path)}
+    )
+    procs.append(w)
+    assert w.wait(timeout=15) == 1, w.text()
+    err = "\n".join(w.err)
+    assert "thread vs-asyncio died" in err and "Traceback" not in err, w.text()
+    assert f"job {job_id}: given back to the queue (the worker is stopping)." in w.out
+    assert jobs(conn) == {job_id: ("ready", 0)}
+
+
+def test_the_drain_gives_back_on_a_fresh_connection_after_a_blip(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess]
+) -> None:
+    ids = q.enqueue(conn, [{"step_seconds": 5}] * 2)
+    args = ("--concurrency", "2", "--lease-seconds", "3", "--drain-seconds", "1")
+    w = WorkerProcess(db_url, "vultrscale.worker.examples:three_steps", *args)
+    procs.append(w)
+    wait_for(lambda: states(conn) == {"leased": 2}, "2 running jobs")
+    w.signal(signal.SIGTERM)
+    wait_for(lambda: any(line.startswith("Stopping:") for line in w.out), "the drain")
+    # Every connection the worker has breaks (a Postgres restart, a failover).
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    assert w.wait(timeout=20) == 0, w.text()
+    assert any("2 given back" in line for line in w.out), w.text()
+    assert jobs(conn) == {i: ("ready", 0) for i in ids}
 
 
 def test_a_failed_outcome_write_drops_that_result_and_the_worker_goes_on(
