@@ -28,6 +28,8 @@ from vultrscale.errors import (
     SSHError,
     UsageError,
     VultrscaleError,
+    first_line,
+    redact,
 )
 from vultrscale.model import (
     ActionKind,
@@ -189,7 +191,9 @@ def run_pass(
     try:
         conn = psycopg.connect(parts.db_url, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
-        raise DatabaseError(f"cannot connect to the database: {_first_line(exc)}") from None
+        raise DatabaseError(
+            f"cannot connect to the database: {first_line(exc, [parts.db_url])}"
+        ) from None
     try:
         with conn:
             from vultrscale.db import ledger
@@ -198,16 +202,13 @@ def run_pass(
                 return PassResult(EXIT_OK, now, lock_held=True, dry_run=dry_run)
             result = _Pass(cfg, parts, conn, now, dry_run).run()
     except psycopg.Error as exc:
-        raise DatabaseError(f"database error during the pass: {_first_line(exc)}") from None
+        raise DatabaseError(
+            f"database error during the pass: {first_line(exc, [parts.db_url])}"
+        ) from None
     finally:
         parts.drain.close()  # connections are reused within a pass, not across passes
     result.duration_s = time.monotonic() - started
     return result
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class _Pass:
@@ -300,6 +301,9 @@ class _Pass:
                 idle_since=plan.idle_since,
             )
         res.exit_code = EXIT_RUNTIME if res.errors else EXIT_OK
+        # Belt and braces: whatever an adapter put in an error, no secret reaches the ledger.
+        secrets = self.cfg.secrets.values()
+        res.errors = [redact(e, secrets) for e in res.errors]
         if not self.dry:
             ledger.record_event(
                 self.conn,
