@@ -72,7 +72,9 @@ def test_give_back_many_is_fenced_per_job(conn: psycopg.Connection) -> None:
     assert q.give_back_many(conn, "w", wrong) == set()
     back = q.give_back_many(conn, "w", [(c.id, c.token) for c in held])
     assert back == {held[1].id, held[2].id}
-    rows = dict(conn.execute("SELECT id, (state, attempts)::text FROM jobs").fetchall())
+    rows: dict[int, str] = dict(
+        conn.execute("SELECT id, (state, attempts)::text FROM jobs").fetchall()
+    )
     assert rows == {ids[0]: "(succeeded,1)", ids[1]: "(ready,0)", ids[2]: "(ready,0)"}
 
 

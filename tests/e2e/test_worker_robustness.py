@@ -177,7 +177,7 @@ def test_a_password_libpq_echoes_is_redacted_where_the_message_is_built() -> Non
     """The worker's own error (before the CLI's last-line redaction) holds no password."""
     url = "postgresql://u:pw-sec%ZZret@127.0.0.1:9/none"
     lines: list[str] = []
-    raised: list[BaseException] = []
+    raised: list[DatabaseError] = []
 
     def run() -> None:  # off the main thread: the worker installs no signal handlers here
         try:
