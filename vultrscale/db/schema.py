@@ -14,7 +14,7 @@ from __future__ import annotations
 import psycopg
 
 from vultrscale.config import mask_url
-from vultrscale.errors import DatabaseError
+from vultrscale.errors import DatabaseError, first_line
 
 # Any constant unique to this project: hashtext('vultrscale.schema') would need a round trip.
 _LOCK_KEY = 0x76_73_63_68_65_6D  # "vschem"
@@ -165,16 +165,11 @@ def migrate(conninfo: str) -> int:
             return current_version(conn)
     except psycopg.OperationalError as exc:
         raise DatabaseError(
-            f"cannot reach the database at {mask_url(conninfo)}: {_first_line(exc)}",
+            f"cannot reach the database at {mask_url(conninfo)}: {first_line(exc, [conninfo])}",
             hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
         ) from exc
     except psycopg.Error as exc:
         raise DatabaseError(
-            f"migrating the schema at {mask_url(conninfo)} failed: {_first_line(exc)}",
+            f"migrating the schema at {mask_url(conninfo)} failed: {first_line(exc, [conninfo])}",
             hint="Check that the user may create tables in this database.",
         ) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -42,10 +42,10 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from vultrscale.config import mask_url, url_password
+from vultrscale.config import mask_url
 from vultrscale.db import queue
 from vultrscale.db.queue import DEFAULT_BACKOFF_CAP_SECONDS, DEFAULT_BACKOFF_SECONDS
-from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError, redact
+from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError, first_line
 from vultrscale.worker.job import Job, LeaseLost, PermanentError
 
 Handler = Callable[[Job], Any]
@@ -149,17 +149,6 @@ def load_handler(spec: str) -> Handler:
     return func  # type: ignore[return-value]
 
 
-def db_error_text(exc: BaseException, conninfo: str) -> str:
-    """The first line of a database error, with the DATABASE_URL password redacted.
-
-    libpq echoes parts of a malformed address (a bad percent-escape in the password, say), so
-    every worker message built from a database error goes through here.
-    """
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return redact(first, [url_password(conninfo)])
-
-
 def connect_kwargs(
     conninfo: str, lease_seconds: float, statement_timeout_seconds: float
 ) -> dict[str, Any]:
@@ -187,7 +176,9 @@ def connect_kwargs(
 def _database_error(
     exc: BaseException, conninfo: str, lease_seconds: float, *, starting: bool = False
 ) -> DatabaseError:
-    text = db_error_text(exc, conninfo)
+    # libpq echoes parts of a malformed address (a bad percent-escape in the password, say):
+    # the password is redacted here, where the message is built.
+    text = first_line(exc, [conninfo])
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return DatabaseError(
             f"the queue tables are missing in {mask_url(conninfo)}: {text}",
@@ -426,7 +417,7 @@ class Worker:
                     if failures == 1:
                         self.say(
                             f"heartbeat failed ({type(exc).__name__}: "
-                            f"{db_error_text(exc, self.conninfo)}); retrying."
+                            f"{first_line(exc, [self.conninfo])}); retrying."
                         )
                     self._expire_locally()
                     # Retry soon, and often enough to mark jobs lost before their leases end.
@@ -490,7 +481,7 @@ class Worker:
                     self.summary.add("lost")
                     self.say(
                         f"job {job.id}: writing its outcome failed "
-                        f"({db_error_text(exc, self.conninfo)}); result dropped, the job runs "
+                        f"({first_line(exc, [self.conninfo])}); result dropped, the job runs "
                         "again when its lease expires."
                     )
             finally:
@@ -657,7 +648,7 @@ class Worker:
                     return fn(conn)
             except (psycopg.Error, PoolTimeout) as exc:
                 last = exc
-                self.say(f"{what} failed ({db_error_text(exc, self.conninfo)}); retrying.")
+                self.say(f"{what} failed ({first_line(exc, [self.conninfo])}); retrying.")
                 time.sleep(0.2 * 2**attempt)
         assert last is not None
         raise last
@@ -695,7 +686,7 @@ class Worker:
             self._give_back_unfinished()
         except (psycopg.Error, PoolTimeout) as exc:
             self.say(
-                f"could not give jobs back ({db_error_text(exc, self.conninfo)}); "
+                f"could not give jobs back ({first_line(exc, [self.conninfo])}); "
                 "they return to the queue when their lease expires."
             )
 
