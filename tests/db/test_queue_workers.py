@@ -33,8 +33,11 @@ def _instance(conn: psycopg.Connection, label: str, state: str) -> None:
 
 
 def test_a_restarted_worker_keeps_the_scalers_draining_mark(conn: psycopg.Connection) -> None:
+    _instance(conn, "worker-1", "running")
     q.register_worker(conn, "worker-1", "worker-1")
-    conn.execute("UPDATE workers SET draining = true WHERE instance_label = 'worker-1'")  # scaler
+    # the scaler's mark (ledger.mark_draining): the instance and its workers
+    conn.execute("UPDATE fleet_instances SET state = 'draining' WHERE label = 'worker-1'")
+    conn.execute("UPDATE workers SET draining = true WHERE instance_label = 'worker-1'")
     q.register_worker(conn, "worker-1", "worker-1")  # systemd restarted it (same id)
     assert _draining(conn, "worker-1")
     q.enqueue(conn, [{}])
@@ -52,6 +55,19 @@ def test_registration_reads_draining_from_the_instance_state(
     assert _draining(conn, "worker-7-1234") is draining
     q.register_worker(conn, "worker-7-1234", "worker-7")  # and again on conflict
     assert _draining(conn, "worker-7-1234") is draining
+
+
+def test_a_worker_killed_during_its_own_drain_claims_again_after_a_restart(
+    conn: psycopg.Connection,
+) -> None:
+    _instance(conn, "w-k", "running")
+    q.register_worker(conn, "w-k", "w-k")
+    q.set_draining(conn, "w-k")  # `systemctl restart`: SIGTERM, its own drain ...
+    # ... cut short by SIGKILL after TimeoutStopSec: no stopped_at
+    q.register_worker(conn, "w-k", "w-k")
+    assert not _draining(conn, "w-k")
+    q.enqueue(conn, [{}])
+    assert len(q.claim(conn, "w-k", "default", 1, 30)) == 1
 
 
 def test_a_worker_restarted_after_its_own_clean_stop_claims_again(

@@ -368,10 +368,11 @@ def load_steps(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
 def register_worker(conn: psycopg.Connection, worker_id: str, instance_label: str) -> None:
     """Insert or refresh this worker's row, not stopped.
 
-    It starts draining if the scaler is draining or deleting its instance
-    (``fleet_instances.state``), and it stays draining if its row already was, unless that
-    row ended in a clean stop (``stopped_at``: the worker's own drain, not the scaler's): a
-    worker restarted by systemd on an instance being drained must not claim again.
+    It is draining exactly when the scaler is draining or deleting its instance
+    (``fleet_instances.state``): a worker restarted by systemd on an instance being drained
+    claims nothing, and one restarted after its own drain (even one cut short by SIGKILL, which
+    leaves its own draining mark behind) works again. The scaler re-marks the workers of
+    draining instances on every pass as well.
     """
     with conn.transaction():
         conn.execute(
@@ -383,7 +384,6 @@ def register_worker(conn: psycopg.Connection, worker_id: str, instance_label: st
             ON CONFLICT (worker_id) DO UPDATE SET instance_label = excluded.instance_label,
                 started_at = now(), last_seen = now(), stopped_at = NULL,
                 draining = excluded.draining
-                    OR (workers.draining AND workers.stopped_at IS NULL)
             """,
             {"worker": worker_id, "label": instance_label},
         )
