@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -19,20 +18,6 @@ from tests.e2e.worker_procs import EXAMPLES, WorkerProcess, jobs, leases, states
 from vultrscale.db import queue as q
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def conn(db_url: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(db_url, autocommit=True) as c:
-        yield c
-
-
-@pytest.fixture
-def procs() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def _faketime_env() -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -35,20 +34,6 @@ async def stops_the_loop(job):
     asyncio.get_running_loop().stop()  # a handler that ends the worker's event-loop thread
     await asyncio.sleep(60)
 """
-
-
-@pytest.fixture
-def conn(db_url: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(db_url, autocommit=True) as c:
-        yield c
-
-
-@pytest.fixture
-def procs() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 @pytest.mark.parametrize(("func", "error"), [("exits", "SystemExit"), ("interrupts", "Keyboard")])

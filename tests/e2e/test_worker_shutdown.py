@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -22,20 +21,6 @@ from vultrscale.db import queue as q
 from vultrscale.worker.examples import STEPS
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def conn(db_url: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(db_url, autocommit=True) as c:
-        yield c
-
-
-@pytest.fixture
-def procs() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def _leased(conn: psycopg.Connection) -> int:
