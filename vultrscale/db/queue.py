@@ -162,6 +162,43 @@ gone AS (
 )"""
 
 
+# The same fence for a batch: each (job id, token) pair must be ours and still live.
+_GONE_MANY = """
+gone AS (
+    DELETE FROM job_leases l
+    USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(job_id, token)
+    WHERE l.job_id = h.job_id AND l.token = h.token AND l.worker_id = %(worker)s
+      AND l.expires_at > now()
+    RETURNING l.job_id
+)"""
+
+# The writes that follow a fenced delete, on the jobs whose leases it removed.
+_SUCCEED = """
+UPDATE jobs j SET state = 'succeeded', finished_at = now()
+FROM gone WHERE j.id = gone.job_id RETURNING j.id
+"""
+_GIVE_BACK = """
+UPDATE jobs j SET state = 'ready', attempts = greatest(j.attempts - 1, 0), run_at = now()
+FROM gone WHERE j.id = gone.job_id RETURNING j.id
+"""
+
+
+def _release_many(
+    conn: psycopg.Connection, worker_id: str, held: Iterable[tuple[int, UUID]], update: str
+) -> set[int]:
+    """Delete the held leases that are still ours and live, run ``update`` (which reads
+    ``gone``) on their jobs in the same statement, and return the ids it wrote."""
+    pairs = list(held)
+    if not pairs:
+        return set()
+    with conn.transaction():
+        rows = conn.execute(
+            "WITH" + _GONE_MANY + update,
+            {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs], "worker": worker_id},
+        ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
 def complete(conn: psycopg.Connection, job_id: int, worker_id: str, token: UUID) -> bool:
     """Mark the job succeeded; False (nothing written) if the lease was lost."""
     return job_id in complete_many(conn, worker_id, [(job_id, token)])
@@ -172,25 +209,7 @@ def complete_many(
 ) -> set[int]:
     """Mark several jobs succeeded in one statement, each fenced by its own lease; return the
     ids that were written (a missing id had lost its lease)."""
-    pairs = list(held)
-    if not pairs:
-        return set()
-    with conn.transaction():
-        rows = conn.execute(
-            """
-            WITH gone AS (
-                DELETE FROM job_leases l
-                USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(job_id, token)
-                WHERE l.job_id = h.job_id AND l.token = h.token AND l.worker_id = %(worker)s
-                  AND l.expires_at > now()
-                RETURNING l.job_id
-            )
-            UPDATE jobs j SET state = 'succeeded', finished_at = now()
-            FROM gone WHERE j.id = gone.job_id RETURNING j.id
-            """,
-            {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs], "worker": worker_id},
-        ).fetchall()
-    return {int(r[0]) for r in rows}
+    return _release_many(conn, worker_id, held, _SUCCEED)
 
 
 def fail(
@@ -245,14 +264,7 @@ def give_back(conn: psycopg.Connection, job_id: int, worker_id: str, token: UUID
     """Return an unfinished job to ``ready`` now with its attempt refunded; steps stay saved."""
     with conn.transaction():
         row = conn.execute(
-            "WITH"
-            + _GONE
-            + """
-            UPDATE jobs j SET state = 'ready', attempts = greatest(j.attempts - 1, 0),
-                run_at = now()
-            FROM gone WHERE j.id = gone.job_id RETURNING j.id
-            """,
-            {"id": job_id, "worker": worker_id, "token": token},
+            "WITH" + _GONE + _GIVE_BACK, {"id": job_id, "worker": worker_id, "token": token}
         ).fetchone()
     return row is not None
 
@@ -262,26 +274,7 @@ def give_back_many(
 ) -> set[int]:
     """``give_back`` for several jobs in one statement, each fenced by its own lease; return
     the ids given back (a missing id had lost its lease or was finished)."""
-    pairs = list(held)
-    if not pairs:
-        return set()
-    with conn.transaction():
-        rows = conn.execute(
-            """
-            WITH gone AS (
-                DELETE FROM job_leases l
-                USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(job_id, token)
-                WHERE l.job_id = h.job_id AND l.token = h.token AND l.worker_id = %(worker)s
-                  AND l.expires_at > now()
-                RETURNING l.job_id
-            )
-            UPDATE jobs j SET state = 'ready', attempts = greatest(j.attempts - 1, 0),
-                run_at = now()
-            FROM gone WHERE j.id = gone.job_id RETURNING j.id
-            """,
-            {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs], "worker": worker_id},
-        ).fetchall()
-    return {int(r[0]) for r in rows}
+    return _release_many(conn, worker_id, held, _GIVE_BACK)
 
 
 def reap_expired(conn: psycopg.Connection, batch: int = 1000) -> int:
