@@ -109,10 +109,16 @@ class World:
         self.db_url = db_url
         self.tmp_path = tmp_path
         self.clock = FakeClock(start)
-        t = {"boot_pending": 60.0, "boot_ready": 60.0, "visible_after": 0.0,
-             "snapshot_complete": 30.0, **timings}
-        self.sim = Simulator(API_KEY, clock=self.clock, seed=7, timings=Timings(**t),
-                             rate_limit=None)
+        t = {
+            "boot_pending": 60.0,
+            "boot_ready": 60.0,
+            "visible_after": 0.0,
+            "snapshot_complete": 30.0,
+            **timings,
+        }
+        self.sim = Simulator(
+            API_KEY, clock=self.clock, seed=7, timings=Timings(**t), rate_limit=None
+        )
         self.server: ServerHandle = start_server(self.sim)
         self.client = VultrClient(API_KEY, self.server.url, sleep=self.clock.sleep, timeout=5)
         self.hosts = FakeHosts(db_url)
@@ -172,6 +178,15 @@ class World:
                 self.hosts.boot(inst["label"])
                 booted.append(inst["label"])
         return booted
+
+    def bring_up(self, cfg: config_mod.Config, jobs: int) -> list[str]:
+        """Enqueue ``jobs``, run a pass (it creates instances), let them boot (121 s), run
+        again, and start a worker on each active instance; return the labels booted."""
+        self.enqueue(jobs)
+        self.run(cfg)
+        self.clock.advance(121)
+        self.run(cfg)
+        return self.boot_ready()
 
     def ledger(self) -> dict[str, str]:
         with psycopg.connect(self.db_url) as conn:

@@ -54,11 +54,7 @@ def test_burst_from_zero_scales_up_once_and_holds_while_booting(world: World) ->
 
 def test_scale_in_waits_for_idle_window_and_cooldown_then_drains_and_deletes(world: World) -> None:
     cfg = world.config(policy={"scale_down_cooldown": "5m", "idle_before_scale_down": "90s"})
-    world.enqueue(4)
-    world.run(cfg)
-    world.clock.advance(121)
-    world.run(cfg)
-    (label,) = world.boot_ready()
+    (label,) = world.bring_up(cfg, 4)
     world.hosts.claim(label, 4)
     world.run(cfg)
     assert world.ledger() == {label: "running"}
@@ -86,11 +82,7 @@ def test_scale_in_waits_for_idle_window_and_cooldown_then_drains_and_deletes(wor
 
 def test_no_delete_while_a_drained_worker_still_holds_a_live_lease(world: World) -> None:
     cfg = world.config(policy={"max_instances": 2})
-    world.enqueue(8)
-    world.run(cfg)
-    world.clock.advance(121)
-    world.run(cfg)
-    a, b = world.boot_ready()
+    a, b = world.bring_up(cfg, 8)
     world.hosts.claim(a, 4)
     world.hosts.claim(b, 4)
     world.run(cfg)
@@ -176,11 +168,7 @@ def test_two_passes_at_once_only_one_acts(world: World) -> None:
 
 def test_api_storm_does_no_damage_and_exits_1(world: World) -> None:
     cfg = world.config(policy={"max_instances": 2})
-    world.enqueue(8)
-    world.run(cfg)
-    world.clock.advance(121)
-    world.run(cfg)
-    a, b = world.boot_ready()
+    a, b = world.bring_up(cfg, 8)
     with psycopg.connect(world.db_url, autocommit=True) as conn:
         ledger.mark_draining(conn, a, world.clock.now())
     before = world.ledger()
@@ -343,11 +331,7 @@ def test_unreadable_queue_holds_scale_in_and_deletes(world: World) -> None:
     cfg = world.config(
         policy={"max_instances": 2, "idle_before_scale_down": "30s", "scale_down_cooldown": "30s"}
     )
-    world.enqueue(8)
-    world.run(cfg)
-    world.clock.advance(121)
-    world.run(cfg)
-    a, b = world.boot_ready()
+    a, b = world.bring_up(cfg, 8)
     with psycopg.connect(world.db_url, autocommit=True) as conn:
         ledger.mark_draining(conn, a, world.clock.now())
     world.hosts.hosts[a].service = ServiceState.INACTIVE
@@ -367,11 +351,7 @@ def test_unreadable_queue_holds_scale_in_and_deletes(world: World) -> None:
 
 def test_an_instance_missing_from_one_list_is_not_forgotten(world: World) -> None:
     cfg = world.config(policy={"max_instances": 3})
-    world.enqueue(12)
-    world.run(cfg)
-    world.clock.advance(121)
-    world.run(cfg)
-    world.boot_ready()
+    world.bring_up(cfg, 12)
     world.run(cfg)
     assert sorted(world.ledger().values()) == ["running"] * 3
     # One list comes back empty but successful (an API glitch): GET says they are there.
@@ -407,11 +387,7 @@ def test_replacing_a_stuck_instance_never_exceeds_max_instances(
 
 def test_a_restarted_worker_on_a_draining_instance_is_marked_draining_again(world: World) -> None:
     cfg = world.config()
-    world.enqueue(1)
-    world.run(cfg)
-    world.clock.advance(121)
-    world.run(cfg)
-    (label,) = world.boot_ready()
+    (label,) = world.bring_up(cfg, 1)
     world.hosts.hosts[label].reachable = False  # the stop cannot be sent
     with psycopg.connect(world.db_url, autocommit=True) as conn:
         ledger.mark_draining(conn, label, world.clock.now())
@@ -427,11 +403,7 @@ def test_a_restarted_worker_on_a_draining_instance_is_marked_draining_again(worl
 
 def test_a_running_instance_whose_worker_vanished_is_replaced(world: World) -> None:
     cfg = world.config(policy={"boot_timeout": "10m"})
-    world.enqueue(1)
-    world.run(cfg)
-    world.clock.advance(121)
-    world.run(cfg)
-    (label,) = world.boot_ready()
+    (label,) = world.bring_up(cfg, 1)
     world.run(cfg)
     assert world.ledger() == {label: "running"}
     with psycopg.connect(world.db_url, autocommit=True) as conn:
