@@ -300,12 +300,7 @@ class Hosts:
             if pid and host.state() not in ("inactive", "failed"):
                 _kill_group(pid)
             if host.sshd is not None and host.sshd.poll() is None:
-                host.sshd.terminate()
-                try:
-                    host.sshd.wait(5)
-                except subprocess.TimeoutExpired:
-                    host.sshd.kill()
-                    host.sshd.wait()
+                _terminate(host.sshd)
         for host in self.hosts:
             # The supervisor writes the final state once its service process is gone.
             try:
@@ -314,6 +309,16 @@ class Hosts:
                 pid = host.main_pid()
                 if pid:
                     _kill_group(pid, signal.SIGKILL)
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 5 s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
@@ -400,12 +405,7 @@ def extra_host(hosts: Hosts, address: str, *, key_type: str = "ed25519") -> Iter
         yield host
     finally:
         assert host.sshd is not None
-        host.sshd.terminate()
-        try:
-            host.sshd.wait(5)
-        except subprocess.TimeoutExpired:
-            host.sshd.kill()
-            host.sshd.wait()
+        _terminate(host.sshd)
 
 
 def _add_host(
