@@ -68,6 +68,15 @@ class Signals:
     def demand(self) -> int:
         return self.ready + self.in_flight + self.expired_leases
 
+    def summary(self) -> dict[str, int | float]:
+        """The numbers as the ledger, `--json` and `status` show them."""
+        return {
+            "ready": self.ready,
+            "in_flight": self.in_flight,
+            "expired_leases": self.expired_leases,
+            "oldest_ready_seconds": round(self.oldest_ready_seconds, 1),
+        }
+
     @property
     def idle(self) -> bool:
         return self.demand == 0
@@ -136,6 +145,23 @@ class Plan:
     demand: int | None = None  # ready + in flight + expired leases; None: signals unreadable
     month_to_date_usd: float | None = None  # this UTC month's bill so far (None: price unknown)
     committed_usd: float | None = None  # month to date + the current fleet run to month end
+
+    def summary(self) -> dict[str, object]:
+        """The decision as the ledger, `--json` and `status` show it."""
+        return {
+            "desired": self.desired,
+            "target": self.target,
+            "capacity": self.capacity,
+            "floor": self.floor,
+            "cap": self.cap,
+            "reasons": list(self.reasons),
+            "clamps": list(self.clamps),
+            "warnings": list(self.warnings),
+            "actions": [a.describe() for a in self.actions],
+            "next_scale_in_at": self.next_scale_in_at.isoformat()
+            if self.next_scale_in_at
+            else None,
+        }
 
     @property
     def creates(self) -> int:

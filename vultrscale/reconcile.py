@@ -119,7 +119,7 @@ class PassResult:
             "dry_run": self.dry_run,
             "lock_held": self.lock_held,
             "inputs": observation_summary(obs) if obs else None,
-            "plan": plan_summary(self.plan) if self.plan else None,
+            "plan": self.plan.summary() if self.plan else None,
             "actions": self.actions,
             "results": self.results,
             "errors": self.errors,
@@ -130,14 +130,7 @@ class PassResult:
 def observation_summary(obs: Observation) -> dict[str, Any]:
     sig = obs.signals
     return {
-        "signals": None
-        if sig is None
-        else {
-            "ready": sig.ready,
-            "in_flight": sig.in_flight,
-            "expired_leases": sig.expired_leases,
-            "oldest_ready_seconds": round(sig.oldest_ready_seconds, 1),
-        },
+        "signals": None if sig is None else sig.summary(),
         "signal_error": obs.signal_error,
         "api_error": obs.api_error,
         "instances": {
@@ -153,21 +146,6 @@ def observation_summary(obs: Observation) -> dict[str, Any]:
             "monthly": obs.price.monthly,
             "hourly": round(obs.price.hourly, 5),
         },
-    }
-
-
-def plan_summary(plan: Plan) -> dict[str, Any]:
-    return {
-        "desired": plan.desired,
-        "target": plan.target,
-        "capacity": plan.capacity,
-        "floor": plan.floor,
-        "cap": plan.cap,
-        "reasons": list(plan.reasons),
-        "clamps": list(plan.clamps),
-        "warnings": list(plan.warnings),
-        "actions": [a.describe() for a in plan.actions],
-        "next_scale_in_at": plan.next_scale_in_at.isoformat() if plan.next_scale_in_at else None,
     }
 
 
@@ -311,7 +289,7 @@ class _Pass:
                 at=self.now,
                 dry_run=False,
                 inputs=observation_summary(obs),
-                plan=plan_summary(plan),
+                plan=plan.summary(),
                 actions=res.actions,
                 results=res.results,
                 errors=res.errors,

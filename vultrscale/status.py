@@ -64,24 +64,9 @@ def status_document(obs: Observation, plan: Plan, now: datetime, ceiling: float)
     return {
         "at": now.isoformat(),
         "instances": instance_rows(obs.instances, now),
-        "queue": None
-        if sig is None
-        else {
-            "ready": sig.ready,
-            "in_flight": sig.in_flight,
-            "expired_leases": sig.expired_leases,
-            "oldest_ready_seconds": round(sig.oldest_ready_seconds, 1),
-        },
+        "queue": None if sig is None else sig.summary(),
         "errors": [e for e in (obs.signal_error, obs.api_error) if e],
-        "desired": plan.desired,
-        "target": plan.target,
-        "capacity": plan.capacity,
-        "floor": plan.floor,
-        "cap": plan.cap,
-        "reasons": list(plan.reasons),
-        "clamps": list(plan.clamps),
-        "warnings": list(plan.warnings),
-        "next_actions": [a.describe() for a in plan.actions],
+        **plan.summary(),
         "budget": {
             "ceiling_usd": ceiling,
             "month_to_date_usd": _round(plan.month_to_date_usd),
@@ -90,7 +75,6 @@ def status_document(obs: Observation, plan: Plan, now: datetime, ceiling: float)
             if plan.committed_usd is not None
             else None,
         },
-        "next_scale_in_at": plan.next_scale_in_at.isoformat() if plan.next_scale_in_at else None,
     }
 
 
@@ -104,9 +88,7 @@ def render(
     """The fleet table and the summary under it; fits 80 columns."""
     from rich import box
 
-    table = Table(
-        title=f"fleet {fleet}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
-    )
+    table = Table(title=f"fleet {fleet}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("label", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("ip", no_wrap=True)
