@@ -238,9 +238,15 @@ class _Pass:
         self.workers = ledger.workers_by_label(self.conn, labels, seen_within=WORKER_SEEN_WITHIN)
 
         if api_error is None:
-            self.sync_ledger()
-            if not self.dry:
-                self.progress_drains()
+            try:
+                self.sync_ledger()
+            except AuthError:
+                raise
+            except VultrError as exc:  # a GET that would confirm a missing instance failed
+                api_error = f"Vultr API: {exc}"
+                res.errors.append(api_error)
+        if api_error is None and not self.dry:
+            self.progress_drains()
 
         state = ledger.fleet_state(self.conn, self.cfg.fleet.name)
         obs = Observation(

@@ -454,3 +454,22 @@ def test_scaler_clock_ahead_of_the_database_still_sees_its_workers(
         assert w.ledger() == {label: "running"}
     finally:
         w.close()
+
+
+def test_a_failing_lookup_of_a_missing_instance_holds_the_fleet(world: World) -> None:
+    cfg = world.config(policy={"max_instances": 3})
+    labels = world.bring_up(cfg, 12)
+    world.run(cfg)
+    world.sim.fail_next(
+        "GET",
+        "/v2/instances",
+        200,
+        body={"instances": [], "meta": {"total": 0, "links": {"next": "", "prev": ""}}},
+    )
+    world.sim.fail_next("GET", "/v2/instances/*", 503, count=20)
+    world.clock.advance(30)
+    result = world.run(cfg)
+    assert result.exit_code == 1 and any("Vultr API" in e for e in result.errors)
+    assert result.plan is not None and not result.plan.actions
+    assert sorted(world.ledger()) == sorted(labels)
+    assert set(world.ledger().values()) == {"running"}
