@@ -24,12 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from vultrscale.db import throwaway
 
 HERE = Path(__file__).resolve().parent
 BENCH_QUEUE = "bench"
@@ -55,42 +54,6 @@ def _procrastinate_app(url: str) -> Any:
 
 
 # --- database --------------------------------------------------------------------------------
-
-
-def _with_db(url: str, name: str) -> str:
-    p = urlsplit(url)
-    return urlunsplit((p.scheme, p.netloc, "/" + name, p.query, p.fragment))
-
-
-@contextmanager
-def postgres_server() -> Iterator[str]:
-    """$DATABASE_URL, else a throwaway server for the length of the run."""
-    from vultrscale.db import throwaway
-
-    given = os.environ.get("DATABASE_URL", "").strip()
-    if given:
-        yield given
-        return
-    server = throwaway.start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
-
-
-@contextmanager
-def scratch_database(admin: str) -> Iterator[str]:
-    """A fresh database on the server of ``admin``; dropped afterwards."""
-    import psycopg
-
-    name = "vs_bench_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield _with_db(admin, name)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def _median_ms(fn: Callable[[], object], runs: int) -> float:
@@ -386,14 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     handlers = [h.strip() for h in args.handlers.split(",") if h.strip()]
     if not handlers or any(h not in ("sync", "async") for h in handlers):
         ap.error("--handlers: sync, async or sync,async")
-    with postgres_server() as admin:
+    with throwaway.given_or_throwaway(os.environ.get("DATABASE_URL")) as admin:
         # One database per benchmark: the throughput run must not see the 2M finished rows.
         if args.signals:
-            with scratch_database(admin) as url:
+            with throwaway.scratch_database(admin, prefix="vs_bench_") as url:
                 bench_signals(url, args.finished, args.ready, args.runs)
         if args.throughput:
             logdir = args.logdir or Path(tempfile.mkdtemp(prefix="vultrscale-bench-"))
-            with scratch_database(admin) as url:
+            with throwaway.scratch_database(admin, prefix="vs_bench_") as url:
                 bench_throughput(
                     url,
                     args.jobs,

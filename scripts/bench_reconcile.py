@@ -2,9 +2,10 @@
 """Benchmark a steady-state reconcile pass and the CLI's start-up.
 
 1. A fleet of N (default 500) running instances on the simulator over loopback HTTP, a real
-   Postgres (DATABASE_URL, else a throwaway server), and a queue whose demand asks for exactly
-   N instances: a pass that changes nothing. Prints HTTP requests per pass and the median wall
-   time, against one bare paginated list of the same instances with httpx in the same run.
+   Postgres (a scratch database on DATABASE_URL's server, else on a throwaway server), and a
+   queue whose demand asks for exactly N instances: a pass that changes nothing. Prints HTTP
+   requests per pass and the median wall time, against one bare paginated list of the same
+   instances with httpx in the same run.
 2. `vultrscale --version` start-up against `python -c "import typer"`, in the same run.
 
 Usage: python scripts/bench_reconcile.py [--instances 500] [--passes 15] [--startups 15]
@@ -71,24 +72,26 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=15)
     ap.add_argument("--startups", type=int, default=15)
     args = ap.parse_args()
-    n = args.instances
+    with (
+        throwaway.given_or_throwaway(os.environ.get("DATABASE_URL")) as admin,
+        throwaway.scratch_database(admin, prefix="vs_bench_") as db_url,
+    ):
+        bench(args, db_url)
 
-    server_pg = None
-    db_url = os.environ.get("DATABASE_URL")
-    if not db_url:
-        server_pg = throwaway.start()
-        db_url = server_pg.url
+
+def bench(args: argparse.Namespace, db_url: str) -> None:
+    n = args.instances
     tmp = Path(tempfile.mkdtemp(prefix="vs-bench-"))
     clock = FakeClock(datetime(2026, 3, 2, 12, 0, tzinfo=UTC))
-    sim = Simulator(KEY, clock=clock, seed=1, rate_limit=None,
-                    timings=Timings(boot_pending=1, boot_ready=1, visible_after=0,
-                                    snapshot_complete=1))
+    sim = Simulator(
+        KEY,
+        clock=clock,
+        seed=1,
+        rate_limit=None,
+        timings=Timings(boot_pending=1, boot_ready=1, visible_after=0, snapshot_complete=1),
+    )
     http_server = start_server(sim)
     try:
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute("DROP TABLE IF EXISTS jobs, job_leases, job_steps, workers, "
-                         "fleet_instances, fleet_events, fleet_state, fleet_snapshots, "
-                         "vultrscale_schema CASCADE")
         schema.migrate(db_url)
         base = sim.create_instance(region="ewr", plan="vc2-1c-2gb", os_id=2136, label="base")
         client = VultrClient(KEY, http_server.url, sleep=clock.sleep)
@@ -98,16 +101,29 @@ def main() -> None:
         labels = []
         for i in range(n):
             label = f"worker-bench-{i:04d}"
-            sim.create_instance(region="ewr", plan="vc2-1c-2gb", snapshot_id=snap.id,
-                                label=label, tags=["vultrscale-workers"])
+            sim.create_instance(
+                region="ewr",
+                plan="vc2-1c-2gb",
+                snapshot_id=snap.id,
+                label=label,
+                tags=["vultrscale-workers"],
+            )
             labels.append(label)
         clock.advance(5)
         sim.tick()
         with psycopg.connect(db_url, autocommit=True) as conn:
             for label in labels:
-                ledger.insert_intent(conn, fleet="workers", label=label, plan="vc2-1c-2gb",
-                                     region="ewr", hourly_rate=0.0149, monthly_cost=10.0,
-                                     host_key="ssh-ed25519 AAAAbench", now=clock.now())
+                ledger.insert_intent(
+                    conn,
+                    fleet="workers",
+                    label=label,
+                    plan="vc2-1c-2gb",
+                    region="ewr",
+                    hourly_rate=0.0149,
+                    monthly_cost=10.0,
+                    host_key="ssh-ed25519 AAAAbench",
+                    now=clock.now(),
+                )
                 queue.register_worker(conn, label, label)
             queue.enqueue(conn, [{}] * (4 * n))
         (tmp / "vultrscale.toml").write_text(
@@ -116,9 +132,15 @@ def main() -> None:
         )
         env = {"VULTR_API_KEY": KEY, "DATABASE_URL": db_url}
         cfg = config_mod.load(tmp / "vultrscale.toml", env)
-        parts = Parts(client=client, db_url=db_url, drain=NoDrain(), clock=clock,
-                      keygen=lambda: ("", ""), render_user_data=lambda *a: "",
-                      rng=random.Random(1))
+        parts = Parts(
+            client=client,
+            db_url=db_url,
+            drain=NoDrain(),
+            clock=clock,
+            keygen=lambda: ("", ""),
+            render_user_data=lambda *a: "",
+            rng=random.Random(1),
+        )
         run_pass(cfg, parts)  # adopt nothing, move ledger rows to running, cache the price
         with psycopg.connect(db_url) as conn:
             states = {r.state for r in ledger.rows(conn, "workers")}
@@ -142,8 +164,11 @@ def main() -> None:
         startup, baseline = [], []
         for _ in range(args.startups):
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "vultrscale.cli", "--version"], check=True,
-                           capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "vultrscale.cli", "--version"],
+                check=True,
+                capture_output=True,
+            )
             startup.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-c", "import typer"], check=True, capture_output=True)
@@ -152,8 +177,10 @@ def main() -> None:
         mp, mb = statistics.median(pass_times), statistics.median(bare_times)
         ms, mt = statistics.median(startup), statistics.median(baseline)
         print(f"steady-state pass, {n} instances, {args.passes} passes each:")
-        print(f"  reconcile pass : {statistics.median(pass_requests)} HTTP request(s)/pass, "
-              f"median {mp * 1000:.1f} ms")
+        print(
+            f"  reconcile pass : {statistics.median(pass_requests)} HTTP request(s)/pass, "
+            f"median {mp * 1000:.1f} ms"
+        )
         print(f"  bare list      : {bare_requests} HTTP request(s), median {mb * 1000:.1f} ms")
         print(f"  ratio pass/bare: {mp / mb:.2f}x")
         print(f"start-up, {args.startups} runs each:")
@@ -162,8 +189,6 @@ def main() -> None:
         print(f"  ratio: {ms / mt:.2f}x")
     finally:
         http_server.stop()
-        if server_pg is not None:
-            server_pg.stop()
 
 
 if __name__ == "__main__":

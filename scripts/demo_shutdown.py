@@ -143,13 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=0.5, help="per step (default 0.5)")
     args = parser.parse_args(argv)
 
-    server = None
-    url = os.environ.get("DATABASE_URL", "").strip()
-    if not url:
+    given = os.environ.get("DATABASE_URL", "").strip()
+    if not given:
         print("DATABASE_URL is not set: starting a throwaway Postgres.")
-        server = throwaway.start()
-        url = server.url
-    try:
+    with throwaway.given_or_throwaway(given) as url:
         schema.migrate(url)
         times: dict[str, list[float]] = {"graceful": [], "killed": []}
         for n in range(args.passes):
@@ -167,9 +164,6 @@ def main(argv: list[str] | None = None) -> int:
                     f"Median over {args.passes} passes, {name}: a new worker finished in "
                     f"{statistics.median(values):.1f} s ({min(values):.1f} to {max(values):.1f})"
                 )
-    finally:
-        if server is not None:
-            server.stop()
     return 0
 
 

@@ -15,8 +15,12 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from vultrscale.errors import DatabaseError
 
@@ -126,3 +130,41 @@ def _wait_ready(port: int, timeout: float) -> None:
         except OSError:
             time.sleep(0.05)
     raise DatabaseError(f"Postgres on port {port} did not accept connections in {timeout:g}s")
+
+
+@contextmanager
+def given_or_throwaway(given: str | None) -> Iterator[str]:
+    """``given`` (a server URL) when set, else a throwaway server for the length of the block."""
+    if given and given.strip():
+        yield given.strip()
+        return
+    server = start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def url_for_database(url: str, dbname: str) -> str:
+    """``url`` pointing at database ``dbname`` on the same server."""
+    p = urlsplit(url)
+    return urlunsplit((p.scheme, p.netloc, "/" + dbname, p.query, p.fragment))
+
+
+@contextmanager
+def scratch_database(
+    admin_url: str, *, template: str | None = None, prefix: str = "vs_"
+) -> Iterator[str]:
+    """A fresh database (optionally cloned from ``template``) on the server of ``admin_url``,
+    dropped afterwards. ``admin_url`` needs the right to CREATE DATABASE."""
+    import psycopg
+
+    name = prefix + uuid.uuid4().hex[:12]
+    tmpl = f" TEMPLATE {template}" if template else ""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}{tmpl}")
+    try:
+        yield url_for_database(admin_url, name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
