@@ -130,6 +130,8 @@ def _root(
 ) -> None:
     state.config_path = config
     state.debug = debug
+    if not debug:
+        _quiet_libraries()
 
 
 def hoist_globals(args: list[str]) -> list[str]:
@@ -204,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     aborts = (typer.Abort, getattr(errors, "Abort", typer.Abort))
     try:
         command = typer.main.get_command(app)
-        if not state.debug and len(opts) > 0 and not opts[0].startswith("-h"):
-            _quiet_libraries()
         rv = command.main(args=args, prog_name="vultrscale", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except exits as exc:

@@ -3,7 +3,6 @@ one JSON printer, the group factory and the option types used by more than one c
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
@@ -33,6 +32,8 @@ def load_config(flags: dict[str, Any] | None = None) -> Config:
 
 
 def print_json(data: Any) -> None:
+    import json
+
     typer.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
 
 
