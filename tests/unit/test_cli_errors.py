@@ -96,3 +96,28 @@ def test_a_worker_app_that_fails_to_import_is_exit_2_naming_module_and_line(
     assert "Traceback" not in err and "brokenjobs_cli" in err
     for name in names:
         assert name in err
+
+
+def test_third_party_logs_reach_the_log_handlers_only_with_debug(tmp_path: Path) -> None:
+    import logging
+
+    class Collect(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    (tmp_path / "vultrscale.toml").write_text("")
+    noise = "Exception (client): Error reading SSH protocol banner"
+    root, collect = logging.getLogger(), Collect()
+    root.addHandler(collect)
+    try:
+        for debug in (False, True, False):
+            collect.lines.clear()
+            assert cli.main(["config", "check", *(["--debug"] if debug else [])]) == 0
+            logging.getLogger("paramiko.transport").error(noise)
+            assert (noise in collect.lines) is debug
+    finally:
+        root.removeHandler(collect)

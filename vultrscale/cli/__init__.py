@@ -130,8 +130,7 @@ def _root(
 ) -> None:
     state.config_path = config
     state.debug = debug
-    if not debug:
-        _quiet_libraries()
+    library_logs(debug)
 
 
 def hoist_globals(args: list[str]) -> list[str]:
@@ -173,15 +172,18 @@ def fail(message: str, hint: str, code: int, as_json: bool = False) -> int:
     return code
 
 
-def _quiet_libraries() -> None:
-    """Without --debug, libraries do not log: paramiko prints a traceback for a host that
-    accepts TCP and sends no banner; the drain reports that host itself, in one line."""
+def library_logs(debug: bool) -> None:
+    """Third-party loggers speak only with --debug: paramiko prints a traceback for a host
+    that accepts TCP and sends no banner, and the drain reports that host itself, in one line."""
     import logging
 
     for name in ("paramiko",):
         logger = logging.getLogger(name)
-        logger.addHandler(logging.NullHandler())
-        logger.propagate = False
+        if not logger.handlers:
+            logger.addHandler(logging.NullHandler())  # no "last resort" printing either
+        logger.propagate = debug
+    if debug:  # a no-op when logging is configured already (a test runner, an embedding app)
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
 
 
 def _click_exceptions() -> Any:

@@ -81,7 +81,7 @@ def demo_cmd(
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        out.print("Stopping: cleaning up (again to hurry).", style="yellow")
+        out.print("Stopping: cleaning up; press Ctrl-C again to stop at once.", style="yellow")
 
     # also SIGINT: a shell starts a background job with SIGINT ignored
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
