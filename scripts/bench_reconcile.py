@@ -130,7 +130,7 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             f'[fleet]\nsnapshot_id = "{snap.id}"\n[policy]\nmax_instances = {n}\n'
             f"[budget]\nmonthly_ceiling_usd = {20.0 * n}\n"
         )
-        env = {"VULTR_API_KEY": KEY, "DATABASE_URL": db_url}
+        env = {"VULTR_API_KEY": KEY, "DATABASE_URL": db_url, "WORKER_DATABASE_URL": db_url}
         cfg = config_mod.load(tmp / "vultrscale.toml", env)
         parts = Parts(
             client=client,

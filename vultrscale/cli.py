@@ -7,6 +7,7 @@ what is wrong and how to fix it; ``--debug`` adds the traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -96,16 +97,28 @@ def config_check(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Load, validate and print the resolved config (secrets masked)."""
+    from vultrscale.db.roles import worker_access
+
     cfg = load_config()
     data = cfg.masked()
+    access = worker_access(cfg)
     if as_json:
-        print_json(data)
+        print_json({**data, "worker_access": dataclasses.asdict(access)})
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     console.print(f"[green]Configuration is valid[/green] (from {data.pop('source')})")
+    console.print(
+        f"Workers log in as {escape(access.role or '(no role named)')}"
+        f" (from {escape(access.source or 'nowhere yet')})"
+    )
+    for note in access.notes:
+        console.print(escape(note))
+    for warning in access.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     for section, values in data.items():
         table = Table(title=f"\\[{section}]", show_header=False, title_justify="left", box=None)
         table.add_column("key", style="cyan")
@@ -126,11 +139,11 @@ def _database_url() -> str:
 
 @db_app.command("init")
 def db_init() -> None:
-    """Create or upgrade the schema (idempotent, versioned)."""
-    from vultrscale.db import schema
+    """Create or upgrade the schema and the workers' role with its grants (idempotent)."""
+    from vultrscale.db import roles
 
-    version = schema.migrate(_database_url())
-    typer.echo(f"Schema is at version {version}.")
+    for line in roles.init_database(_database_url(), load_config()):
+        typer.echo(line)
 
 
 @app.command("worker")

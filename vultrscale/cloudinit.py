@@ -67,12 +67,8 @@ def env_quote(value: str) -> str:
 
 def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
     """The worker's environment file (``/etc/vultrscale/worker.env``, mode 0600)."""
-    url = cfg.worker_database_url.reveal()
-    if not url:
-        raise UsageError(
-            "DATABASE_URL is not set: the worker would not know where its queue is",
-            hint="Set DATABASE_URL (or WORKER_DATABASE_URL, the address workers use).",
-        )
+    # Refuses (UsageError) rather than fall back to the scaler's own credentials unasked.
+    url = cfg.worker_database_url().reveal()
     w = cfg.worker
     values = {
         # mask_url cannot parse every URL (an unescaped '#'): redact what it may have missed.

@@ -142,7 +142,7 @@ def test_the_env_file_reads_back_exactly_in_a_real_shell(variant: str, tmp_path:
     ).stdout
     seen = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     w = cfg.worker
-    assert seen["DATABASE_URL"] == cfg.worker_database_url.reveal()
+    assert seen["DATABASE_URL"] == cfg.worker_database_url().reveal()
     assert seen["VULTRSCALE_WORKER_ID"] == "worker-9"
     assert seen["VULTRSCALE_INSTANCE_LABEL"] == "worker-9"
     assert seen["VULTRSCALE_WORKER_APP"] == w.app
@@ -168,7 +168,7 @@ def test_secrets_are_masked_unless_asked_for(variant: str) -> None:
     shown_doc = yaml.safe_load(shown)
     assert shown_doc["ssh_keys"]["ed25519_private"] == shown_private
     env = {f["path"]: f["content"] for f in shown_doc["write_files"]}["/etc/vultrscale/worker.env"]
-    assert f"DATABASE_URL={cloudinit.env_quote(cfg.worker_database_url.reveal())}" in env
+    assert f"DATABASE_URL={cloudinit.env_quote(cfg.worker_database_url().reveal())}" in env
 
 
 def test_values_that_would_break_the_document_are_refused_or_quoted() -> None:

@@ -362,18 +362,18 @@ def register_worker(conn: psycopg.Connection, worker_id: str, instance_label: st
     """Insert or refresh this worker's row, not stopped.
 
     It is draining exactly when the scaler is draining or deleting its instance
-    (``fleet_instances.state``): a worker restarted by systemd on an instance being drained
-    claims nothing, and one restarted after its own drain (even one cut short by SIGKILL, which
-    leaves its own draining mark behind) works again. The scaler re-marks the workers of
-    draining instances on every pass as well.
+    (``fleet_instances.state``, read through the ``draining_instance_labels`` view: the
+    workers' role may not read the scaler's tables): a worker restarted by systemd on an
+    instance being drained claims nothing, and one restarted after its own drain (even one cut
+    short by SIGKILL, which leaves its own draining mark behind) works again. The scaler
+    re-marks the workers of draining instances on every pass as well.
     """
     with conn.transaction():
         conn.execute(
             """
             INSERT INTO workers (worker_id, instance_label, draining)
             VALUES (%(worker)s, %(label)s, EXISTS (
-                SELECT 1 FROM fleet_instances
-                WHERE label = %(label)s AND state IN ('draining', 'deleting')))
+                SELECT 1 FROM draining_instance_labels WHERE label = %(label)s))
             ON CONFLICT (worker_id) DO UPDATE SET instance_label = excluded.instance_label,
                 started_at = now(), last_seen = now(), stopped_at = NULL,
                 draining = excluded.draining
