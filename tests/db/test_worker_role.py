@@ -86,8 +86,7 @@ def test_db_init_creates_the_role_and_says_how_to_set_its_password_never_printin
     assert "password was set from WORKER_DATABASE_URL" in text
     assert WORKER_PW not in text
     row = admin.execute(
-        "SELECT rolcanlogin, rolsuper, rolcreaterole, rolcreatedb FROM pg_roles"
-        " WHERE rolname = %s",
+        "SELECT rolcanlogin, rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = %s",
         (worker_role.name,),
     ).fetchone()
     assert row == (True, False, False, False)
@@ -150,28 +149,34 @@ def test_the_worker_runtime_does_its_whole_job_as_the_worker_role(
     t.start()
     try:
         wait_for(
-            lambda: jobs(admin).get(stepped, ("",))[0] == "succeeded"
-            and jobs(admin).get(poison, ("",))[0] == "dead",
+            lambda: (
+                jobs(admin).get(stepped, ("",))[0] == "succeeded"
+                and jobs(admin).get(poison, ("",))[0] == "dead"
+            ),
             "the stepped job to succeed and the poison job to be dead-lettered",
             30,
         )
         # Heartbeats: the slow job's lease was renewed past its first term, and the worker
         # row was refreshed.
         wait_for(
-            lambda: admin.execute(
-                "SELECT expires_at - leased_at > interval '3.5 s' FROM job_leases"
-                " WHERE job_id = %s",
-                (slow,),
-            ).fetchone()
-            == (True,),
+            lambda: (
+                admin.execute(
+                    "SELECT expires_at - leased_at > interval '3.5 s' FROM job_leases"
+                    " WHERE job_id = %s",
+                    (slow,),
+                ).fetchone()
+                == (True,)
+            ),
             "a lease renewal",
             30,
         )
         wait_for(
-            lambda: admin.execute(
-                "SELECT last_seen > started_at FROM workers WHERE worker_id = 'w-role'"
-            ).fetchone()
-            == (True,),
+            lambda: (
+                admin.execute(
+                    "SELECT last_seen > started_at FROM workers WHERE worker_id = 'w-role'"
+                ).fetchone()
+                == (True,)
+            ),
             "a worker heartbeat",
             30,
         )
@@ -256,8 +261,16 @@ def test_the_scalers_own_operations_are_refused_to_the_worker_role(
         lambda: ledger.fleet_state(wconn, "f"),
         lambda: ledger.mark_draining(wconn, "worker-1", now),
         lambda: ledger.record_event(
-            wconn, fleet="f", at=now, dry_run=False, inputs={}, plan={}, actions=[],
-            results=[], errors=[], exit_code=0,
+            wconn,
+            fleet="f",
+            at=now,
+            dry_run=False,
+            inputs={},
+            plan={},
+            actions=[],
+            results=[],
+            errors=[],
+            exit_code=0,
         ),  # fmt: skip
         lambda: ledger.save_fleet_state(
             wconn, "f", now, last_scale_up=None, last_scale_down=None, idle_since=None
