@@ -4,6 +4,7 @@ against the scaler's tables is refused."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -369,3 +370,27 @@ def test_db_init_command_prints_the_role_and_never_the_password(
     assert code == 0, out.err
     assert f"role {name} created" in out.out
     assert WORKER_PW not in out.out + out.err
+
+
+def test_config_check_command_reports_the_workers_role_and_warns(
+    db_url: str,
+    worker_role: Role,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VULTRSCALE_CONFIG", raising=False)
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("VULTRSCALE_WORKER_DB_ROLE", worker_role.name)
+    monkeypatch.setenv("WORKER_DATABASE_URL", worker_role.url)
+    assert main(["config", "check"]) == 0
+    out = capsys.readouterr().out
+    assert f"Workers log in as {worker_role.name} (from WORKER_DATABASE_URL)" in out
+    assert "warning" not in out and WORKER_PW not in out
+
+    monkeypatch.setenv("WORKER_DATABASE_URL", db_url)  # the scaler's own login
+    assert main(["config", "check", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["worker_access"]["role"] == "postgres"
+    assert any("the scaler's own role" in w for w in doc["worker_access"]["warnings"])
