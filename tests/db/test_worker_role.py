@@ -394,3 +394,18 @@ def test_config_check_command_reports_the_workers_role_and_warns(
     doc = json.loads(capsys.readouterr().out)
     assert doc["worker_access"]["role"] == "postgres"
     assert any("the scaler's own role" in w for w in doc["worker_access"]["warnings"])
+
+
+def test_db_init_refuses_a_role_that_owns_the_tables(
+    db_url: str, admin: psycopg.Connection
+) -> None:
+    name = f"vs_owner_{uuid.uuid4().hex[:10]}"
+    admin.execute(f"CREATE ROLE {name}")
+    try:
+        admin.execute(f"ALTER TABLE fleet_events OWNER TO {name}")
+        with pytest.raises(UsageError, match="owns tables"):
+            roles.init_database(db_url, _config(db_url, name, _as(db_url, name)))
+    finally:
+        admin.execute("ALTER TABLE fleet_events OWNER TO current_user")
+        admin.execute(f"DROP OWNED BY {name}")
+        admin.execute(f"DROP ROLE {name}")

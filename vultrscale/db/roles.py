@@ -87,6 +87,17 @@ def _check_role(conn: psycopg.Connection, role: str) -> bool:
             "could limit it",
             hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
         )
+    owns = conn.execute(
+        "SELECT 1 FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner"
+        " WHERE r.rolname = %s AND c.relnamespace = current_schema()::regnamespace LIMIT 1",
+        (role,),
+    ).fetchone()
+    if owns:
+        raise UsageError(
+            f"worker.db_role = {role} owns tables in this schema: revoking its grants would "
+            "strip the owner",
+            hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
+        )
     return row is not None
 
 
@@ -107,9 +118,18 @@ def apply_worker_role(conn: psycopg.Connection, role: str, password: str | None)
     row = conn.execute("SELECT current_schema(), current_database()").fetchone()
     assert row is not None
     nsp, db = sql.Identifier(row[0]), sql.Identifier(row[1])
+    # Usually PUBLIC has both already; granting only when missing needs no ownership.
+    can = conn.execute(
+        "SELECT has_database_privilege(%(r)s, current_database(), 'CONNECT'),"
+        " has_schema_privilege(%(r)s, current_schema(), 'USAGE')",
+        {"r": role},
+    ).fetchone()
+    assert can is not None
+    if not can[0]:
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, ident))
+    if not can[1]:
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(nsp, ident))
     for stmt in (
-        "GRANT CONNECT ON DATABASE {db} TO {role}",
-        "GRANT USAGE ON SCHEMA {nsp} TO {role}",
         # Exactly the list: whatever an earlier version (or a person) granted goes first.
         # Revoking a table's privileges revokes its column privileges too.
         "REVOKE ALL ON ALL TABLES IN SCHEMA {nsp} FROM {role}",
