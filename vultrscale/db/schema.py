@@ -132,7 +132,21 @@ _V2 = """
 DROP INDEX IF EXISTS jobs_active_state_idx;
 """
 
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2))
+# v4 (v3 is another branch's): the plan's price and region check, cached for every pass (a
+# one-shot pass from cron would otherwise ask Vultr three times instead of once). Only checks
+# that passed are kept: a refused plan must be seen again as soon as the config is fixed.
+_V4 = """
+CREATE TABLE plan_checks (
+    plan text NOT NULL,
+    region text NOT NULL,
+    monthly_cost double precision NOT NULL,
+    hourly_cost double precision,
+    checked_at timestamptz NOT NULL,
+    PRIMARY KEY (plan, region)
+);
+"""
+
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2), (4, _V4))
 """(version, SQL) in order. Append new versions; never edit one that has shipped."""
 
 LATEST = MIGRATIONS[-1][0]
