@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import json
 import os
 import pstats
@@ -180,12 +181,12 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             profiler.dump_stats(args.profile)
             pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
 
-        # A one-shot pass, as `vultrscale reconcile` from cron runs it: a fresh process has
-        # no cache, so this counts the requests of the first pass of a process.
-        parts.cache.clear()
-        before = len(sim.request_log)
-        run_pass(cfg, parts)
-        cron_requests = len(sim.request_log) - before
+        # A one-shot pass, as `vultrscale reconcile` from cron runs it: a fresh process has a
+        # new client and an empty cache, so this counts the requests of a process's first pass.
+        with VultrClient(KEY, http_server.url, sleep=clock.sleep) as fresh:
+            before = len(sim.request_log)
+            run_pass(cfg, dataclasses.replace(parts, client=fresh, cache={}))
+            cron_requests = len(sim.request_log) - before
 
         startup, baseline = [], []
         for _ in range(args.startups):
