@@ -114,7 +114,7 @@ def bench_signals(
 
     from vultrscale.config import QueueConfig
     from vultrscale.db import schema
-    from vultrscale.db.signals import read_signals
+    from vultrscale.db.signals import _COUNT_PLANNER, _ready_count_query, read_signals
 
     schema.migrate(url)
     leased, expired = 150, 50
@@ -181,8 +181,16 @@ def bench_signals(
                     print(f"plan of the baseline count on {table}, {phase}:")
                     for (line,) in conn.execute("EXPLAIN " + _count_sql(table, queue)):
                         print(f"    {line}")
+            def ours_count() -> object:
+                """Our ready count alone, as read_signals runs it: like for like with the
+                baselines' one count."""
+                with conn.transaction():
+                    conn.execute(_COUNT_PLANNER)
+                    return conn.execute(_ready_count_query(queue)).fetchone()
+
             reads: dict[str, Callable[[], object]] = {
                 "ours_one": lambda: read_signals(conn, cfg_one),
+                "ours_count": ours_count,
                 "ours_all": lambda: read_signals(conn, cfg_all),
                 **{table: functools.partial(_count, conn, table, queue) for table in _BASELINES},
             }
@@ -198,11 +206,13 @@ def bench_signals(
             print(f"{phase}, median of {runs} runs:")
             print(f"  read_signals, queue={queue!r} (ours)             {med['ours_one']:8.2f} ms")
             print(f"  read_signals, all queues (ours)                 {med['ours_all']:8.2f} ms")
+            print(f"  count(*) of ready, our partial indexes (jobs)   {med['ours_count']:8.2f} ms")
             print(f"  count(*) of ready, ordinary index (jobs_plain)  {med['jobs_plain']:8.2f} ms")
             print(f"  count(*) of ready, no index (jobs_naive)        {med['jobs_naive']:8.2f} ms")
             print(
-                f"  ratio ordinary index / ours (queue): {med['jobs_plain'] / med['ours_one']:.2f}x"
-                f"; no index / ours: {med['jobs_naive'] / med['ours_one']:.1f}x"
+                "  count alone, ordinary index / ours: "
+                f"{med['jobs_plain'] / med['ours_count']:.2f}x; "
+                f"no index / ours: {med['jobs_naive'] / med['ours_count']:.1f}x"
             )
     return figures
 
