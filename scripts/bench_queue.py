@@ -181,6 +181,7 @@ def bench_signals(
                     print(f"plan of the baseline count on {table}, {phase}:")
                     for (line,) in conn.execute("EXPLAIN " + _count_sql(table, queue)):
                         print(f"    {line}")
+
             def ours_count() -> object:
                 """Our ready count alone, as read_signals runs it: like for like with the
                 baselines' one count."""
