@@ -56,6 +56,7 @@ def test_migrate_is_idempotent_and_versioned(pg_url: str) -> None:
         "fleet_events",
         "fleet_state",
         "fleet_snapshots",
+        "plan_checks",
         "vultrscale_schema",
     }
 

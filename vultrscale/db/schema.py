@@ -135,6 +135,20 @@ _V2 = """
 DROP INDEX IF EXISTS jobs_active_state_idx;
 """
 
+# v4 (v3 is another branch's): the plan's price and region check, cached for every pass (a
+# one-shot pass from cron would otherwise ask Vultr three times instead of once). Only checks
+# that passed are kept: a refused plan must be seen again as soon as the config is fixed.
+_V4 = """
+CREATE TABLE plan_checks (
+    plan text NOT NULL,
+    region text NOT NULL,
+    monthly_cost double precision NOT NULL,
+    hourly_cost double precision,
+    checked_at timestamptz NOT NULL,
+    PRIMARY KEY (plan, region)
+);
+"""
+
 # v5: a worker registering itself must know whether the scaler is draining its instance, but
 # the workers' role has no privilege on the scaler's tables. This view (run with its owner's
 # rights) shows a worker that much and nothing else of fleet_instances.
@@ -143,7 +157,7 @@ CREATE VIEW draining_instance_labels AS
     SELECT label FROM fleet_instances WHERE state IN ('draining', 'deleting');
 """
 
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2), (5, _V5))
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2), (4, _V4), (5, _V5))
 """(version, SQL) in order. Append new versions; never edit one that has shipped. Versions
 are applied when missing, not only when above the highest applied one, so versions numbered
 apart on parallel branches all land after a merge."""
