@@ -153,6 +153,13 @@ def worker_cmd(
     queue_name: Annotated[
         str | None, typer.Option("--queue", help="Queue to take jobs from (default: default).")
     ] = None,
+    outage_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--outage-seconds",
+            help="Ride out a database outage this long, then exit 1 (default 0: the lease time).",
+        ),
+    ] = None,
     backoff_seconds: Annotated[
         float, typer.Option("--backoff-seconds", help="First retry delay; doubles per attempt.")
     ] = 2.0,
@@ -167,6 +174,7 @@ def worker_cmd(
         "worker.drain_seconds": drain_seconds,
         "worker.lease_seconds": lease_seconds,
         "worker.queue": queue_name,
+        "worker.outage_seconds": outage_seconds,
     }
     # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
@@ -189,6 +197,7 @@ def worker_cmd(
         worker_id=worker_id,
         instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
         backoff_seconds=backoff_seconds,
+        outage_seconds=w.outage_seconds,
     )
     if not _globals.debug:
         # The pool logs each failed reconnect; the worker reports a lost database once, itself.
