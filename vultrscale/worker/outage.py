@@ -89,7 +89,8 @@ class Outage:
             if first:
                 self._since = self._clock()
             self.checked.clear()
-        self.poke.set()
+        if first:  # later failures would only spin the heartbeat, which retries on its own
+            self.poke.set()
         return first
 
     def end(self) -> float:

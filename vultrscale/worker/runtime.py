@@ -495,7 +495,9 @@ class Worker:
                     self._expire_locally()
                     # Retry soon, and often enough to mark jobs lost before their leases end.
                     wait = min(
-                        0.1 * 2 ** (failures - 1), RETRY_MAX_SECONDS, s.lost_margin_seconds / 2
+                        0.1 * 2 ** min(failures - 1, 10),
+                        RETRY_MAX_SECONDS,
+                        s.lost_margin_seconds / 2,
                     )
                     continue
                 failures = 0
