@@ -19,6 +19,10 @@ Every connection has TCP keepalives, ``tcp_user_timeout`` and a ``statement_time
 from the lease, so a silent network partition is an error in seconds, not a 15-minute hang.
 The main loop checks that the slot, loop and heartbeat threads are alive: a dead one is fatal
 (what can be given back is, then exit 1).
+
+A database outage (``outage.py``) is ridden out for the outage budget: every thread's
+statements are retried, the main loop claims nothing, and writes wait until the heartbeat has
+re-checked the leases after the database came back; only an outage past the budget is fatal.
 """
 
 from __future__ import annotations
