@@ -13,7 +13,13 @@ import string
 from pathlib import Path
 from typing import Any
 
-from vultrscale.config import SERVICE_NAME, Config, mask_url, timeout_stop_seconds
+from vultrscale.config import (
+    SERVICE_NAME,
+    Config,
+    mask_url,
+    start_limit_interval_seconds,
+    timeout_stop_seconds,
+)
 from vultrscale.errors import UsageError, redact
 
 USER_DATA_TEMPLATE = "user-data.yaml.tmpl"
@@ -80,6 +86,7 @@ def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
         "VULTRSCALE_WORKER_DRAIN_SECONDS": f"{w.drain_seconds:g}",
         "VULTRSCALE_WORKER_LEASE_SECONDS": f"{w.lease_seconds:g}",
         "VULTRSCALE_WORKER_QUEUE": w.queue,
+        "VULTRSCALE_WORKER_OUTAGE_SECONDS": f"{w.outage_seconds:g}",
     }
     lines = [f"# vultrscale worker {label}: read by the {cfg.fleet.service} unit."]
     lines += [f"{key}={env_quote(value)}" for key, value in values.items()]
@@ -87,8 +94,11 @@ def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
 
 
 def unit_dropin(cfg: Config) -> str:
-    """A systemd drop-in for the unit: TimeoutStopSec from the configured drain time."""
+    """A systemd drop-in for the unit: TimeoutStopSec from the configured drain time, the
+    start-limit interval from the outage budget."""
     return (
+        "# vultrscale: restarts that each waited out the outage budget never hit the start limit.\n"
+        f"[Unit]\nStartLimitIntervalSec={start_limit_interval_seconds(cfg.worker)}\n"
         "# vultrscale: systemd waits this long for the drain before SIGKILL.\n"
         f"[Service]\nTimeoutStopSec={timeout_stop_seconds(cfg.worker)}\n"
     )

@@ -116,6 +116,8 @@ class WorkerConfig:
     # Opt-in: without WORKER_DATABASE_URL, put the scaler's own DATABASE_URL into user-data.
     # Off by default because user-data is readable by any process on the instance.
     use_scaler_database_url: bool = False
+    # How long the database may stay unreachable before the worker exits 1; 0: the lease time.
+    outage_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -548,6 +550,8 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"worker.concurrency: {w.concurrency} must be at least 1")
     if w.lease_seconds < 3:
         p.append(f"worker.lease_seconds: {w.lease_seconds:g} must be at least 3")
+    if w.outage_seconds < 0:
+        p.append(f"worker.outage_seconds: {w.outage_seconds:g} must be >= 0 (0: the lease time)")
     if w.drain_seconds < 0:
         p.append(f"worker.drain_seconds: {w.drain_seconds:g} must be >= 0")
     if not _QUEUE_NAME.match(w.queue):
@@ -621,6 +625,26 @@ def cron_problem(expr: str) -> str | None:
     if not croniter.is_valid(expr):
         return f"{expr!r} is not a valid cron expression"
     return None
+
+
+# worker.service: RestartSec=5 and StartLimitBurst=5 (the unit file says why).
+RESTART_SECONDS = 5
+START_LIMIT_BURST = 5
+
+
+def outage_budget(outage_seconds: float, lease_seconds: float) -> float:
+    """How long a worker rides out an unreachable database: outage_seconds, else the lease."""
+    return outage_seconds or lease_seconds
+
+
+def start_limit_interval_seconds(worker: WorkerConfig) -> int:
+    """StartLimitIntervalSec for the unit. A worker that gives up on a long outage has waited
+    its whole outage budget (running, or at start-up), so its restarts are at least budget +
+    RestartSec apart: START_LIMIT_BURST + 1 starts span more than this interval and an outage
+    of any length never trips the start limit, while a worker failing faster than that (a
+    crash, not an outage) does, and stays failed for an operator to see."""
+    budget = outage_budget(worker.outage_seconds, worker.lease_seconds)
+    return int(START_LIMIT_BURST * (budget + RESTART_SECONDS)) - 1
 
 
 def timeout_stop_seconds(worker: WorkerConfig) -> int:

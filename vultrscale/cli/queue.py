@@ -76,6 +76,15 @@ def worker_cmd(
             "--queue", metavar="NAME", help="Queue to take jobs from.", show_default="default"
         ),
     ] = None,
+    outage_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--outage-seconds",
+            metavar="SECONDS",
+            help="Ride out an unreachable database this long, then exit 1 (0: the lease time).",
+            show_default="0",
+        ),
+    ] = None,
     backoff_seconds: Annotated[
         float,
         typer.Option(
@@ -93,6 +102,7 @@ def worker_cmd(
         "worker.drain_seconds": drain_seconds,
         "worker.lease_seconds": lease_seconds,
         "worker.queue": queue_name,
+        "worker.outage_seconds": outage_seconds,
     }
     # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
@@ -115,6 +125,7 @@ def worker_cmd(
         worker_id=worker_id,
         instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
         backoff_seconds=backoff_seconds,
+        outage_seconds=w.outage_seconds,
     )
     if not state.debug:
         # The pool logs each failed reconnect; the worker reports a lost database once, itself.
