@@ -24,7 +24,7 @@ import typer
 from typer.core import TyperGroup
 
 from vultrscale import __version__
-from vultrscale.cli._common import examples, state
+from vultrscale.cli._common import examples, shown, state
 from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, VultrscaleError
 
 
@@ -110,8 +110,8 @@ def _root(
         typer.Option(
             "--config",
             metavar="PATH",
-            help="TOML config file.",
-            show_default="$VULTRSCALE_CONFIG, else ./vultrscale.toml",
+            help=shown("TOML config file.", "$VULTRSCALE_CONFIG, else ./vultrscale.toml"),
+            show_default=False,
         ),
     ] = None,
     debug: Annotated[
