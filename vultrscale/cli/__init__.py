@@ -25,7 +25,6 @@ from typer.core import TyperGroup
 
 from vultrscale import __version__
 from vultrscale.cli._common import examples, shown, state
-from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, VultrscaleError
 
 
 @dataclass(frozen=True)
@@ -203,45 +202,49 @@ def main(argv: list[str] | None = None) -> int:
     opts = args[: args.index("--")] if "--" in args else args
     state.debug = "--debug" in opts
     as_json = "--json" in opts
-    errors = _click_exceptions()
-    exits = (typer.Exit, getattr(errors, "Exit", typer.Exit))
-    aborts = (typer.Abort, getattr(errors, "Abort", typer.Abort))
     try:
-        command = typer.main.get_command(app)
-        rv = command.main(args=args, prog_name="vultrscale", standalone_mode=False)
+        rv = typer.main.get_command(app).main(
+            args=args, prog_name="vultrscale", standalone_mode=False
+        )
         code = rv if isinstance(rv, int) else 0
-    except exits as exc:
-        code = exc.exit_code
-    except aborts:
-        code = fail("aborted.", "", EXIT_RUNTIME, as_json)
-    except errors.ClickException as exc:
+    except BaseException as exc:  # noqa: BLE001 - sorted out below; errors load only on failure
+        code = _outcome(exc, as_json)
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+def _outcome(exc: BaseException, as_json: bool) -> int:
+    """The exit code for an exception ending a command, reported once."""
+    from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, VultrscaleError, first_line
+
+    errors = _click_exceptions()
+    if isinstance(exc, (typer.Exit, getattr(errors, "Exit", typer.Exit))):
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+    if isinstance(exc, (typer.Abort, getattr(errors, "Abort", typer.Abort))):
+        return fail("aborted.", "", EXIT_RUNTIME, as_json)
+    if isinstance(exc, errors.ClickException):
         exc.show()
         code = EXIT_USAGE if isinstance(exc, errors.UsageError) else exc.exit_code
         if as_json:
             hint = "Run the command with --help to see what it takes."
             fail(exc.format_message(), hint, code, as_json=True)
-    except VultrscaleError as exc:
-        if state.debug:
-            import traceback
+        return code
+    if isinstance(exc, KeyboardInterrupt):
+        return fail("interrupted.", "", 130, as_json)
+    if not isinstance(exc, Exception):  # SystemExit from a library, GeneratorExit
+        raise exc
+    if state.debug:
+        import traceback
 
-            traceback.print_exc()
-        code = fail(exc.message, exc.hint, exc.exit_code, as_json)
-    except KeyboardInterrupt:
-        code = fail("interrupted.", "", 130, as_json)
-    except Exception as exc:  # the guard: a bug, or a failure no adapter translated yet
-        from vultrscale.errors import first_line
-
-        if state.debug:
-            import traceback
-
-            traceback.print_exc()
-        hint = (
-            "Report it with the traceback above."
-            if state.debug
-            else "Run again with --debug and report it."
-        )
-        message = f"unexpected {type(exc).__name__}: {first_line(exc)}"
-        code = fail(message, hint, EXIT_RUNTIME, as_json)
-    if argv is None:
-        sys.exit(code)
-    return code
+        traceback.print_exception(exc)
+    if isinstance(exc, VultrscaleError):
+        return fail(exc.message, exc.hint, exc.exit_code, as_json)
+    # the guard: a bug, or a failure no adapter translated yet
+    hint = (
+        "Report it with the traceback above."
+        if state.debug
+        else "Run again with --debug and report it."
+    )
+    message = f"unexpected {type(exc).__name__}: {first_line(exc)}"
+    return fail(message, hint, EXIT_RUNTIME, as_json)
