@@ -18,13 +18,16 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 from vultrscale import __version__
 from vultrscale.cli._common import examples, shown, state
+
+if TYPE_CHECKING:
+    from typer import _click
 
 
 @dataclass(frozen=True)
@@ -63,17 +66,17 @@ class LazyGroup(TyperGroup):
     """The root group: lists ``COMMANDS`` without importing them; builds one group's click
     commands from its Typer app only when one of them is asked for."""
 
-    def list_commands(self, ctx: Any) -> list[str]:
+    def list_commands(self, ctx: _click.Context) -> list[str]:
         return [e.name for e in COMMANDS]
 
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
         entry = _BY_NAME.get(cmd_name)
         if entry is None:
             return None
         module = importlib.import_module(entry.module)
         return typer.main.get_group(module.app).commands.get(cmd_name)
 
-    def format_commands(self, ctx: Any, formatter: Any) -> None:
+    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(e.name, e.summary) for e in COMMANDS])
 
