@@ -156,17 +156,21 @@ def hoist_globals(args: list[str]) -> list[str]:
     return front + rest
 
 
-def fail(message: str, hint: str, code: int, as_json: bool = False) -> int:
-    """Report an error on stderr (``Error:`` and ``Fix:`` lines), secrets redacted; with
-    ``as_json`` also as one JSON document on stdout. Returns ``code``."""
+def fail(
+    message: str, hint: str, code: int, as_json: bool = False, already_shown: bool = False
+) -> int:
+    """Report an error on stderr (``Error:`` and ``Fix:`` lines; not again when click has
+    ``already_shown`` it), secrets redacted; with ``as_json`` also as one JSON document on stdout.
+    Returns ``code``."""
     from vultrscale.config import Secrets
     from vultrscale.errors import redact
 
     secrets = Secrets.from_env(os.environ).values()
     text, fix = redact(message, secrets), redact(hint, secrets)
-    typer.echo(f"Error: {text}", err=True)
-    if fix:
-        typer.echo(f"Fix: {fix}", err=True)
+    if not already_shown:
+        typer.echo(f"Error: {text}", err=True)
+        if fix:
+            typer.echo(f"Fix: {fix}", err=True)
     if as_json:
         import json
 
@@ -231,7 +235,7 @@ def _outcome(exc: BaseException, as_json: bool) -> int:
         code = EXIT_USAGE if isinstance(exc, errors.UsageError) else exc.exit_code
         if as_json:
             hint = "Run the command with --help to see what it takes."
-            fail(exc.format_message(), hint, code, as_json=True)
+            fail(exc.format_message(), hint, code, as_json=True, already_shown=True)
         return code
     if isinstance(exc, KeyboardInterrupt):
         return fail("interrupted.", "", 130, as_json)
