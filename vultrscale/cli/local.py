@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json
+from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
 from vultrscale.errors import EXIT_RUNTIME, UsageError
 
 app = group()
@@ -136,8 +136,8 @@ def sim_serve(
         typer.Option(
             "--api-key",
             metavar="KEY",
-            help="The key the simulator accepts.",
-            show_default="$VULTR_API_KEY, else a new one",
+            help=shown("The key the simulator accepts.", "$VULTR_API_KEY, else a new one"),
+            show_default=False,
         ),
     ] = None,
     no_rate_limit: Annotated[

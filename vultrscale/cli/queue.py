@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vultrscale.cli._common import examples, group, state
+from vultrscale.cli._common import examples, group, shown, state
 from vultrscale.errors import UsageError
 from vultrscale.wiring import DB_HINT, require
 
@@ -44,21 +44,23 @@ def worker_cmd(
         typer.Option(
             "--app",
             metavar="MODULE:FUNC",
-            help="The job handler.",
-            show_default="$VULTRSCALE_WORKER_APP",
+            help=shown("The job handler.", "$VULTRSCALE_WORKER_APP"),
+            show_default=False,
         ),
     ] = None,
     concurrency: Annotated[
         int | None,
-        typer.Option("--concurrency", metavar="N", help="Jobs run at once.", show_default="4"),
+        typer.Option(
+            "--concurrency", metavar="N", help=shown("Jobs run at once.", "4"), show_default=False
+        ),
     ] = None,
     drain_seconds: Annotated[
         float | None,
         typer.Option(
             "--drain-seconds",
             metavar="SECONDS",
-            help="On SIGTERM, wait this long for jobs.",
-            show_default="20",
+            help=shown("On SIGTERM, wait this long for jobs.", "20"),
+            show_default=False,
         ),
     ] = None,
     lease_seconds: Annotated[
@@ -66,14 +68,17 @@ def worker_cmd(
         typer.Option(
             "--lease-seconds",
             metavar="SECONDS",
-            help="Lease per job, renewed every third.",
-            show_default="60",
+            help=shown("Lease per job, renewed every third.", "60"),
+            show_default=False,
         ),
     ] = None,
     queue_name: Annotated[
         str | None,
         typer.Option(
-            "--queue", metavar="NAME", help="Queue to take jobs from.", show_default="default"
+            "--queue",
+            metavar="NAME",
+            help=shown("Queue to take jobs from.", "default"),
+            show_default=False,
         ),
     ] = None,
     outage_seconds: Annotated[
