@@ -86,8 +86,10 @@ def worker_cmd(
         typer.Option(
             "--outage-seconds",
             metavar="SECONDS",
-            help="Ride out an unreachable database this long, then exit 1 (0: the lease time).",
-            show_default="0",
+            help=shown(
+                "Ride out an unreachable database this long, then exit 1 (0: the lease time).", "0"
+            ),
+            show_default=False,
         ),
     ] = None,
     backoff_seconds: Annotated[
