@@ -48,7 +48,7 @@ def translated(doing: str, url: str = "") -> Iterator[None]:
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
     """A connection to ``url`` with the project's connect timeout (``kwargs`` go to psycopg)."""
     kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
-    with translated(f"cannot connect to the database at {mask_url(url)}", url):
+    with translated(f"cannot reach the database at {mask_url(url)}", url):
         return psycopg.connect(url, autocommit=autocommit, **kwargs)
 
 
