@@ -19,6 +19,7 @@ included) but are not projected to the month's end: they are on their way out.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,9 +33,12 @@ _EPS = 1e-9
 
 def utc(dt: datetime) -> datetime:
     """``dt`` in UTC; a naive datetime is taken to be UTC already."""
+    if dt.tzinfo is UTC:
+        return dt  # the common case, kept cheap: a pass calls this per instance many times
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
 
 
+@functools.lru_cache(maxsize=64)  # a pass asks for the same month many times
 def month_bounds(now: datetime) -> tuple[datetime, datetime]:
     """Start of the UTC calendar month holding ``now``, and start of the next one."""
     now = utc(now)
