@@ -190,12 +190,30 @@ def check(
     month's bill but they are neither counted nor projected to the month's end.
     """
     out = set(leaving)
-    keep = [i for i in observation.instances if i.state.counts_as_capacity and i.label not in out]
-    n = len(keep)
-    mtd = month_to_date(observation.instances, now, price, observation.month_to_date_usd)
-    committed = mtd + sum(to_month_end(i, price, now) for i in keep)
+    start, end = month_bounds(now)
+    # One sweep over the fleet: each live instance's price and cost so far are computed once
+    # and serve month-to-date, the projection to the month's end and rule (a) alike (the same
+    # sums as month_to_date, to_month_end and instance_price, without recomputing them).
+    n = 0
+    live_so_far = live_listed = gone_listed = 0.0
+    to_end = monthly_kept = 0.0
+    for i in observation.instances:
+        if not _live(i):
+            gone_listed += i.billed_usd
+            continue
+        p = instance_price(i, price)
+        created = i.created_at or start
+        so_far = max(billed(created, now, p, start, end), i.billed_usd)
+        live_so_far += so_far
+        live_listed += i.billed_usd
+        if i.state.counts_as_capacity and i.label not in out:
+            n += 1
+            monthly_kept += p.monthly
+            to_end += max(0.0, billed(created, end, p, start, end) - so_far)
+    gone = max(observation.month_to_date_usd - live_listed, gone_listed, 0.0)
+    mtd = gone + live_so_far
+    committed = mtd + to_end
     per_new = new_instance_to_month_end(price, now)
-    monthly_kept = sum(instance_price(i, price).monthly for i in keep)
 
     room_a = ceiling - monthly_kept
     by_a = n + _whole(room_a, price.monthly)
