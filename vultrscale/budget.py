@@ -73,23 +73,20 @@ def billed(
 
 
 def ledger_bills(
-    rows: Iterable[LedgerRow], now: datetime, price: PlanPrice | None
-) -> tuple[dict[str, float], float]:
-    """This UTC month's bill per ledger row (gone rows too) and the fleet's total, in one sweep.
-
-    A row is billed at the price it was created at, else the plan's current price (0 when
-    unknown); a live row up to ``now``, a gone one up to when it went."""
+    rows: Iterable[LedgerRow], price: PlanPrice | None, now: datetime
+) -> dict[str, float]:
+    """This UTC month's bill of each ledger row at ``now`` (gone rows too), by label, in one
+    sweep. A row is billed at the price it was created at, else the plan's current price (0
+    when unknown); a live row up to ``now``, a gone one up to when it went. The sum of the
+    values is ``Observation.month_to_date_usd``; each value is that instance's ``billed_usd``."""
     start, end = month_bounds(now)
     current = price.monthly if price else 0.0
-    each: dict[str, float] = {}
-    total = 0.0
+    bills: dict[str, float] = {}
     for row in rows:
         monthly = row.monthly_cost if row.monthly_cost is not None else current
         p = PlanPrice(row.plan or "", monthly, row.hourly_rate or None)
-        cost = billed(row.created_at, row.gone_at or now, p, start, end)
-        each[row.label] = cost
-        total += cost
-    return each, total
+        bills[row.label] = billed(row.created_at, row.gone_at or now, p, start, end)
+    return bills
 
 
 def instance_price(instance: Instance, price: PlanPrice) -> PlanPrice:
