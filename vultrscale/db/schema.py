@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import psycopg
 
 from vultrscale.config import mask_url
-from vultrscale.errors import DatabaseError, first_line
+from vultrscale.db import pg
 
 # Any constant unique to this project: hashtext('vultrscale.schema') would need a round trip.
 _LOCK_KEY = 0x76_73_63_68_65_6D  # "vschem"
@@ -177,20 +177,20 @@ def current_version(conn: psycopg.Connection) -> int:
 @contextmanager
 def locked(conninfo: str, doing: str, hint: str) -> Iterator[psycopg.Connection]:
     """A connection in a transaction holding the schema lock; psycopg errors become
-    DatabaseError naming ``doing`` (secrets masked) with ``hint``."""
+    DatabaseError naming ``doing`` (secrets masked), with ``hint`` unless the database is
+    unreachable (then the one hint for that)."""
+    conn = pg.connect(conninfo, autocommit=False)
     try:
-        with psycopg.connect(conninfo, connect_timeout=10) as conn, conn.transaction():
+        with conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             yield conn
-    except psycopg.OperationalError as exc:
-        raise DatabaseError(
-            f"cannot reach the database at {mask_url(conninfo)}: {first_line(exc, [conninfo])}",
-            hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
-        ) from exc
     except psycopg.Error as exc:
-        raise DatabaseError(
-            f"{doing} at {mask_url(conninfo)} failed: {first_line(exc, [conninfo])}", hint=hint
-        ) from exc
+        err = pg.translate(exc, f"{doing} at {mask_url(conninfo)} failed", conninfo)
+        if not isinstance(exc, psycopg.OperationalError):
+            err.hint = hint
+        raise err from None
+    finally:
+        conn.close()
 
 
 def migrate(conninfo: str) -> int:
