@@ -48,10 +48,10 @@ def queue_name_problem(name: str) -> str | None:
     return None if QUEUE_NAME.match(name) else f"{name!r} must be {QUEUE_NAME_FORM}"
 
 
-def parse_duration(value: object, key: str = "duration") -> timedelta:
-    """Parse ``90s``, ``5m``, ``1h``, ``1.5h``, ``250ms``; a bare number means seconds.
+def to_duration(value: object) -> timedelta:
+    """``90s``, ``5m``, ``1h``, ``1.5h``, ``250ms`` or a bare number of seconds, as a timedelta.
 
-    Finite, not negative and at most MAX_DURATION, or ValueError naming ``key``.
+    Finite, not negative and at most MAX_DURATION, else ValueError saying what is allowed.
     """
     seconds: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -61,10 +61,18 @@ def parse_duration(value: object, key: str = "duration") -> timedelta:
         if m:
             seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     if seconds is None or not math.isfinite(seconds):
-        raise ValueError(f"{key}: expected {DURATION_FORM}, got {value!r}")
+        raise ValueError(f"expected {DURATION_FORM}, got {value!r}")
     if not 0 <= seconds <= MAX_DURATION.total_seconds():
-        raise ValueError(f"{key}: {value!r} is out of range: expected {DURATION_FORM}")
+        raise ValueError(f"{value!r} is out of range: expected {DURATION_FORM}")
     return timedelta(seconds=seconds)
+
+
+def parse_duration(value: object, key: str = "duration") -> timedelta:
+    """:func:`to_duration`, its ValueError naming ``key``."""
+    try:
+        return to_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 def format_duration(td: timedelta) -> str:

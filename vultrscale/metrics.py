@@ -13,6 +13,7 @@ from prometheus_client import (
     write_to_textfile,
 )
 
+from vultrscale.errors import UsageError
 from vultrscale.model import InstanceState
 from vultrscale.reconcile import PassResult
 
@@ -94,4 +95,11 @@ class Metrics:
         write_to_textfile(path, self.registry)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+        """Serve /metrics on addr:port; a port in use or refused is a UsageError (exit 2)."""
+        try:
+            start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise UsageError(
+                f"--metrics-port {port}: cannot listen on {addr}:{port}: {exc.strerror or exc}",
+                hint="Pick a free port (`ss -ltn` lists those in use) or drop --metrics-port.",
+            ) from None
