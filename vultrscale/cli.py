@@ -11,11 +11,12 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from vultrscale import __version__
+from vultrscale import __version__, params
 from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, UsageError, VultrscaleError, redact
 
 if TYPE_CHECKING:
@@ -151,11 +152,21 @@ def worker_cmd(
         typer.Option("--lease-seconds", help="Lease per job, renewed every third (default 60)."),
     ] = None,
     queue_name: Annotated[
-        str | None, typer.Option("--queue", help="Queue to take jobs from (default: default).")
+        str | None,
+        typer.Option(
+            "--queue", parser=params.queue_name, help="Queue to take jobs from (default: default)."
+        ),
     ] = None,
-    backoff_seconds: Annotated[
-        float, typer.Option("--backoff-seconds", help="First retry delay; doubles per attempt.")
-    ] = 2.0,
+    backoff: Annotated[
+        timedelta,
+        typer.Option(
+            "--backoff-seconds",
+            parser=params.duration(),
+            metavar="DURATION",
+            show_default="2s",
+            help="First retry delay; doubles per attempt.",
+        ),
+    ] = timedelta(seconds=2),
 ) -> None:
     """The reference worker runtime: claim, lease, heartbeat, drain on SIGTERM."""
     from vultrscale import config as cfg_mod
@@ -171,8 +182,6 @@ def worker_cmd(
     # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
     w = cfg_mod.load(_globals.config_path, env, flags).worker
-    if backoff_seconds < 0:
-        raise UsageError("--backoff-seconds must be >= 0.", hint="Pass e.g. --backoff-seconds 2.")
     handler = runtime.load_handler(w.app)  # exit 2 before touching the database
     conninfo = require(
         os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
@@ -188,7 +197,7 @@ def worker_cmd(
         queue=w.queue,
         worker_id=worker_id,
         instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
-        backoff_seconds=backoff_seconds,
+        backoff_seconds=backoff.total_seconds(),
     )
     if not _globals.debug:
         # The pool logs each failed reconnect; the worker reports a lost database once, itself.
@@ -200,11 +209,27 @@ def worker_cmd(
 
 @app.command("enqueue")
 def enqueue_cmd(
-    count: Annotated[int, typer.Option("--count", min=1, help="How many jobs.")] = 1,
+    count: Annotated[
+        int,
+        typer.Option(
+            "--count",
+            parser=params.count(params.MAX_ENQUEUE_COUNT),
+            metavar="N",
+            help="How many jobs.",
+        ),
+    ] = 1,
     payload: Annotated[str, typer.Option("--payload", help="JSON payload of each job.")] = "{}",
-    queue_name: Annotated[str, typer.Option("--queue", help="Queue name.")] = "default",
+    queue_name: Annotated[
+        str, typer.Option("--queue", parser=params.queue_name, help="Queue name.")
+    ] = "default",
     max_attempts: Annotated[
-        int, typer.Option("--max-attempts", min=1, help="Attempts before a job is dead.")
+        int,
+        typer.Option(
+            "--max-attempts",
+            parser=params.count(),
+            metavar="N",
+            help="Attempts before a job is dead.",
+        ),
     ] = 3,
 ) -> None:
     """Put jobs on the built-in queue (tests, demo, smoke checks)."""
@@ -261,17 +286,27 @@ def snapshot_cmd(
         ),
     ] = None,
     keep: Annotated[
-        int, typer.Option("--keep", metavar="N", help="Fleet snapshots to keep, newest first.")
+        int,
+        typer.Option(
+            "--keep",
+            parser=params.count(),
+            metavar="N",
+            help="Fleet snapshots to keep, newest first.",
+        ),
     ] = 3,
     no_wait: Annotated[
         bool, typer.Option("--no-wait", help="Return after the request; use --resume later.")
     ] = False,
-    timeout: Annotated[
-        str,
+    wait_for: Annotated[
+        timedelta,
         typer.Option(
-            "--timeout", metavar="DURATION", help="How long to wait for `complete` (e.g. 60m)."
+            "--timeout",
+            parser=params.duration(timedelta(seconds=1)),
+            metavar="DURATION",
+            show_default="60m",
+            help="How long to wait for `complete` (e.g. 60m).",
         ),
-    ] = "60m",
+    ] = timedelta(minutes=60),
     resume: Annotated[
         str | None,
         typer.Option(
@@ -282,10 +317,6 @@ def snapshot_cmd(
     ] = None,
 ) -> None:
     """Bake the base image: snapshot an instance, wait until complete, record it, prune."""
-    from datetime import timedelta
-
-    from vultrscale.config import parse_duration
-
     if bool(from_instance) == bool(resume):
         raise UsageError(
             "give exactly one of --from-instance ID and --resume SNAPSHOT_ID",
@@ -293,15 +324,6 @@ def snapshot_cmd(
         )
     if resume and no_wait:
         raise UsageError("--no-wait has no meaning with --resume", hint="Drop --no-wait.")
-    try:
-        wait_for: timedelta = parse_duration(timeout, "--timeout")
-    except ValueError as exc:
-        raise UsageError(str(exc), hint="Write it like 90s, 30m or 2h.") from None
-    if keep < 1 or wait_for.total_seconds() <= 0:
-        raise UsageError(
-            "--keep must be at least 1 and --timeout positive",
-            hint="The new snapshot is always kept; --keep 1 deletes every older fleet snapshot.",
-        )
     cfg = load_config()
     api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", _KEY_HINT)
     db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", _DB_HINT)
@@ -642,9 +664,16 @@ def reconcile_cmd(
         bool, typer.Option("--dry-run", help="Print the plan; change nothing.")
     ] = False,
     loop: Annotated[bool, typer.Option("--loop", help="Run passes until interrupted.")] = False,
-    interval: Annotated[
-        str, typer.Option("--interval", help="Time between passes with --loop (e.g. 30s).")
-    ] = "30s",
+    every: Annotated[
+        timedelta,
+        typer.Option(
+            "--interval",
+            parser=params.duration(params.MIN_RECONCILE_INTERVAL),
+            metavar="DURATION",
+            show_default="30s",
+            help="Time between passes with --loop (at least 5s).",
+        ),
+    ] = timedelta(seconds=30),
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON document per pass.")
     ] = False,
@@ -654,17 +683,17 @@ def reconcile_cmd(
     ] = None,
     metrics_port: Annotated[
         int | None,
-        typer.Option("--metrics-port", help="With --loop, serve /metrics on 127.0.0.1:PORT."),
+        typer.Option(
+            "--metrics-port",
+            parser=params.port,
+            metavar="PORT",
+            help="With --loop, serve /metrics on 127.0.0.1:PORT.",
+        ),
     ] = None,
 ) -> int:
     """One reconcile pass (or a loop): observe, progress drains, decide, act, record."""
-    from vultrscale.config import parse_duration
     from vultrscale.reconcile import run_forever, run_pass
 
-    try:
-        every = parse_duration(interval, "--interval")
-    except ValueError as exc:
-        raise UsageError(str(exc), hint="Write durations like 30s, 5m or 1h.") from None
     if metrics_port is not None and not loop:
         raise UsageError(
             "--metrics-port needs --loop", hint="Use --metrics-file for single passes."
@@ -712,7 +741,16 @@ def _status_once(cfg: Config, parts: Any) -> tuple[Any, Any]:
 def status_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh every few seconds.")] = False,
-    every: Annotated[float, typer.Option("--every", help="Seconds between refreshes.")] = 5.0,
+    every: Annotated[
+        timedelta,
+        typer.Option(
+            "--every",
+            parser=params.duration(params.MIN_WATCH_EVERY),
+            metavar="DURATION",
+            show_default="5s",
+            help="Time between refreshes with --watch.",
+        ),
+    ] = timedelta(seconds=5),
 ) -> int:
     """The fleet: every instance, the queue, desired count and why, budget used."""
     from vultrscale import status
@@ -737,7 +775,7 @@ def status_cmd(
 
         with Live(view, console=console, auto_refresh=False) as live:
             while True:
-                time.sleep(max(0.5, every))
+                time.sleep(every.total_seconds())
                 result, now = _status_once(cfg, parts)
                 live.update(
                     status.render(result.observation, result.plan, now, ceiling, cfg.fleet.name),
@@ -749,7 +787,16 @@ def status_cmd(
 
 @app.command("events")
 def events_cmd(
-    since: Annotated[str, typer.Option("--since", help="How far back (e.g. 1h, 30m, 2d).")] = "1h",
+    window: Annotated[
+        timedelta,
+        typer.Option(
+            "--since",
+            parser=params.duration(),
+            metavar="DURATION",
+            show_default="1h",
+            help="How far back (e.g. 1h, 30m, 2d).",
+        ),
+    ] = timedelta(hours=1),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """The decision ledger: every pass, its inputs, the clamps, actions and results."""
@@ -757,14 +804,10 @@ def events_cmd(
 
     import psycopg
 
-    from vultrscale.config import parse_duration
+    from vultrscale.config import format_duration
     from vultrscale.db import ledger
     from vultrscale.errors import DatabaseError, first_line
 
-    try:
-        window = parse_duration(since, "--since")
-    except ValueError as exc:
-        raise UsageError(str(exc), hint="Write durations like 30m, 1h or 2d.") from None
     cfg = load_config()
     db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", _DB_HINT)
     try:
@@ -773,14 +816,16 @@ def events_cmd(
     except psycopg.Error as exc:
         raise DatabaseError(f"cannot read the events: {first_line(exc, [db_url])}") from None
     if as_json:
-        print_json({"fleet": cfg.fleet.name, "since": since, "events": rows})
+        print_json({"fleet": cfg.fleet.name, "since": format_duration(window), "events": rows})
         return
     from rich.console import Console
 
     from vultrscale.status import events_table
 
     if not rows:
-        typer.echo(f"No passes recorded for fleet {cfg.fleet.name} in the last {since}.")
+        typer.echo(
+            f"No passes recorded for fleet {cfg.fleet.name} in the last {format_duration(window)}."
+        )
         return
     Console().print(events_table(rows))
 
@@ -790,7 +835,15 @@ def events_cmd(
 
 @sim_app.command("serve")
 def sim_serve(
-    port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8090,
+    port: Annotated[
+        int,
+        typer.Option(
+            "--port",
+            parser=params.port_or_zero,
+            metavar="PORT",
+            help="TCP port; 0 picks a free one.",
+        ),
+    ] = 8090,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (keep it on loopback).")
     ] = "127.0.0.1",
@@ -858,8 +911,15 @@ def sim_serve(
 @app.command("demo")
 def demo_cmd(
     duration: Annotated[
-        float, typer.Option("--duration", min=10, help="Stop after this many seconds at most.")
-    ] = 120.0,
+        timedelta,
+        typer.Option(
+            "--duration",
+            parser=params.duration(params.MIN_DEMO_DURATION),
+            metavar="DURATION",
+            show_default="2m",
+            help="Stop after this long at most (at least 10s).",
+        ),
+    ] = timedelta(minutes=2),
     bursts: Annotated[
         str,
         typer.Option("--bursts", help="Workload: SECONDS:JOBS,... enqueued into the run."),
@@ -889,7 +949,7 @@ def demo_cmd(
     from vultrscale import demo
 
     settings = demo.Settings(
-        duration=duration,
+        duration=duration.total_seconds(),
         bursts=demo.parse_bursts(bursts),
         seed=seed,
         logs_dir=Path(logs).expanduser().resolve() if logs else None,
