@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from vultrscale.errors import ConfigError, secret_values
+from vultrscale.errors import ConfigError, conninfo_problem, http_userinfo, secret_values
 from vultrscale.errors import mask_url as mask_url  # re-exported: part of config's contract
 from vultrscale.errors import url_password as url_password
 
@@ -184,6 +184,8 @@ class Secrets:
     api_key: Secret = field(default_factory=lambda: Secret(""))
     database_url: Secret = field(default_factory=lambda: Secret(""))
     worker_database_url: Secret = field(default_factory=lambda: Secret(""))
+    # user:password of a VULTR_API_URL that carries them (a proxy with basic auth)
+    api_url_userinfo: Secret = field(default_factory=lambda: Secret(""))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Secrets:
@@ -192,13 +194,28 @@ class Secrets:
             api_key=Secret(env.get("VULTR_API_KEY", "").strip()),
             database_url=Secret(env.get("DATABASE_URL", "").strip()),
             worker_database_url=Secret(env.get("WORKER_DATABASE_URL", "").strip()),
+            api_url_userinfo=Secret(http_userinfo(env.get("VULTR_API_URL", "").strip()) or ""),
         )
 
     def values(self) -> list[str]:
         """Every secret string, including the password inside the database URLs."""
         return secret_values(
-            s.reveal() for s in (self.api_key, self.database_url, self.worker_database_url)
+            s.reveal()
+            for s in (
+                self.api_key,
+                self.database_url,
+                self.worker_database_url,
+                self.api_url_userinfo,
+            )
         )
+
+    def problems(self) -> list[str]:
+        """The database URLs libpq cannot read (each message says which form is expected)."""
+        named = (
+            ("DATABASE_URL", self.database_url),
+            ("WORKER_DATABASE_URL", self.worker_database_url),
+        )
+        return [p for name, s in named if s and (p := conninfo_problem(s.reveal(), name))]
 
 
 @dataclass(frozen=True)
@@ -226,7 +243,7 @@ class Config:
         db = self.secrets.database_url.reveal()
         wdb = self.secrets.worker_database_url.reveal()
         out["environment"] = {
-            "VULTR_API_URL": self.api_url,
+            "VULTR_API_URL": mask_url(self.api_url),
             "VULTR_API_KEY": "*** (set)" if self.secrets.api_key else "(not set)",
             "DATABASE_URL": mask_url(db) if db else "(not set)",
             "WORKER_DATABASE_URL": mask_url(wdb) if wdb else "(not set: DATABASE_URL is used)",
@@ -366,9 +383,11 @@ def load(
     api_url = merged_env.get("VULTR_API_URL", "") or DEFAULT_API_URL
     if not re.match(r"^https?://[^\s/]+", api_url):
         problems.append(
-            f"VULTR_API_URL: {api_url!r} is not an http(s) URL (example: https://api.vultr.com)"
+            f"VULTR_API_URL: {mask_url(api_url)!r} is not an http(s) URL "
+            "(example: https://api.vultr.com)"
         )
     secrets = Secrets.from_env(merged_env)
+    problems.extend(secrets.problems())
     cfg = None
     if not problems:
         cfg = Config(**built, secrets=secrets, api_url=api_url.rstrip("/"), source=source)
