@@ -122,7 +122,11 @@ _DB_HINT = "Set DATABASE_URL, e.g. export DATABASE_URL=postgresql://user:passwor
 
 
 def _database_url() -> str:
-    return require(os.environ.get("DATABASE_URL", "").strip(), "DATABASE_URL", _DB_HINT)
+    from vultrscale.errors import checked_conninfo
+
+    return checked_conninfo(
+        require(os.environ.get("DATABASE_URL", "").strip(), "DATABASE_URL", _DB_HINT)
+    )
 
 
 @db_app.command("init")
@@ -183,10 +187,14 @@ def worker_cmd(
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
     w = cfg_mod.load(_globals.config_path, env, flags).worker
     handler = runtime.load_handler(w.app)  # exit 2 before touching the database
-    conninfo = require(
-        os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
-        "DATABASE_URL",
-        _DB_HINT,
+    from vultrscale.errors import checked_conninfo
+
+    conninfo = checked_conninfo(
+        require(
+            os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
+            "DATABASE_URL",
+            _DB_HINT,
+        )
     )
     worker_id = os.environ.get("VULTRSCALE_WORKER_ID", "").strip() or runtime.default_worker_id()
     settings = runtime.WorkerSettings(
@@ -459,6 +467,7 @@ def instances_cmd(
     """The fleet's instances as the Vultr API reports them (no database needed)."""
     cfg = load_config()
     api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", _API_KEY_HINT)
+    from vultrscale.config import mask_url
     from vultrscale.vultr.client import VultrClient
 
     with VultrClient(api_key, cfg.api_url) as client:
@@ -469,7 +478,7 @@ def instances_cmd(
             {
                 "fleet": cfg.fleet.name,
                 "tag": cfg.fleet.tag,
-                "api_url": cfg.api_url,
+                "api_url": mask_url(cfg.api_url),
                 "count": len(found),
                 "instances": [_instance_json(i) for i in found],
             }
@@ -480,10 +489,14 @@ def instances_cmd(
     console = Console()
     where = f"fleet {cfg.fleet.name!r}, tag {cfg.fleet.tag!r}"
     if not found:
-        console.print(f"No instances carry the tag ({where}) at {cfg.api_url}; the key works.")
+        console.print(
+            f"No instances carry the tag ({where}) at {mask_url(cfg.api_url)}; the key works."
+        )
         return
     console.print(_instances_table(found, console.width))
-    console.print(f"{len(found)} instance(s): {where}\nAPI: {cfg.api_url}", highlight=False)
+    console.print(
+        f"{len(found)} instance(s): {where}\nAPI: {mask_url(cfg.api_url)}", highlight=False
+    )
 
 
 def _instance_json(inst: VInstance) -> dict[str, Any]:
