@@ -315,7 +315,7 @@ class _Pass:
         cached = self.parts.cache.get("price")
         if cached is not None and self.parts.clock.monotonic() < cached[1]:
             return cached[0]  # type: ignore[no-any-return]
-        from vultrscale.vultr.errors import NotFound
+        from vultrscale.vultr.errors import NotFound, unknown_region
 
         client, fleet = self.parts.client, self.cfg.fleet
         try:
@@ -325,7 +325,11 @@ class _Pass:
                 f"fleet.plan {fleet.plan!r} is not a Vultr plan",
                 hint="Pick a plan id from https://api.vultr.com/v2/plans (e.g. vc2-1c-2gb).",
             ) from None
-        if fleet.plan not in client.region_availability(fleet.region):
+        try:
+            available = client.region_availability(fleet.region)
+        except NotFound:
+            raise unknown_region(fleet.region) from None
+        if fleet.plan not in available:
             raise UsageError(
                 f"plan {fleet.plan!r} is not offered in region {fleet.region!r}",
                 hint="Choose another plan or region; GET /v2/regions/<id>/availability lists them.",
