@@ -110,6 +110,17 @@ class SnapshotTimeout(RuntimeFailure):
         self.snapshot_id = snapshot_id
 
 
+class SnapshotInterrupted(RuntimeFailure):
+    """Ctrl-C while waiting: the snapshot goes on at Vultr; ``--resume`` picks it up."""
+
+    exit_code = 130  # the shell's code for SIGINT, as every interrupted command returns
+
+
+def resume_command(snapshot_id: str) -> str:
+    """The command that waits for ``snapshot_id`` again and records it."""
+    return f"vultrscale snapshot --resume {snapshot_id}"
+
+
 ProgressFn = Callable[[Progress], None]
 
 
@@ -360,7 +371,29 @@ def _wait_complete(
     clock: Clock,
     on_progress: ProgressFn | None,
 ) -> tuple[VSnapshot, float]:
-    """Poll until ``complete``; returns the snapshot and the seconds waited."""
+    """Poll until ``complete``; returns the snapshot and the seconds waited.
+
+    Ctrl-C (KeyboardInterrupt) becomes SnapshotInterrupted naming the snapshot and the exact
+    ``--resume`` command: the snapshot is still being made at Vultr and is recorded pending.
+    """
+    try:
+        return _poll_until_complete(client, database_url, snapshot_id, timeout, clock, on_progress)
+    except KeyboardInterrupt:
+        raise SnapshotInterrupted(
+            f"interrupted while waiting for snapshot {snapshot_id}; Vultr keeps making it, "
+            "but it is not the fleet's snapshot yet",
+            hint=f"Run `{resume_command(snapshot_id)}` to wait for it again and record it.",
+        ) from None
+
+
+def _poll_until_complete(
+    client: SnapshotApi,
+    database_url: str,
+    snapshot_id: str,
+    timeout: timedelta,
+    clock: Clock,
+    on_progress: ProgressFn | None,
+) -> tuple[VSnapshot, float]:
     start = clock.monotonic()
     deadline = start + timeout.total_seconds()
     interval = FIRST_POLL
@@ -401,7 +434,7 @@ def _wait_complete(
                 f"{format_duration(timeout)}; it was not made the fleet's snapshot",
                 snapshot_id=snapshot_id,
                 hint="Big disks take a while. Vultr keeps working on it: run "
-                f"`vultrscale snapshot --resume {snapshot_id}` to wait again and record it "
+                f"`{resume_command(snapshot_id)}` to wait again and record it "
                 "(or check it in the Vultr console, Orchestration > Snapshots).",
             )
         pause = min(interval, deadline - now)
