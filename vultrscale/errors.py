@@ -107,14 +107,14 @@ _URL_USERINFO = re.compile(
 _URL_USERINFO_IN_TEXT = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*://[^:@/\s]*:)\S*@")
 _PASSWORD_PARAM = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)", re.IGNORECASE)
 # A fragment libpq (or another parser) quotes back from a string it could not parse.
-_QUOTED = re.compile(r'"([^"]{3,})"')
+_QUOTED = re.compile(r""""([^"]*)"|'([^']*)'""")
 
 
 def parse_conninfo(text: str) -> dict[str, str] | None:
     """libpq's reading of a connection string (URL or key=value); None if it is not one.
 
-    A URL whose host still holds an '@' (an unencoded '@' in the password) counts as not one:
-    libpq would read part of the password as the host name and show it.
+    A reading with an '@' in the host, port or database name, or a port that is not a number,
+    counts as not one: libpq took part of a password for one of those fields.
     """
     if not text.strip():
         return None
@@ -125,7 +125,11 @@ def parse_conninfo(text: str) -> dict[str, str] | None:
         parsed = {k: str(v) for k, v in conninfo_to_dict(text).items() if v is not None}
     except psycopg.Error:
         return None
-    if "@" in parsed.get("host", "") or "@" in parsed.get("port", ""):
+    # libpq reads "postgresql://u:p/w@h/db" as host "u", port "p", dbname "w@h/db": an
+    # unencoded '/', '?' or '@' in a password moves it into fields that are printed.
+    if any("@" in parsed.get(k, "") for k in ("host", "port", "dbname")) or not re.fullmatch(
+        r"[\d,]*", parsed.get("port", "")
+    ):
         return None
     return parsed
 
@@ -238,6 +242,13 @@ def secret_values(values: Iterable[str | None]) -> list[str]:
     return out
 
 
+def _quoted_secret(m: re.Match[str], known: list[str]) -> str:
+    fragment = m[1] if m[1] is not None else m[2]
+    if len(fragment) >= 3 and any(fragment in s for s in known):
+        return m[0][0] + "***" + m[0][0]
+    return m[0]
+
+
 def first_line(exc: BaseException | str, secrets: Iterable[str | None] = ()) -> str:
     """The first line of an error (or of a library's message text), safe to show.
 
@@ -253,6 +264,6 @@ def first_line(exc: BaseException | str, secrets: Iterable[str | None] = ()) -> 
         line = type(exc).__name__ if isinstance(exc, BaseException) else "unknown error"
     known = secret_values(secrets)
     line = redact(line, known)
-    line = _QUOTED.sub(lambda m: '"***"' if any(m[1] in s for s in known) else m[0], line)
+    line = _QUOTED.sub(lambda m: _quoted_secret(m, known), line)
     line = _URL_USERINFO_IN_TEXT.sub(lambda m: m["head"] + "***@", line)
     return _PASSWORD_PARAM.sub(lambda p: p.group(1) + "***", line)

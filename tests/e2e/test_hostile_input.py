@@ -15,22 +15,17 @@ nothing listens on) or ``{empty_db}`` (a database without the schema); None unse
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
+from tests.e2e.cli_world import World, cli_world
 from vultrscale.cli import main
-from vultrscale.clock import SystemClock
-from vultrscale.db import throwaway
-from vultrscale.sim.app import Simulator, Timings
-from vultrscale.sim.server import ServerHandle, start_server
-from vultrscale.ssh import generate_host_key
+from vultrscale.sim.app import Simulator
 
 API_KEY = "VKEY-hostile-0123456789abcdefghijklm"
 DB_PASSWORD = "pw-hostile-never-shown-77"
@@ -155,69 +150,14 @@ CASES = [
 # fmt: on
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class World:
-    sim: Simulator
-    server: ServerHandle
-    db: str  # the database URL, with a password (trust auth ignores it)
-    empty_db: str
-    config: Path
-    closed: int
-    busy: socket.socket
-
-
 @pytest.fixture(scope="module")
 def world(
     pg_admin_url: str, _migrated_template: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[World]:
-    sim = Simulator(
-        API_KEY,
-        clock=SystemClock(),
-        seed=5,
-        rate_limit=None,
-        timings=Timings(boot_pending=30, boot_ready=30, visible_after=0, snapshot_complete=0),
-    )
-    server = start_server(sim)
-    base = sim.create_instance(region="ewr", plan="vc2-1c-2gb", os_id=2136, label="base")
-    snapshot_id = httpx.post(
-        f"{server.url}/v2/snapshots",
-        json={"instance_id": base["id"]},
-        headers={"Authorization": f"Bearer {API_KEY}"},
-    ).json()["snapshot"]["id"]
-    tmp = tmp_path_factory.mktemp("hostile")
-    private, public = generate_host_key()
-    key = tmp / "scaler_key"
-    key.write_text(private)
-    key.chmod(0o600)
-    (tmp / "scaler_key.pub").write_text(public + "\n")
-    config = tmp / "base.toml"
-    config.write_text(f'[fleet]\nsnapshot_id = "{snapshot_id}"\nssh_key = "{key}"\n')
-    busy = socket.socket()
-    busy.bind(("127.0.0.1", 0))
-    busy.listen()
-    with (
-        throwaway.scratch_database(pg_admin_url, template=_migrated_template) as db,
-        throwaway.scratch_database(pg_admin_url) as empty_db,
-    ):
-        try:
-            yield World(
-                sim,
-                server,
-                db.replace("postgres@", f"postgres:{DB_PASSWORD}@"),
-                empty_db,
-                config,
-                _free_port(),
-                busy,
-            )
-        finally:
-            busy.close()
-            server.stop()
+    with cli_world(
+        pg_admin_url, _migrated_template, tmp_path_factory.mktemp("hostile"), API_KEY, DB_PASSWORD
+    ) as w:
+        yield w
 
 
 def _row_counts(db: str) -> dict[str, int]:
