@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import typer
 
-from vultrscale.config import queue_name_problem, to_duration
+# vultrscale.config is imported inside the parsers: a command's --help must not load it.
 
 # `reconcile --loop` passes closer than this would list the fleet faster than Vultr's rate limit
 # allows for anything else and fill the ledger (a pass every 0 s wrote 100,000 rows an hour).
@@ -34,6 +34,8 @@ def duration(minimum: timedelta = timedelta(0)) -> Callable[[object], timedelta]
     def parse(value: object) -> timedelta:
         if isinstance(value, timedelta):
             return value
+        from vultrscale.config import to_duration
+
         try:
             td = to_duration(value)
         except ValueError as exc:
@@ -77,6 +79,8 @@ def port_or_zero(value: object) -> int:
 
 def queue_name(value: object) -> str:
     """A queue name, by the rule the worker applies to its own queue."""
+    from vultrscale.config import queue_name_problem
+
     text = str(value)
     problem = queue_name_problem(text)
     if problem:
