@@ -342,7 +342,17 @@ def _finish(
     on_progress: ProgressFn | None,
 ) -> BakeResult:
     fleet = cfg.fleet.name
-    snap, elapsed = _wait_complete(client, database_url, snapshot_id, timeout, clock, on_progress)
+    try:
+        snap, elapsed = _wait_complete(
+            client, database_url, snapshot_id, timeout, clock, on_progress
+        )
+    except KeyboardInterrupt:
+        # Ctrl-C: Vultr goes on making the snapshot, which stays recorded as pending.
+        raise SnapshotInterrupted(
+            f"interrupted while waiting for snapshot {snapshot_id}; Vultr keeps making it, "
+            "but it is not the fleet's snapshot yet",
+            hint=f"Run `{resume_command(snapshot_id)}` to wait for it again and record it.",
+        ) from None
     _record(database_url, fleet, snapshot_id, description, created_at, store.COMPLETE)
     # The previous fleet snapshot too: a reconcile pass that read it before this bake may be
     # creating instances from it right now.
@@ -371,29 +381,7 @@ def _wait_complete(
     clock: Clock,
     on_progress: ProgressFn | None,
 ) -> tuple[VSnapshot, float]:
-    """Poll until ``complete``; returns the snapshot and the seconds waited.
-
-    Ctrl-C (KeyboardInterrupt) becomes SnapshotInterrupted naming the snapshot and the exact
-    ``--resume`` command: the snapshot is still being made at Vultr and is recorded pending.
-    """
-    try:
-        return _poll_until_complete(client, database_url, snapshot_id, timeout, clock, on_progress)
-    except KeyboardInterrupt:
-        raise SnapshotInterrupted(
-            f"interrupted while waiting for snapshot {snapshot_id}; Vultr keeps making it, "
-            "but it is not the fleet's snapshot yet",
-            hint=f"Run `{resume_command(snapshot_id)}` to wait for it again and record it.",
-        ) from None
-
-
-def _poll_until_complete(
-    client: SnapshotApi,
-    database_url: str,
-    snapshot_id: str,
-    timeout: timedelta,
-    clock: Clock,
-    on_progress: ProgressFn | None,
-) -> tuple[VSnapshot, float]:
+    """Poll until ``complete``; returns the snapshot and the seconds waited."""
     start = clock.monotonic()
     deadline = start + timeout.total_seconds()
     interval = FIRST_POLL
