@@ -383,8 +383,8 @@ def load(
     api_url = merged_env.get("VULTR_API_URL", "") or DEFAULT_API_URL
     if not re.match(r"^https?://[^\s/]+", api_url):
         problems.append(
-            f"VULTR_API_URL: {mask_url(api_url)!r} is not an http(s) URL "
-            "(example: https://api.vultr.com)"
+            "VULTR_API_URL is not an http(s) URL (example: https://api.vultr.com; "
+            "a proxy with credentials: https://USER:PASSWORD@proxy.example)"
         )
     secrets = Secrets.from_env(merged_env)
     problems.extend(secrets.problems())

@@ -264,6 +264,9 @@ def first_line(exc: BaseException | str, secrets: Iterable[str | None] = ()) -> 
         line = type(exc).__name__ if isinstance(exc, BaseException) else "unknown error"
     known = secret_values(secrets)
     line = redact(line, known)
-    line = _QUOTED.sub(lambda m: _quoted_secret(m, known), line)
+    # Fragments come back only from strings libpq could not read (a readable one is quoted
+    # back only as its host or database name, which are not secret).
+    unreadable = [s for s in known if parse_conninfo(s) is None]
+    line = _QUOTED.sub(lambda m: _quoted_secret(m, unreadable), line)
     line = _URL_USERINFO_IN_TEXT.sub(lambda m: m["head"] + "***@", line)
     return _PASSWORD_PARAM.sub(lambda p: p.group(1) + "***", line)
