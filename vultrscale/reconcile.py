@@ -274,6 +274,8 @@ class _Pass:
         if not self.dry:
             # Bad input (no snapshot, or one that is not complete) stops the pass before it
             # touches any instance, drains included.
+            if plan.creates:  # exit 2 now, not a user-data with the scaler's credentials later
+                self.cfg.worker_database_url()
             snapshot = self.snapshot_id() if plan.creates and price is not None else ""
             self.act(plan, price, snapshot)
             ledger.save_fleet_state(

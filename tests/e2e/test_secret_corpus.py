@@ -213,6 +213,7 @@ def test_no_part_of_a_password_reaches_events_metrics_or_user_data(
         world,
         tmp_path,
         DATABASE_URL=url,
+        WORKER_DATABASE_URL=url,
         VULTRSCALE_POLICY_MIN_INSTANCES="1",
         VULTRSCALE_FLEET_NAME=fleet,
         VULTRSCALE_FLEET_TAG=fleet,

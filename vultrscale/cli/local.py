@@ -210,11 +210,18 @@ def sim_serve(
     epilog=examples("vultrscale config check", "vultrscale --config prod.toml config check --json"),
 )
 def config_check(as_json: JsonFlag = False) -> None:
-    """Load, validate and print the resolved config (secrets masked)."""
-    data = load_config().masked()
+    """Load, validate and print the resolved config (secrets masked), and which database role
+    the workers use (warning when it can write the scaler's tables)."""
+    from dataclasses import asdict
+
+    from vultrscale.db.roles import worker_access
+
+    cfg = load_config()
+    data = cfg.masked()
+    access = worker_access(cfg)
     if as_json:
-        print_json(data)
+        print_json({**data, "worker_access": asdict(access)})
         return
     from vultrscale.cli.views import print_config
 
-    print_config(data)
+    print_config(data, access)

@@ -27,11 +27,12 @@ def _database_url() -> str:
 
 @db_app.command("init", epilog=examples("DATABASE_URL=postgresql://... vultrscale db init"))
 def db_init() -> None:
-    """Create or upgrade the schema (idempotent, versioned)."""
-    from vultrscale.db import schema
+    """Create or upgrade the schema and the workers' role with its grants (idempotent)."""
+    from vultrscale.cli._common import load_config
+    from vultrscale.db import roles
 
-    version = schema.migrate(_database_url())
-    typer.echo(f"Schema is at version {version}.")
+    for line in roles.init_database(_database_url(), load_config()):
+        typer.echo(line)
 
 
 @app.command(
@@ -83,6 +84,15 @@ def worker_cmd(
             show_default="default",
         ),
     ] = None,
+    outage_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--outage-seconds",
+            metavar="SECONDS",
+            help="Ride out an unreachable database this long, then exit 1 (0: the lease time).",
+            show_default="0",
+        ),
+    ] = None,
     backoff: Annotated[
         timedelta,
         typer.Option(
@@ -104,6 +114,7 @@ def worker_cmd(
         "worker.drain_seconds": drain_seconds,
         "worker.lease_seconds": lease_seconds,
         "worker.queue": queue_name,
+        "worker.outage_seconds": outage_seconds,
     }
     # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
@@ -126,6 +137,7 @@ def worker_cmd(
         worker_id=worker_id,
         instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
         backoff_seconds=backoff.total_seconds(),
+        outage_seconds=w.outage_seconds,
     )
     if not state.debug:
         # The pool logs each failed reconnect; the worker reports a lost database once, itself.
