@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from typing import Annotated
 
 import typer
 
+from vultrscale import params
 from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
 from vultrscale.errors import EXIT_RUNTIME, UsageError
 
@@ -27,11 +29,15 @@ app.add_typer(sim_app, name="sim")
 )
 def demo_cmd(
     duration: Annotated[
-        float,
+        timedelta,
         typer.Option(
-            "--duration", metavar="SECONDS", min=10, help="Stop after this many seconds at most."
+            "--duration",
+            parser=params.duration(params.MIN_DEMO_DURATION),
+            metavar="DURATION",
+            show_default="2m",
+            help="Stop after this long at most (at least 10s).",
         ),
-    ] = 120.0,
+    ] = timedelta(minutes=2),
     bursts: Annotated[
         str,
         typer.Option(
@@ -66,7 +72,7 @@ def demo_cmd(
     from vultrscale.cli import views
 
     settings = demo.Settings(
-        duration=duration,
+        duration=duration.total_seconds(),
         bursts=demo.parse_bursts(bursts),
         seed=seed,
         logs_dir=Path(logs).expanduser().resolve() if logs else None,
@@ -120,7 +126,13 @@ def demo_cmd(
 )
 def sim_serve(
     port: Annotated[
-        int, typer.Option("--port", metavar="PORT", help="TCP port; 0 picks a free one.")
+        int,
+        typer.Option(
+            "--port",
+            parser=params.port_or_zero,
+            metavar="PORT",
+            help="TCP port; 0 picks a free one.",
+        ),
     ] = 8090,
     host: Annotated[
         str,
