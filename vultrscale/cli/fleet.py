@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vultrscale import params
-from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json
+from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
 from vultrscale.errors import UsageError, VultrscaleError
 from vultrscale.wiring import API_KEY_HINT, DB_HINT, build_parts, require
 
@@ -41,8 +41,8 @@ def reconcile_cmd(
             "--interval",
             parser=params.duration(params.MIN_RECONCILE_INTERVAL),
             metavar="DURATION",
-            show_default="30s",
-            help="Time between passes with --loop (at least 5s).",
+            show_default=False,
+            help=shown("Time between passes with --loop (at least 5s).", "30s"),
         ),
     ] = timedelta(seconds=30),
     as_json: JsonFlag = False,
@@ -133,8 +133,8 @@ def status_cmd(
             "--every",
             parser=params.duration(params.MIN_WATCH_EVERY),
             metavar="DURATION",
-            show_default="5s",
-            help="Time between refreshes with --watch.",
+            show_default=False,
+            help=shown("Time between refreshes with --watch.", "5s"),
         ),
     ] = timedelta(seconds=5),
 ) -> int:
@@ -184,8 +184,8 @@ def events_cmd(
             "--since",
             parser=params.duration(),
             metavar="DURATION",
-            show_default="1h",
-            help="How far back (e.g. 30m, 2d).",
+            show_default=False,
+            help=shown("How far back (e.g. 30m, 2d).", "1h"),
         ),
     ] = timedelta(hours=1),
     as_json: JsonFlag = False,

@@ -62,8 +62,8 @@ def snapshot_cmd(
             "--timeout",
             parser=params.duration(timedelta(seconds=1)),
             metavar="DURATION",
-            show_default="60m",
-            help="How long to wait for `complete`.",
+            show_default=False,
+            help=shown("How long to wait for `complete`.", "60m"),
         ),
     ] = timedelta(minutes=60),
     resume: Annotated[

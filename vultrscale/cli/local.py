@@ -34,8 +34,8 @@ def demo_cmd(
             "--duration",
             parser=params.duration(params.MIN_DEMO_DURATION),
             metavar="DURATION",
-            show_default="2m",
-            help="Stop after this long at most (at least 10s).",
+            show_default=False,
+            help=shown("Stop after this long at most (at least 10s).", "2m"),
         ),
     ] = timedelta(minutes=2),
     bursts: Annotated[

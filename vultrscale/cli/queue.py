@@ -103,8 +103,8 @@ def worker_cmd(
             "--backoff-seconds",
             parser=params.duration(),
             metavar="DURATION",
-            show_default="2s",
-            help="First retry delay; doubles per attempt.",
+            show_default=False,
+            help=shown("First retry delay; doubles per attempt.", "2s"),
         ),
     ] = timedelta(seconds=2),
 ) -> None:
