@@ -124,9 +124,9 @@ def _policies(
     for name in names:
         if name == "always-on":
             peak = min(cfg.policy.max_instances, max(1, math.ceil(peak_concurrency(trace) / per)))
-            out.append(baselines.AlwaysOn(peak, per, f"always-on ({peak}, peak)"))
+            out.append(baselines.AlwaysOn(peak, per, f"always-on {peak} (peak)"))
             if peak != 1:
-                out.append(baselines.AlwaysOn(1, per, "always-on (1)"))
+                out.append(baselines.AlwaysOn(1, per, "always-on 1"))
         elif name == "naive":
             out.append(baselines.Naive(cfg.policy.max_instances, per))
         elif name == "keda":
@@ -165,7 +165,7 @@ def run_one(
         pol,
         interval=setup.interval,
         until=span + grace,
-        sample_every=span / PLOT_POINTS if setup.plot else 0.0,
+        sample_every=setup.interval if setup.plot else 0.0,
         progress=progress,
     )
     return measure(
