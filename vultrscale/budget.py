@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from vultrscale.model import Instance, InstanceState, Observation, PlanPrice
+from vultrscale.model import Instance, InstanceState, LedgerRow, Observation, PlanPrice
 
 HOUR = timedelta(hours=1)
 # Float sums of cents: 5 x 10.0 must compare equal to 50.0 without a rounding surprise.
@@ -66,6 +66,26 @@ def billed(
     start = max(utc(created_at), utc(month_start))
     stop = min(utc(gone_at_or_now), utc(month_end))
     return min(started_hours(start, stop) * price.hourly, price.monthly)
+
+
+def ledger_bills(
+    rows: Iterable[LedgerRow], now: datetime, price: PlanPrice | None
+) -> tuple[dict[str, float], float]:
+    """This UTC month's bill per ledger row (gone rows too) and the fleet's total, in one sweep.
+
+    A row is billed at the price it was created at, else the plan's current price (0 when
+    unknown); a live row up to ``now``, a gone one up to when it went."""
+    start, end = month_bounds(now)
+    current = price.monthly if price else 0.0
+    each: dict[str, float] = {}
+    total = 0.0
+    for row in rows:
+        monthly = row.monthly_cost if row.monthly_cost is not None else current
+        p = PlanPrice(row.plan or "", monthly, row.hourly_rate or None)
+        cost = billed(row.created_at, row.gone_at or now, p, start, end)
+        each[row.label] = cost
+        total += cost
+    return each, total
 
 
 def instance_price(instance: Instance, price: PlanPrice) -> PlanPrice:

@@ -216,24 +216,11 @@ def enqueue_cmd(
             hint="Quote the whole payload for the shell, e.g. --payload '{\"step_seconds\": 1}'.",
         ) from None
     conninfo = _database_url()
-    import psycopg
-
     from vultrscale.config import mask_url
-    from vultrscale.db import queue
-    from vultrscale.errors import DatabaseError, first_line
+    from vultrscale.db import pg, queue
 
-    try:
-        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
-            ids = queue.enqueue(conn, [doc] * count, queue=queue_name, max_attempts=max_attempts)
-    except psycopg.errors.UndefinedTable as exc:
-        raise DatabaseError(
-            f"the queue tables are missing in {mask_url(conninfo)}.",
-            hint="Run `vultrscale db init` first.",
-        ) from exc
-    except psycopg.Error as exc:
-        raise DatabaseError(
-            f"cannot enqueue at {mask_url(conninfo)}: {first_line(exc, [conninfo])}"
-        ) from exc
+    with pg.session(conninfo, f"cannot enqueue at {mask_url(conninfo)}") as conn:
+        ids = queue.enqueue(conn, [doc] * count, queue=queue_name, max_attempts=max_attempts)
     span = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
     typer.echo(f"Enqueued {len(ids)} job(s) on queue {queue_name!r}: id {span}.")
 
@@ -755,11 +742,8 @@ def events_cmd(
     """The decision ledger: every pass, its inputs, the clamps, actions and results."""
     from datetime import UTC, datetime
 
-    import psycopg
-
     from vultrscale.config import parse_duration
-    from vultrscale.db import ledger
-    from vultrscale.errors import DatabaseError, first_line
+    from vultrscale.db import ledger, pg
 
     try:
         window = parse_duration(since, "--since")
@@ -767,11 +751,8 @@ def events_cmd(
         raise UsageError(str(exc), hint="Write durations like 30m, 1h or 2d.") from None
     cfg = load_config()
     db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", _DB_HINT)
-    try:
-        with psycopg.connect(db_url, connect_timeout=10) as conn:
-            rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
-    except psycopg.Error as exc:
-        raise DatabaseError(f"cannot read the events: {first_line(exc, [db_url])}") from None
+    with pg.session(db_url, "cannot read the events") as conn:
+        rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
     if as_json:
         print_json({"fleet": cfg.fleet.name, "since": since, "events": rows})
         return

@@ -33,6 +33,54 @@ class InstanceState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class LedgerRow:
+    """One row of ``fleet_instances``: what the ledger knows of one instance."""
+
+    label: str
+    fleet: str
+    state: InstanceState
+    instance_id: str | None
+    plan: str | None
+    region: str | None
+    hourly_rate: float | None
+    monthly_cost: float | None
+    host_key: str | None
+    main_ip: str | None
+    internal_ip: str | None
+    created_at: datetime
+    posted_at: datetime | None
+    active_at: datetime | None
+    running_at: datetime | None
+    draining_at: datetime | None
+    deleting_at: datetime | None
+    gone_at: datetime | None
+    state_since: datetime
+    delete_attempts: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """The workers of one instance as the ``workers`` table shows them."""
+
+    instance_label: str
+    last_seen: datetime
+    draining: bool
+    live_leases: int
+    seen: bool  # heartbeat within the window, judged on the database's clock
+
+
+@dataclass(frozen=True)
+class FleetState:
+    """The fleet's memory between passes (``fleet_state``)."""
+
+    snapshot_id: str | None = None
+    last_scale_up: datetime | None = None
+    last_scale_down: datetime | None = None
+    idle_since: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Instance:
     """One instance as the pass sees it: the ledger row joined with Vultr's view and leases."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import psycopg
 
 from vultrscale.config import mask_url
-from vultrscale.errors import DatabaseError, first_line
+from vultrscale.db import pg
 
 # Any constant unique to this project: hashtext('vultrscale.schema') would need a round trip.
 _LOCK_KEY = 0x76_73_63_68_65_6D  # "vschem"
@@ -149,27 +149,18 @@ def current_version(conn: psycopg.Connection) -> int:
 
 def migrate(conninfo: str) -> int:
     """Create or upgrade the schema; return the version the database is at afterwards."""
-    try:
-        with psycopg.connect(conninfo, connect_timeout=10) as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS vultrscale_schema ("
-                " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            have = current_version(conn)
-            for version, sql in MIGRATIONS:
-                if version <= have:
-                    continue
-                conn.execute(sql.encode())
-                conn.execute("INSERT INTO vultrscale_schema (version) VALUES (%s)", (version,))
-            return current_version(conn)
-    except psycopg.OperationalError as exc:
-        raise DatabaseError(
-            f"cannot reach the database at {mask_url(conninfo)}: {first_line(exc, [conninfo])}",
-            hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
-        ) from exc
-    except psycopg.Error as exc:
-        raise DatabaseError(
-            f"migrating the schema at {mask_url(conninfo)} failed: {first_line(exc, [conninfo])}",
-            hint="Check that the user may create tables in this database.",
-        ) from exc
+    conn = pg.connect(conninfo, autocommit=False)
+    what = f"migrating the schema at {mask_url(conninfo)} failed"
+    with pg.translated(what, conninfo), conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS vultrscale_schema ("
+            " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        have = current_version(conn)
+        for version, sql in MIGRATIONS:
+            if version <= have:
+                continue
+            conn.execute(sql.encode())
+            conn.execute("INSERT INTO vultrscale_schema (version) VALUES (%s)", (version,))
+        return current_version(conn)

@@ -65,7 +65,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from vultrscale.config import QueueConfig, mask_url
+from vultrscale.config import QueueConfig
+from vultrscale.db import pg
 from vultrscale.errors import ConfigError, DatabaseError, first_line
 from vultrscale.model import Signals
 
@@ -146,13 +147,7 @@ def _connection(conn_or_url: psycopg.Connection[Any] | str) -> Iterator[psycopg.
     if not isinstance(conn_or_url, str):
         yield conn_or_url
         return
-    try:
-        conn = psycopg.connect(conn_or_url, connect_timeout=10, autocommit=True)
-    except psycopg.Error as exc:
-        raise DatabaseError(
-            f"cannot connect to {mask_url(conn_or_url)}: {first_line(exc, [conn_or_url])}",
-            hint="Check DATABASE_URL and that Postgres is reachable from here.",
-        ) from exc
+    conn = pg.connect(conn_or_url)
     try:
         yield conn
     finally:
