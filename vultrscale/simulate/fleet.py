@@ -1,75 +1,207 @@
-"""INTERIM: the vultrscale policy over the simulated world (replaced by the real pass)."""
+"""The vultrscale policy in the simulator: the real reconcile pass over in-memory ports.
+
+``reconcile.run_pass`` runs unchanged, lifecycle, drain verdicts, ``policy.decide``, apply
+and record included. Only its ports are simulated, by core's in-memory adapters
+(``vultrscale.memory``) bound to the simulated world:
+
+- the cloud (``WorldCloud``, a ``MemoryCloud``): a POST starts a simulated instance with its
+  own boot time; DELETE answers "locked" until Vultr shows the instance active, and kills
+  whatever its worker still runs;
+- the drain transport (``WorldDrain``): `systemctl stop` is the worker's SIGTERM, `is-active`
+  says whether the worker process still runs; a host that has not booted is unreachable;
+- the ledger (``SimLedger``, a ``MemoryLedger``): its ``workers`` table and the queue signals
+  are refreshed from the world before each pass, as the workers' heartbeats and the queue
+  would have them; recorded passes are counted, not kept (days of them would fill memory);
+- the clock reads the world's time.
+"""
 
 from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
 
-from vultrscale import policy
+from croniter import croniter
+
+from vultrscale import budget, lifecycle, reconcile
 from vultrscale.config import Config
-from vultrscale.model import ActionKind, Instance, InstanceState, Observation, PlanPrice, Signals
+from vultrscale.errors import HostUnreachable, SSHError
+from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_parts
+from vultrscale.model import (
+    HostTarget,
+    InstanceState,
+    PlanPrice,
+    ServiceState,
+    Signals,
+    WorkerView,
+)
 from vultrscale.simulate.world import World
+from vultrscale.vultr.errors import InstanceLocked
+from vultrscale.vultr.models import VInstance, VPlan
+
+SNAPSHOT = "snap-simulated"
+
+
+class WorldClock:
+    """The Clock port reading the world's time."""
+
+    def __init__(self, world: World, epoch: datetime) -> None:
+        self.world = world
+        self.epoch = epoch
+
+    def now(self) -> datetime:
+        return self.epoch + timedelta(seconds=self.world.now)
+
+    def monotonic(self) -> float:
+        return self.world.now
+
+    def sleep(self, seconds: float) -> None:  # pragma: no cover - passes never sleep
+        raise AssertionError("a simulated pass does not sleep")
+
+
+class WorldCloud(MemoryCloud):
+    """The Cloud port over the simulated world: boots and deletes happen to its instances."""
+
+    def __init__(self, world: World, clock: WorldClock, plan: VPlan, region: str) -> None:
+        super().__init__(
+            clock, plans=(plan,), regions={region: {plan.id}}, snapshots={SNAPSHOT: "complete"}
+        )
+        self.world = world
+
+    def create_instance(self, **kwargs: Any) -> VInstance:
+        v = super().create_instance(**kwargs)
+        inst = self.world.create(v.label)
+        # Vultr shows it active (an IP, deletable) when the simulated boot says so.
+        self._booting[v.id] = self.clock.now() + timedelta(seconds=inst.active_at - inst.created)
+        return v
+
+    def delete_instance(self, instance_id: str) -> None:
+        v = self.instances.get(instance_id)
+        if v is not None and not self.world.delete(v.label):
+            raise InstanceLocked(f"instance {instance_id} is locked", status=500)
+        super().delete_instance(instance_id)
+
+
+class WorldDrain:
+    """The DrainTransport port: SSH to the simulated workers."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.stops = 0
+
+    def stop_many(self, targets: list[HostTarget]) -> dict[str, SSHError | None]:
+        out: dict[str, SSHError | None] = {}
+        for t in targets:
+            ok = self.world.stop(t.label)
+            self.stops += ok
+            out[t.label] = None if ok else HostUnreachable(f"{t.address}: not reachable yet")
+        return out
+
+    def is_active_many(self, targets: list[HostTarget]) -> dict[str, ServiceState | SSHError]:
+        out: dict[str, ServiceState | SSHError] = {}
+        for t in targets:
+            active = self.world.service_active(t.label)
+            out[t.label] = (
+                HostUnreachable(f"{t.address}: not reachable yet")
+                if active is None
+                else ServiceState.ACTIVE
+                if active
+                else ServiceState.INACTIVE
+            )
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class SimLedger(MemoryLedger):
+    """A MemoryLedger that counts recorded passes instead of keeping them."""
+
+    def __init__(self, fleet: str) -> None:
+        super().__init__(fleet, snapshot=SNAPSHOT)
+        self.passes = 0
+        self.failed: list[str] = []  # the errors of passes that reported any
+
+    def record_event(self, **event: Any) -> None:
+        self.passes += 1
+        if event.get("errors"):
+            self.failed.append(f"{event['at'].isoformat()}: {'; '.join(event['errors'])}")
 
 
 class Vultrscale:
-    def __init__(self, cfg: Config, price: PlanPrice, epoch: datetime, name: str = "vultrscale") -> None:
+    """The policy as deployed: one ``reconcile.run_pass`` per tick."""
+
+    def __init__(
+        self, cfg: Config, price: PlanPrice, epoch: datetime, name: str = "vultrscale"
+    ) -> None:
         self.cfg = cfg
         self.price = price
         self.epoch = epoch
         self.name = name
-        self.last_up: datetime | None = None
-        self.last_down: datetime | None = None
-        self.idle_since: datetime | None = None
-        self.draining: dict[str, datetime] = {}
-        self._n = 0
+        self.ledger = SimLedger(cfg.fleet.name)
+        self.signals = MemorySignals()
+        self._parts: reconcile.Parts | None = None
 
     def start(self, world: World) -> None:
-        pass
-
-    def quiet_until(self, world: World) -> float:
-        return math.inf if not self.cfg.policy.floor and not self.cfg.policy.min_instances else 0.0
+        clock = WorldClock(world, self.epoch)
+        plan = VPlan(
+            self.cfg.fleet.plan,
+            monthly_cost=self.price.monthly,
+            hourly_cost=self.price.hourly,
+        )
+        cloud = WorldCloud(world, clock, plan, self.cfg.fleet.region)
+        parts = memory_parts(clock, cloud, self.ledger, self.signals, WorldDrain(world))  # type: ignore[arg-type]
+        self._parts = parts
 
     def tick(self, world: World) -> None:
-        now = self.epoch + timedelta(seconds=world.now)
-        for label in list(self.draining):
-            if world.service_active(label) is False:
-                world.delete(label)
-                del self.draining[label]
-        insts = []
+        assert self._parts is not None, "start() first"
+        self._observe_world(world)
+        reconcile.run_pass(self.cfg, self._parts)
+
+    def _observe_world(self, world: World) -> None:
+        """What the queue and the workers table say now: heartbeats and leases."""
+        now_s = world.now
+        now = self.epoch + timedelta(seconds=now_s)
+        self.signals.signals = Signals(ready=world.ready_count, in_flight=world.in_flight)
+        seen_for = lifecycle.WORKER_SEEN_WITHIN.total_seconds()
+        workers: dict[str, WorkerView] = {}
         for inst in world.live.values():
-            if inst.label in self.draining:
-                st = InstanceState.DRAINING
-            elif inst.worker_up(world.now):
-                st = InstanceState.RUNNING
-            elif world.now >= inst.active_at:
-                st = InstanceState.BOOTING
-            else:
-                st = InstanceState.PENDING
-            insts.append(
-                Instance(
-                    label=inst.label,
-                    state=st,
-                    id=inst.label,
-                    created_at=self.epoch + timedelta(seconds=inst.created),
-                    live_leases=len(inst.running),
-                )
+            if now_s < inst.worker_at:
+                continue  # not registered yet
+            last = now_s if inst.exited_at is None else inst.exited_at
+            workers[inst.label] = WorkerView(
+                instance_label=inst.label,
+                last_seen=now if last == now_s else self.epoch + timedelta(seconds=last),
+                draining=inst.stop_at is not None,
+                live_leases=len(inst.running),
+                seen=now_s - last <= seen_for,
             )
-        obs = Observation(
-            instances=tuple(insts),
-            signals=Signals(ready=world.ready_count, in_flight=world.in_flight),
-            price=self.price,
-            last_scale_up=self.last_up,
-            last_scale_down=self.last_down,
-            idle_since=self.idle_since,
-        )
-        plan = policy.decide(obs, self.cfg, now)
-        for a in plan.actions:
-            if a.kind is ActionKind.CREATE:
-                self._n += 1
-                world.create(f"worker-{self._n}")
-                self.last_up = now
-            elif a.kind is ActionKind.DRAIN and a.label:
-                world.stop(a.label)
-                self.draining[a.label] = now
-                self.last_down = now
-        self.idle_since = plan.idle_since
+        self.ledger.workers_by_label = workers
+
+    def quiet_until(self, world: World) -> float:
+        """Idle world and a ledger with nothing left to settle: only an arrival or a floor
+        that starts can make a pass do anything."""
+        if any(r.state is not InstanceState.GONE for r in self.ledger.instances.values()):
+            return 0.0
+        if self.cfg.policy.min_instances:
+            return 0.0
+        now = self.epoch + timedelta(seconds=world.now)
+        starts = [
+            _next_match(fl.cron, fl.timezone, now)
+            for fl in self.cfg.policy.floor
+            if fl.min_instances > 0
+        ]
+        if not starts:
+            return math.inf
+        return (min(starts) - self.epoch).total_seconds()
+
+
+def _next_match(cron: str, timezone: str, after: datetime) -> datetime:
+    """The earliest UTC instant at or after ``after`` whose wall time in ``timezone`` the
+    cron matches, or a moment before it (never later: a skipped pass must not miss a floor).
+    Ambiguous wall times resolve to their first occurrence; a minute of slack covers the rest."""
+    tz = ZoneInfo(timezone)
+    wall = budget.utc(after).astimezone(tz).replace(tzinfo=None, second=0, microsecond=0)
+    nxt = croniter(cron, wall - timedelta(minutes=1)).get_next(datetime)
+    return nxt.replace(tzinfo=tz).astimezone(budget.utc(after).tzinfo) - timedelta(minutes=1)
