@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from vultrscale.simulate.world import World
+from vultrscale.simulate.world import JOB_END, World
 
 
 class Policy(Protocol):
@@ -73,7 +73,8 @@ def run(
         if t_ev == t:
             _, kind, _, obj, tok = heapq.heappop(events)
             world.handle(kind, obj, tok)
-            world.dispatch()
+            if kind != JOB_END:  # a job's end refills its own slot (World.handle)
+                world.dispatch()
             continue
         if t_arr == t:
             while i < n and arrivals[i] == t:

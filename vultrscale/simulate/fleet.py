@@ -31,6 +31,7 @@ from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_p
 from vultrscale.model import (
     HostTarget,
     InstanceState,
+    LedgerRow,
     PlanPrice,
     ServiceState,
     Signals,
@@ -116,17 +117,86 @@ class WorldDrain:
 
 
 class SimLedger(MemoryLedger):
-    """A MemoryLedger that counts recorded passes instead of keeping them."""
+    """A MemoryLedger fit for weeks of passes.
+
+    - Recorded passes are counted, not kept (days of them would fill memory).
+    - Gone rows are folded: a pass reads rows gone this month only for this month's bill, and
+      summing every gone row on every pass makes a month of passes quadratic. When a row goes
+      gone its bill per calendar month is final, so it is added to that month's total and
+      ``rows`` returns one gone row per month that bills exactly that total.
+    """
 
     def __init__(self, fleet: str) -> None:
         super().__init__(fleet, snapshot=SNAPSHOT)
         self.passes = 0
         self.failed: list[str] = []  # the errors of passes that reported any
+        self.gone_bill: dict[datetime, float] = {}  # month start -> its gone rows' total
+        self.gone_count = 0
+        self._folded: LedgerRow | None = None
 
     def record_event(self, **event: Any) -> None:
         self.passes += 1
         if event.get("errors"):
             self.failed.append(f"{event['at'].isoformat()}: {'; '.join(event['errors'])}")
+
+    def transition(self, label: str, state: InstanceState, now: datetime, **kw: Any) -> None:
+        super().transition(label, state, now, **kw)
+        if state is InstanceState.GONE and label in self.instances:
+            self._fold(self.instances.pop(label))
+
+    def _fold(self, row: LedgerRow) -> None:
+        assert row.monthly_cost is not None and row.gone_at is not None
+        price = PlanPrice(row.plan or "", row.monthly_cost, row.hourly_rate or None)
+        start, end = budget.month_bounds(row.created_at)
+        while start <= row.gone_at:
+            cost = budget.billed(row.created_at, row.gone_at, price, start, end)
+            self.gone_bill[start] = self.gone_bill.get(start, 0.0) + cost
+            start, end = budget.month_bounds(end)
+        self.gone_count += 1
+
+    def rows(self, since: datetime) -> list[LedgerRow]:
+        out = sorted(
+            (r for r in self.instances.values() if r.state is not InstanceState.GONE),
+            key=lambda r: (r.created_at, r.label),
+        )
+        start, _ = budget.month_bounds(since)
+        total = self.gone_bill.get(start, 0.0)
+        if total > 0:
+            if self._folded is None or (self._folded.created_at, self._folded.hourly_rate) != (
+                start,
+                total,
+            ):
+                self._folded = folded_row(self.fleet, start, total)
+            out.append(self._folded)
+        return out
+
+
+def folded_row(fleet: str, month_start: datetime, total: float) -> LedgerRow:
+    """A gone row billed exactly ``total`` for the month starting at ``month_start``: one
+    started hour at an hourly rate and a monthly cap both equal to the total."""
+    return LedgerRow(
+        label=f"gone-{month_start:%Y-%m}",
+        fleet=fleet,
+        state=InstanceState.GONE,
+        instance_id=None,
+        plan=None,
+        region=None,
+        hourly_rate=total,
+        monthly_cost=total,
+        host_key=None,
+        main_ip=None,
+        internal_ip=None,
+        created_at=month_start,
+        posted_at=None,
+        active_at=None,
+        running_at=None,
+        draining_at=None,
+        deleting_at=None,
+        gone_at=month_start + budget.HOUR,
+        state_since=month_start,
+        delete_attempts=0,
+        last_error=None,
+    )
 
 
 class Vultrscale:

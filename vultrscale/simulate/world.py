@@ -81,7 +81,6 @@ class World:
         self.duration = trace.durations
         n = len(trace)
         self.attempts = [0] * n
-        self.token = [0] * n  # bumped on each start, so a stale JOB_END is ignored
         self.finished_at: list[float | None] = [None] * n
         self.first_start: list[float | None] = [None] * n
         self.slots = jobs_per_instance
@@ -117,6 +116,10 @@ class World:
                 self.c.finished += 1
                 if inst.stop_at is not None and not inst.running:
                     inst.exited_at = now  # drained: the last job finished within drain time
+                elif self.ready and inst.claiming(now):
+                    # With jobs ready every other claiming worker is full (dispatch filled
+                    # them), so the worker whose slot just freed takes the next one.
+                    self._start(inst, heapq.heappop(self.ready)[1])
         elif kind == DRAIN_DEADLINE:
             inst = obj
             assert isinstance(inst, SimInstance)
@@ -146,18 +149,20 @@ class World:
         ]
         while self.ready and workers:
             inst = min(workers, key=lambda i: len(i.running))
-            _, job = heapq.heappop(self.ready)
-            end = now + self.duration[job]
-            inst.running[job] = end
-            self.running += 1
-            self.attempts[job] += 1
-            self.token[job] += 1
-            if self.first_start[job] is None:
-                self.first_start[job] = now
-            self.c.starts += 1
-            self.push(end, JOB_END, inst, job)
+            self._start(inst, heapq.heappop(self.ready)[1])
             if len(inst.running) >= inst.slots:
                 workers.remove(inst)
+
+    def _start(self, inst: SimInstance, job: int) -> None:
+        now = self.now
+        end = now + self.duration[job]
+        inst.running[job] = end
+        self.running += 1
+        self.attempts[job] += 1
+        if self.first_start[job] is None:
+            self.first_start[job] = now
+        self.c.starts += 1
+        self.push(end, JOB_END, inst, job)
 
     # --- what the outside world can do ----------------------------------------------------
     def create(self, label: str) -> SimInstance:
