@@ -107,6 +107,6 @@ class Keda(Baseline):
                 world.create(self.label())
         elif target < len(current):
             # Not yet ready first, then the newest: the jobs they hold play no part.
-            victims = sorted(current, key=lambda i: (i.worker_up(now), -i.created))
+            victims = sorted(reversed(current), key=lambda i: (i.worker_up(now), -i.created))
             for inst in victims[: len(current) - target]:
                 world.delete(inst.label)

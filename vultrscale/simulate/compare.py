@@ -140,6 +140,35 @@ def _policies(
     return out
 
 
+def play(
+    pol: engine.Policy,
+    trace: Trace,
+    cfg: Config,
+    setup: Setup,
+    *,
+    progress: Callable[[float], None] | None = None,
+) -> tuple[World, engine.RunStats]:
+    """Play ``trace`` under ``pol`` to the trace's end plus its grace; the world and the run's
+    statistics, for measuring (and for tests that look inside)."""
+    world = World(
+        trace,
+        jobs_per_instance=cfg.queue.jobs_per_instance,
+        drain_seconds=cfg.worker.drain_seconds,
+        lease_seconds=cfg.worker.lease_seconds,
+        boot_time=setup.boot_time,
+        seed=setup.seed,
+    )
+    stats = engine.run(
+        world,
+        pol,
+        interval=setup.interval,
+        until=trace.span + grace_seconds(cfg, setup, trace),
+        sample_every=setup.interval if setup.plot else 0.0,
+        progress=progress,
+    )
+    return world, stats
+
+
 def run_one(
     pol: engine.Policy,
     trace: Trace,
@@ -150,31 +179,13 @@ def run_one(
     name: str | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> PolicyResult:
-    world = World(
-        trace,
-        jobs_per_instance=cfg.queue.jobs_per_instance,
-        drain_seconds=cfg.worker.drain_seconds,
-        lease_seconds=cfg.worker.lease_seconds,
-        boot_time=setup.boot_time,
-        seed=setup.seed,
-    )
-    grace = grace_seconds(cfg, setup, trace)
-    span = trace.span
-    stats = engine.run(
-        world,
-        pol,
-        interval=setup.interval,
-        until=span + grace,
-        sample_every=setup.interval if setup.plot else 0.0,
-        progress=progress,
-    )
+    world, stats = play(pol, trace, cfg, setup, progress=progress)
     return measure(
         name or pol.name,
         world,
         stats,
         price=price,
-        span=span,
-        grace=grace,
+        span=trace.span,
         jobs_per_instance=cfg.queue.jobs_per_instance,
         curve_points=PLOT_POINTS if setup.plot else 0,
     )

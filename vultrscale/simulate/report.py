@@ -100,11 +100,10 @@ def measure(
     *,
     price: PlanPrice,
     span: float,
-    grace: float,
     jobs_per_instance: int,
     curve_points: int = 0,
 ) -> PolicyResult:
-    """Read the outcome off a world played to ``span + grace``."""
+    """Read the outcome off a world played past ``span`` (the trace's end plus its grace)."""
     trace = world.trace
     alive = 0.0
     hours = 0
