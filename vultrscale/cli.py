@@ -1047,7 +1047,9 @@ def simulate_cmd(
             "--policies", metavar="LIST", help="Comma-separated: always-on,naive,keda,vultrscale."
         ),
     ] = "always-on,naive,keda,vultrscale",
-    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed for the workload and boots.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed for the workload and boots.")
+    ] = 0,
     boot_time: Annotated[
         str,
         typer.Option(
@@ -1069,11 +1071,15 @@ def simulate_cmd(
     ] = None,
     monthly_usd: Annotated[
         float | None,
-        typer.Option("--monthly-usd", metavar="USD", help="The plan's monthly price (default: list price)."),
+        typer.Option(
+            "--monthly-usd", metavar="USD", help="The plan's monthly price (default: list price)."
+        ),
     ] = None,
     plot: Annotated[
         str | None,
-        typer.Option("--plot", metavar="PATH.png", help="Draw queue, fleet and cost (needs [plot])."),
+        typer.Option(
+            "--plot", metavar="PATH.png", help="Draw queue, fleet and cost (needs [plot])."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
 ) -> int:

@@ -312,8 +312,18 @@ def test_plot_draws_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
     out = tmp_path / "p.png"
     code = main(
-        ["simulate", "--days", "1", "--jobs-per-day", "100", "--policies", "keda,vultrscale",
-         "--plot", str(out), "--json"]
+        [
+            "simulate",
+            "--days",
+            "1",
+            "--jobs-per-day",
+            "100",
+            "--policies",
+            "keda,vultrscale",
+            "--plot",
+            str(out),
+            "--json",
+        ]
     )
     assert code == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

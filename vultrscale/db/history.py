@@ -24,7 +24,9 @@ ORDER BY due, id
 """
 
 
-def finished_jobs_in(conn: psycopg.Connection[Any], since: timedelta) -> list[tuple[datetime, datetime]]:
+def finished_jobs_in(
+    conn: psycopg.Connection[Any], since: timedelta
+) -> list[tuple[datetime, datetime]]:
     """(due, finished) of every job created within ``since`` that has finished."""
     rows = conn.execute(_FINISHED, {"since": since}).fetchall()
     return [(due, fin) for due, fin in rows]

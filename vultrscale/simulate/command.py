@@ -1,4 +1,4 @@
-"""`vultrscale simulate` from parsed options to output; the CLI only parses and calls ``execute``."""
+"""`vultrscale simulate` from parsed options to output; the CLI parses and calls ``execute``."""
 
 from __future__ import annotations
 
@@ -102,10 +102,14 @@ def execute(
     progress, done = _progress(err)
     try:
         if configs is not None:
-            result: Comparison = compare.sweep(trace, configs, setup, price=price, progress=progress)
+            result: Comparison = compare.sweep(
+                trace, configs, setup, price=price, progress=progress
+            )
             title = f"vultrscale with {len(configs)} config variant(s), cheapest first"
         else:
-            result = compare.compare(trace, cfg, setup, opts.policies, price=price, progress=progress)
+            result = compare.compare(
+                trace, cfg, setup, opts.policies, price=price, progress=progress
+            )
             title = "policies on the same trace"
     finally:
         done()

@@ -55,8 +55,11 @@ class Comparison:
                 "job_hours": round(self.trace.total_job_seconds / 3600.0, 2),
                 "epoch": self.trace.epoch.isoformat(),
             },
-            "price": {"plan": self.price.plan, "monthly": self.price.monthly,
-                      "hourly": round(self.price.hourly, 5)},
+            "price": {
+                "plan": self.price.plan,
+                "monthly": self.price.monthly,
+                "hourly": round(self.price.hourly, 5),
+            },
             "lower_bound_hours": round(self.lower_bound_hours, 2),
             "grace_seconds": round(self.grace, 1),
             "results": [r.to_json() for r in self.results],
@@ -134,9 +137,7 @@ def _policies(
         elif name == "vultrscale":
             out.append(Vultrscale(cfg, price, trace.epoch))
         else:
-            raise UsageError(
-                f"unknown policy {name!r}", hint=f"Choose from {', '.join(POLICIES)}."
-            )
+            raise UsageError(f"unknown policy {name!r}", hint=f"Choose from {', '.join(POLICIES)}.")
     return out
 
 

@@ -27,8 +27,18 @@ def _dur(seconds: float) -> str:
 def table(cmp: Comparison, *, title: str) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     t.add_column("policy", no_wrap=True)
-    for col in ("inst-h", "xLB", "billed h", "cost $", "wait p50", "p95", "max", "killed",
-                "lost", "ups/downs"):
+    for col in (
+        "inst-h",
+        "xLB",
+        "billed h",
+        "cost $",
+        "wait p50",
+        "p95",
+        "max",
+        "killed",
+        "lost",
+        "ups/downs",
+    ):
         t.add_column(col, justify="right", no_wrap=True, min_width=max(len(col), 5))
     for r in cmp.results:
         t.add_row(
@@ -67,7 +77,9 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UsageError("--plot needs matplotlib, which is not installed", hint=PLOT_HINT) from None
+        raise UsageError(
+            "--plot needs matplotlib, which is not installed", hint=PLOT_HINT
+        ) from None
 
 
 def plot(cmp: Comparison, path: Path) -> None:
@@ -82,8 +94,12 @@ def plot(cmp: Comparison, path: Path) -> None:
     for r in cmp.results:
         xs = [s.t / 3600 for s in r.samples]
         axes[1].step(xs, [s.fleet for s in r.samples], where="post", label=r.policy, lw=1)
-        axes[2].plot([t / 3600 for t, _ in r.cost_curve], [c for _, c in r.cost_curve], lw=1.2,
-                     label=r.policy)
+        axes[2].plot(
+            [t / 3600 for t, _ in r.cost_curve],
+            [c for _, c in r.cost_curve],
+            lw=1.2,
+            label=r.policy,
+        )
         axes[0].step(xs, [s.queued for s in r.samples], where="post", label=r.policy, lw=1)
     axes[0].set_title("jobs queued or running", fontsize=10, loc="left")
     axes[1].set_title("instances at Vultr", fontsize=10, loc="left")

@@ -115,9 +115,9 @@ def measure(
         end = min(inst.gone_at if inst.gone_at is not None else span, span)
         spans.append((inst.created, end))
         alive += end - inst.created
-        h, c = instance_bill(inst.created, end, trace.epoch, price)
-        hours += h
-        cost += c
+        inst_hours, inst_cost = instance_bill(inst.created, end, trace.epoch, price)
+        hours += inst_hours
+        cost += inst_cost
     waits = sorted(
         fin - trace.arrivals[j] - trace.durations[j]
         for j, fin in enumerate(world.finished_at)
@@ -129,7 +129,14 @@ def measure(
         for k in range(curve_points + 1):
             t = k * step
             curve.append(
-                (t, sum(instance_bill(a, min(b, t), trace.epoch, price)[1] for a, b in spans if a < t))
+                (
+                    t,
+                    sum(
+                        instance_bill(a, min(b, t), trace.epoch, price)[1]
+                        for a, b in spans
+                        if a < t
+                    ),
+                )
             )
     c = world.c
     return PolicyResult(

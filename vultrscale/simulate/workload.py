@@ -140,7 +140,8 @@ def shape(name: str, *, days: int, seed: int, jobs_per_day: int | None = None) -
                 jobs += _burst(rng, at, n, spread=30.0)
     span = days * DAY
     jobs = [(a, d) for a, d in jobs if 0.0 <= a < span]
-    note = f"{name}, {days} day(s), {per_day} jobs per {'weekday' if name == 'bursty-day' else 'day'}, seed {seed}"
+    per = "weekday" if name == "bursty-day" else "day"
+    note = f"{name}, {days} day(s), {per_day} jobs per {per}, seed {seed}"
     return from_jobs(name, jobs, span=span, note=note)
 
 
@@ -176,7 +177,9 @@ def _csv_row(path: Path, lineno: int, row: list[str]) -> tuple[float, float]:
     where = f"{path}, line {lineno}"
     hint = "Each row is arrival_seconds,duration_seconds: two numbers, the second above 0."
     if len(row) != 2:
-        raise UsageError(f"{where}: expected 2 columns, found {len(row)}: {','.join(row)!r}", hint=hint)
+        raise UsageError(
+            f"{where}: expected 2 columns, found {len(row)}: {','.join(row)!r}", hint=hint
+        )
     try:
         arrival, duration = float(row[0]), float(row[1])
     except ValueError:

@@ -144,9 +144,7 @@ class World:
         if not self.ready:
             return
         now = self.now
-        workers = [
-            i for i in self.live.values() if i.claiming(now) and len(i.running) < i.slots
-        ]
+        workers = [i for i in self.live.values() if i.claiming(now) and len(i.running) < i.slots]
         while self.ready and workers:
             inst = min(workers, key=lambda i: len(i.running))
             self._start(inst, heapq.heappop(self.ready)[1])
