@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from vultrscale.errors import DatabaseError, first_line
+from vultrscale.db import pg
 
 _FINISHED = """
 SELECT greatest(created_at, run_at) AS due, finished_at
@@ -33,12 +33,6 @@ def finished_jobs_in(
 
 
 def finished_jobs(url: str, since: timedelta) -> list[tuple[datetime, datetime]]:
-    try:
-        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-            return finished_jobs_in(conn, since)
-    except psycopg.errors.UndefinedTable:
-        raise DatabaseError(
-            "the queue tables are missing", hint="Run `vultrscale db init` first."
-        ) from None
-    except psycopg.Error as exc:
-        raise DatabaseError(f"cannot read the queue's history: {first_line(exc, [url])}") from None
+    """The same, over a connection of its own; errors become ``DatabaseError``s."""
+    with pg.session(url, "cannot read the queue's history") as conn:
+        return finished_jobs_in(conn, since)
