@@ -30,6 +30,7 @@ import psycopg
 from vultrscale import config as config_mod
 from vultrscale.clock import FakeClock
 from vultrscale.db import ledger, queue, schema, throwaway
+from vultrscale.db.ledger import PgStore
 from vultrscale.model import InstanceState
 from vultrscale.reconcile import Parts, run_pass
 from vultrscale.sim.app import Simulator, Timings
@@ -133,8 +134,8 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
         env = {"VULTR_API_KEY": KEY, "DATABASE_URL": db_url}
         cfg = config_mod.load(tmp / "vultrscale.toml", env)
         parts = Parts(
-            client=client,
-            db_url=db_url,
+            cloud=client,
+            store=PgStore(db_url),
             drain=NoDrain(),
             clock=clock,
             keygen=lambda: ("", ""),

@@ -224,18 +224,3 @@ def _whole(room: float, each: float) -> int:
     if room < -_EPS:
         return -1  # already over: even the current fleet does not fit
     return int((room + _EPS) // each)
-
-
-def max_affordable(
-    observation: Observation, price: PlanPrice, ceiling: float, now: datetime
-) -> tuple[int, tuple[str, ...]]:
-    """The largest fleet (pending instances included) the budget rule allows, and why."""
-    c = check(observation, price, ceiling, now)
-    return c.max_total, c.reasons
-
-
-def allows(
-    n_total_after: int, observation: Observation, price: PlanPrice, ceiling: float, now: datetime
-) -> bool:
-    """True if growing the fleet to ``n_total_after`` instances keeps the budget rule."""
-    return check(observation, price, ceiling, now).allows(n_total_after)

@@ -554,8 +554,10 @@ class _LazyDrain:
 
 
 def build_parts(cfg: Config) -> Any:
-    """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock."""
+    """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock,
+    and the local check of the scaler's key made before a pass changes anything."""
     from vultrscale.clock import SystemClock
+    from vultrscale.db.ledger import PgStore
     from vultrscale.reconcile import Parts
     from vultrscale.vultr.client import VultrClient
 
@@ -579,13 +581,19 @@ def build_parts(cfg: Config) -> Any:
             cfg, label, private, public, scaler_key[0], show_secrets=True
         )
 
+    def key_usable() -> None:
+        from vultrscale.ssh import check_key_file
+
+        check_key_file(cfg.fleet.ssh_key)
+
     return Parts(
-        client=client,
-        db_url=db_url,
+        cloud=client,
+        store=PgStore(db_url),
         drain=_LazyDrain(cfg.fleet.ssh_key),
         clock=SystemClock(),
         keygen=keygen,
         render_user_data=render,
+        preflight=(key_usable,),
     )
 
 
@@ -660,9 +668,12 @@ def reconcile_cmd(
     parts = build_parts(cfg)
     metrics = None
     if metrics_file or metrics_port is not None:
-        from vultrscale.metrics import Metrics
+        from vultrscale import metrics as metrics_mod
 
-        metrics = Metrics(cfg.fleet.name)
+        metrics = metrics_mod.Metrics(cfg.fleet.name)
+        if metrics_file:
+            target = metrics_file
+            parts.preflight = (*parts.preflight, lambda: metrics_mod.check_textfile(target))
         if metrics_port is not None:
             metrics.serve(metrics_port)
 
@@ -685,7 +696,7 @@ def reconcile_cmd(
             cfg, parts, interval=every, dry_run=dry_run, on_result=report, on_error=report_error
         )
     finally:
-        parts.client.close()
+        parts.cloud.close()
 
 
 def _status_once(cfg: Config, parts: Any) -> tuple[Any, Any]:
@@ -731,7 +742,7 @@ def status_cmd(
                     refresh=True,
                 )
     finally:
-        parts.client.close()
+        parts.cloud.close()
 
 
 @app.command("events")

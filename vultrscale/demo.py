@@ -301,6 +301,7 @@ class _Run:
     def run(self, database_url: str | None) -> Summary:
         from vultrscale import cloudinit, ssh
         from vultrscale.db import pg, schema
+        from vultrscale.db.ledger import PgStore
         from vultrscale.sim import Simulator, Timings, start_server
         from vultrscale.sim.hosts import Hosts, LoopbackIps
         from vultrscale.vultr.client import VultrClient
@@ -382,8 +383,8 @@ class _Run:
                 )
 
             parts = Parts(
-                client=client,
-                db_url=db_url,
+                cloud=client,
+                store=PgStore(db_url),
                 drain=ssh.SSHDrain(str(key_path), connect_timeout=5, command_timeout=5),
                 clock=SystemClock(),
                 keygen=ssh.generate_host_key,

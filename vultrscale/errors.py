@@ -73,12 +73,6 @@ class HostUnreachable(SSHError):
     """The host did not answer within the connect timeout."""
 
 
-class LockHeld(VultrscaleError):
-    """Another reconcile pass holds the fleet's advisory lock (exit 0: nothing to do)."""
-
-    exit_code = EXIT_OK
-
-
 def redact(text: str, secrets: Iterable[str | None]) -> str:
     """Replace every non-empty secret in ``text`` with ``***``."""
     for secret in secrets:

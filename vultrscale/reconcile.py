@@ -163,7 +163,8 @@ def run_pass(
             if take_lock and not ledger.lock():
                 result.lock_held = True
                 return result
-            _checked_pass(cfg, parts, ledger, signals, result)
+            checks = parts.preflight if take_lock else ()  # a read-only view acts on nothing
+            _checked_pass(cfg, parts, checks, ledger, signals, result)
     finally:
         parts.drain.close()  # connections are reused within a pass, not across passes
         result.duration_s = time.monotonic() - started
@@ -171,12 +172,17 @@ def run_pass(
 
 
 def _checked_pass(
-    cfg: Config, parts: Parts, ledger: FleetLedger, signals: QueueSignals, result: PassResult
+    cfg: Config,
+    parts: Parts,
+    checks: Sequence[Callable[[], object]],
+    ledger: FleetLedger,
+    signals: QueueSignals,
+    result: PassResult,
 ) -> None:
     """Check, observe, decide, apply; record the pass whatever happens (dry runs excepted)."""
     failed = True
     try:
-        for check in parts.preflight:
+        for check in checks:
             check()
         price, api_error = None, None
         try:

@@ -189,9 +189,8 @@ def test_rule_a_and_b(
     c = budget.check(observation, PLAN10, ceiling, now)
     assert (c.by_monthly, c.by_month_end) == (by_a, by_b)
     assert c.max_total == min(by_a, by_b)
-    assert budget.max_affordable(observation, PLAN10, ceiling, now)[0] == min(by_a, by_b)
-    assert budget.allows(min(by_a, by_b), observation, PLAN10, ceiling, now)
-    assert not budget.allows(min(by_a, by_b) + 1, observation, PLAN10, ceiling, now)
+    assert c.allows(min(by_a, by_b))
+    assert not c.allows(min(by_a, by_b) + 1)
 
 
 def test_rule_b_across_the_month_boundary() -> None:

@@ -6,6 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # a fresh interpreter per test
+
 HEAVY = ("httpx", "psycopg", "paramiko", "rich", "tenacity", "prometheus_client", "croniter")
 
 

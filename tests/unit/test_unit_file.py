@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from vultrscale.config import WorkerConfig, timeout_stop_seconds
 
 UNIT = Path(__file__).resolve().parents[2] / "cloud-init" / "worker.service"
@@ -28,6 +30,7 @@ def _verify(text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.e2e  # runs systemd-analyze
 def test_systemd_finds_nothing_but_the_missing_instance_binary(tmp_path: Path) -> None:
     result = _verify(UNIT.read_text(), tmp_path)
     complaints = [line for line in result.stderr.splitlines() if line.strip()]
@@ -36,12 +39,14 @@ def test_systemd_finds_nothing_but_the_missing_instance_binary(tmp_path: Path) -
     assert others == []
 
 
+@pytest.mark.e2e  # runs systemd-analyze
 def test_systemd_accepts_the_unit_when_the_binary_exists(tmp_path: Path) -> None:
     result = _verify(UNIT.read_text().replace(EXEC, sys.executable), tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == ""
 
 
+@pytest.mark.e2e  # runs systemd-analyze
 def test_verify_would_catch_a_typo(tmp_path: Path) -> None:
     # Guards the two tests above: systemd-analyze really reads the keys.
     text = UNIT.read_text().replace(EXEC, sys.executable).replace("KillSignal=", "KillSignl=")

@@ -40,10 +40,6 @@ def try_lock(conn: psycopg.Connection[Any], fleet: str) -> bool:
     return bool(row and row[0])
 
 
-def unlock(conn: psycopg.Connection[Any], fleet: str) -> None:
-    conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_LOCK_NAMESPACE, lock_key(fleet)))
-
-
 _COLUMNS = (
     "label, fleet, state, instance_id, plan, region, hourly_rate, monthly_cost, host_key, "
     "main_ip, internal_ip, created_at, posted_at, active_at, running_at, draining_at, "
