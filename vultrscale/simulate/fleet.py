@@ -64,9 +64,17 @@ class WorldClock:
 class WorldCloud(MemoryCloud):
     """The Cloud port over the simulated world: boots and deletes happen to its instances."""
 
-    def __init__(self, world: World, clock: WorldClock, plan: VPlan, region: str) -> None:
+    def __init__(
+        self, world: World, clock: WorldClock, plan: VPlan, region: str, snapshot: str
+    ) -> None:
+        # The fleet's own snapshot (fleet.snapshot_id) if it names one, else the one the
+        # simulated ledger records: either way it exists and is complete.
+        snapshots = {SNAPSHOT: "complete", snapshot: "complete"} if snapshot else None
         super().__init__(
-            clock, plans=(plan,), regions={region: {plan.id}}, snapshots={SNAPSHOT: "complete"}
+            clock,
+            plans=(plan,),
+            regions={region: {plan.id}},
+            snapshots=snapshots or {SNAPSHOT: "complete"},
         )
         self.world = world
 
@@ -220,7 +228,7 @@ class Vultrscale:
             monthly_cost=self.price.monthly,
             hourly_cost=self.price.hourly,
         )
-        cloud = WorldCloud(world, clock, plan, self.cfg.fleet.region)
+        cloud = WorldCloud(world, clock, plan, self.cfg.fleet.region, self.cfg.fleet.snapshot_id)
         parts = memory_parts(clock, cloud, self.ledger, self.signals, WorldDrain(world))  # type: ignore[arg-type]
         self._parts = parts
 
