@@ -34,6 +34,7 @@ from vultrscale.errors import (
     VultrscaleError,
 )
 from vultrscale.reconcile import Parts, PassResult, run_forever
+from vultrscale.wiring import user_data_renderer
 
 FLEET = "demo"
 TAG = "vultrscale-demo"
@@ -299,7 +300,7 @@ class _Run:
         return out
 
     def run(self, database_url: str | None) -> Summary:
-        from vultrscale import cloudinit, ssh
+        from vultrscale import ssh
         from vultrscale.db import pg, schema
         from vultrscale.db.ledger import PgStore
         from vultrscale.sim import Simulator, Timings, start_server
@@ -377,18 +378,13 @@ class _Run:
             snapshot = self.bake(sim, client)
             cfg = replace(cfg, fleet=replace(cfg.fleet, snapshot_id=snapshot))
 
-            def render(label: str, host_private: str, host_public: str) -> str:
-                return cloudinit.render_user_data(
-                    cfg, label, host_private, host_public, public, show_secrets=True
-                )
-
             parts = Parts(
                 cloud=client,
                 store=PgStore(db_url),
                 drain=ssh.SSHDrain(str(key_path), connect_timeout=5, command_timeout=5),
                 clock=SystemClock(),
                 keygen=ssh.generate_host_key,
-                render_user_data=render,
+                render_user_data=user_data_renderer(cfg, public),
                 rng=random.Random(s.seed),
             )
             conn = pg.connect(db_url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,21 @@ _STATE_STYLE = {
     "deleting": "red",
     "gone": "dim",
 }
+
+
+# C0 and C1 control characters but newline and tab: text from outside (labels, tags, API and
+# database messages) must not move the cursor, clear the screen or retitle the terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(value: object) -> str:
+    """Text from outside, safe for a terminal: control characters dropped."""
+    return _CONTROL.sub("", str(value))
+
+
+def plain(value: object, style: str = "") -> Text:
+    """Text from outside as a table cell or line: never read as rich markup, no escapes."""
+    return Text(clean(value), style=style)
 
 
 def age(since: datetime | None, now: datetime) -> str:
@@ -99,9 +115,9 @@ def render(
     for i in obs.instances:
         state = Text(i.state.value, style=_STATE_STYLE.get(i.state.value, ""))
         table.add_row(
-            i.label,
+            plain(i.label),
             state,
-            i.main_ip if i.main_ip and i.main_ip != "0.0.0.0" else "-",
+            plain(i.main_ip if i.main_ip and i.main_ip != "0.0.0.0" else "-"),
             age(i.created_at, now),
             str(i.live_leases),
             age(i.worker_last_seen, now) if i.worker_last_seen else "-",
@@ -113,7 +129,7 @@ def render(
     lines: list[RenderableType] = [table]
     sig = obs.signals
     if sig is None:
-        lines.append(Text(f"queue: unreadable ({obs.signal_error})", style="red"))
+        lines.append(plain(f"queue: unreadable ({obs.signal_error})", style="red"))
     else:
         lines.append(
             Text(
@@ -123,22 +139,8 @@ def render(
             )
         )
     if obs.api_error:
-        lines.append(Text(f"api: {obs.api_error}", style="red"))
-    lines.append(
-        Text(
-            f"desired {plan.desired}, target {plan.target} (capacity {plan.capacity}, "
-            f"floor {plan.floor}, cap {plan.cap})",
-            style="bold",
-        )
-    )
-    for reason in plan.reasons:
-        lines.append(Text(f"  why: {reason}"))
-    for clamp in plan.clamps:
-        lines.append(Text(f"  clamp: {clamp}", style="yellow"))
-    for line in grouped(a.describe() for a in plan.actions):
-        lines.append(Text(f"  next: {line}", style="cyan"))
-    for warning in plan.warnings:
-        lines.append(Text(f"  warning: {warning}", style="red"))
+        lines.append(plain(f"api: {obs.api_error}", style="red"))
+    lines += plan_lines(plan, "next")
     if plan.committed_usd is not None and plan.month_to_date_usd is not None:
         lines.append(
             Text(
@@ -152,6 +154,27 @@ def render(
             Text(f"next scale-in possible at {plan.next_scale_in_at:%Y-%m-%d %H:%M:%S} UTC")
         )
     return Group(*lines)
+
+
+def plan_lines(plan: Plan, verb: str, head: str = "") -> list[Text]:
+    """A plan as lines: the counts, why, the clamps, the actions (``verb``: what they are to
+    this reader, "next", "would" or "do") and the warnings. The one rendering of a plan."""
+    lines = [
+        Text(head, style="bold")
+        + Text(
+            f"desired {plan.desired}, target {plan.target} (capacity {plan.capacity}, "
+            f"floor {plan.floor}, cap {plan.cap})",
+            style="" if head else "bold",
+        )
+    ]
+    lines += [plain(f"  why: {reason}") for reason in plan.reasons]
+    lines += [plain(f"  clamp: {clamp}", style="yellow") for clamp in plan.clamps]
+    lines += [
+        plain(f"  {verb}: {line}", style="cyan")
+        for line in grouped(a.describe() for a in plan.actions)
+    ]
+    lines += [plain(f"  warning: {warning}", style="red") for warning in plan.warnings]
+    return lines
 
 
 def grouped(lines: Iterable[str]) -> list[str]:
@@ -192,7 +215,7 @@ def events_table(events: list[dict[str, Any]]) -> Table:
         table.add_row(
             at.strftime("%m-%d %H:%M:%S") if isinstance(at, datetime) else str(at),
             str(e.get("exit_code")),
-            summary,
-            "\n".join(details) or "-",
+            plain(summary),
+            plain("\n".join(details) or "-"),
         )
     return table

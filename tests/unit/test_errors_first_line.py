@@ -45,6 +45,6 @@ def test_cli_errors_redact_the_environments_secrets(
 ) -> None:
     monkeypatch.setenv("WORKER_DATABASE_URL", f"host=h password={PW}")
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    assert cli._fail(f"boom {PW}", f"hint {PW}", 1) == 1
+    assert cli.fail(f"boom {PW}", f"hint {PW}", 1) == 1
     err = capsys.readouterr().err
     assert PW not in err and "Error: boom ***" in err and "Fix: hint ***" in err

@@ -11,13 +11,24 @@ import pytest
 pytestmark = pytest.mark.e2e  # a fresh interpreter per test
 
 HEAVY = ("httpx", "psycopg", "paramiko", "rich", "tenacity", "prometheus_client", "croniter")
+# What `--version` and the root `--help` must not import either: the command groups (Typer
+# building their command trees is most of a slow start-up) and the config loader.
+COMMAND_MODULES = (
+    "vultrscale.cli.fleet",
+    "vultrscale.cli.image",
+    "vultrscale.cli.queue",
+    "vultrscale.cli.local",
+    "vultrscale.cli.views",
+    "vultrscale.config",
+    "logging",
+)
 
 
-def loaded_after(code: str) -> set[str]:
+def loaded_after(code: str, watched: tuple[str, ...] = HEAVY) -> set[str]:
     probe = (
         "import sys, json\n"
         f"{code}\n"
-        f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
+        f"print(json.dumps([m for m in {list(watched)!r} if m in sys.modules]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
@@ -25,9 +36,16 @@ def loaded_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def test_version_and_help_import_no_heavy_library() -> None:
-    assert loaded_after("from vultrscale.cli import main; main(['--version'])") == set()
-    assert loaded_after("from vultrscale.cli import main; main(['--help'])") <= {"rich"}
+def test_version_and_help_import_no_heavy_library_and_no_command() -> None:
+    for argv in (["--version"], ["--help"], ["-h"]):
+        code = f"from vultrscale.cli import main; main({argv!r})"
+        assert loaded_after(code, HEAVY + COMMAND_MODULES) == set(), argv
+
+
+def test_a_command_imports_only_its_own_group() -> None:
+    code = "from vultrscale.cli import main; main(['status', '--help'])"
+    # logging: the root callback quiets third-party loggers before any command runs
+    assert loaded_after(code, HEAVY + COMMAND_MODULES) == {"vultrscale.cli.fleet", "logging"}
 
 
 def test_policy_and_reconcile_modules_import_no_ssh_or_http() -> None:

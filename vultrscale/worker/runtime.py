@@ -133,9 +133,19 @@ def load_handler(spec: str) -> Handler:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise UsageError(f"--app {spec!r}: cannot import module {exc.name!r}.", hint=hint) from exc
-    except ImportError as exc:
+    except SyntaxError as exc:
+        where = f"{exc.filename}, line {exc.lineno}" if exc.filename else module_name
         raise UsageError(
-            f"--app {spec!r}: importing {module_name} failed: {exc}", hint=hint
+            f"--app {spec!r}: module {module_name} has a syntax error at {where}: {exc.msg}",
+            hint="Fix the handler module, then start the worker again.",
+        ) from exc
+    except Exception as exc:  # the module's own code raised while being imported
+        raise UsageError(
+            f"--app {spec!r}: importing module {module_name} failed at {_raised_at(exc)}: "
+            f"{type(exc).__name__}: {first_line(exc)}",
+            hint="Fix the handler module, then start the worker again."
+            if not isinstance(exc, ImportError)
+            else hint,
         ) from exc
     func = module
     for part in func_name.split("."):
@@ -147,6 +157,16 @@ def load_handler(spec: str) -> Handler:
     if not callable(func):
         raise UsageError(f"--app {spec!r}: {func_name} is not a function.", hint=hint)
     return func  # type: ignore[return-value]
+
+
+def _raised_at(exc: BaseException) -> str:
+    """``file, line N``: where an exception was raised (its innermost frame)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return "an unknown line"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno}"
 
 
 def connect_kwargs(

@@ -1,0 +1,123 @@
+"""The one guard at the top: every failure is an exit code and one or two lines, a JSON
+document on stdout with --json, a traceback only with --debug."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vultrscale import cli, config
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("DATABASE_URL", "VULTR_API_KEY", "VULTRSCALE_CONFIG", "VULTR_API_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _json_doc(out: str) -> dict[str, object]:
+    doc = json.loads(out)
+    assert set(doc) == {"error", "hint", "exit_code"}
+    return doc
+
+
+def test_json_reports_a_bad_config_as_one_document_on_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "vultrscale.toml").write_text("[fleet]\nmax_instances = -3\n")
+    assert cli.main(["status", "--json"]) == 2
+    doc = _json_doc(capsys.readouterr().out)
+    assert doc["exit_code"] == 2 and "max_instances" in str(doc["error"])
+    assert "config check" in str(doc["hint"])
+
+
+def test_json_reports_a_missing_secret_and_a_usage_error_as_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["instances", "--json"]) == 2
+    doc = _json_doc(capsys.readouterr().out)
+    assert "VULTR_API_KEY" in str(doc["error"]) and doc["hint"]
+    assert cli.main(["reconcile", "--json", "--no-such-flag"]) == 2
+    doc = _json_doc(capsys.readouterr().out)
+    assert "--no-such-flag" in str(doc["error"]) and doc["exit_code"] == 2
+
+
+def test_without_json_stdout_stays_empty_on_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["instances"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Error: VULTR_API_KEY is not set." in err
+
+
+def _explode(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("boom at the edge\nsecond line")
+
+
+def test_an_unexpected_error_is_one_line_and_asks_for_debug(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(config, "load", _explode)
+    assert cli.main(["config", "check"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "second line" not in err
+    assert err.splitlines() == [
+        "Error: unexpected RuntimeError: boom at the edge",
+        "Fix: Run again with --debug and report it.",
+    ]
+
+
+def test_debug_shows_the_traceback_of_an_unexpected_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(config, "load", _explode)
+    assert cli.main(["config", "check", "--debug", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" in err and "_explode" in err
+    assert _json_doc(out)["exit_code"] == 1
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ("def handle(job:\n", ["syntax error", "line 1"]),
+        ("x = 1\nraise KeyError('no settings')\n", ["KeyError", "line 2", "no settings"]),
+        ("import no_such_dependency_xyz\n", ["no_such_dependency_xyz"]),
+    ],
+    ids=["syntax-error", "raises-at-import", "missing-dependency"],
+)
+def test_a_worker_app_that_fails_to_import_is_exit_2_naming_module_and_line(
+    source: str, names: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "brokenjobs_cli.py").write_text(source)
+    assert cli.main(["worker", "--app", "brokenjobs_cli:handle"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "brokenjobs_cli" in err
+    for name in names:
+        assert name in err
+
+
+def test_third_party_logs_reach_the_log_handlers_only_with_debug(tmp_path: Path) -> None:
+    import logging
+
+    class Collect(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    (tmp_path / "vultrscale.toml").write_text("")
+    noise = "Exception (client): Error reading SSH protocol banner"
+    root, collect = logging.getLogger(), Collect()
+    root.addHandler(collect)
+    try:
+        for debug in (False, True, False):
+            collect.lines.clear()
+            assert cli.main(["config", "check", *(["--debug"] if debug else [])]) == 0
+            logging.getLogger("paramiko.transport").error(noise)
+            assert (noise in collect.lines) is debug
+    finally:
+        root.removeHandler(collect)

@@ -1,0 +1,5 @@
+"""``python -m vultrscale``."""
+
+from vultrscale.cli import main
+
+main()

@@ -1,0 +1,252 @@
+"""The command line: ``vultrscale COMMAND``, one module per command group.
+
+- ``fleet``: reconcile, status, events, instances (the fleet at Vultr and in the ledger)
+- ``image``: snapshot, cloud-init (what new instances boot from and with)
+- ``queue``: db, worker, enqueue (the built-in Postgres queue)
+- ``local``: demo, sim, config (tools that run on this machine)
+- ``views``: everything drawn on a terminal; ``vultrscale.wiring`` builds the real parts
+
+Start-up stays at the cost of importing Typer: the root group lists the commands from
+``COMMANDS`` below and imports a group's module only when one of its commands runs (or shows
+its own help). Errors become one or two lines here, once: what is wrong and how to fix it;
+``--debug`` adds the traceback, ``--json`` puts the same on stdout as one JSON document.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from vultrscale import __version__
+from vultrscale.cli._common import examples, state
+from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, VultrscaleError
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A command of the root group: where it lives, and its line in ``vultrscale --help``."""
+
+    name: str
+    module: str
+    summary: str
+
+
+# In the order a user meets them: the demo, the fleet, its image, the queue, local tools.
+COMMANDS: tuple[Entry, ...] = (
+    Entry("demo", "vultrscale.cli.local", "The whole system on this machine, up and back down."),
+    Entry("reconcile", "vultrscale.cli.fleet", "One reconcile pass, or a loop of them."),
+    Entry("status", "vultrscale.cli.fleet", "The fleet, the queue, the plan and the budget."),
+    Entry("events", "vultrscale.cli.fleet", "The decision ledger: every pass and what it did."),
+    Entry("instances", "vultrscale.cli.fleet", "The fleet's instances as Vultr reports them."),
+    Entry("snapshot", "vultrscale.cli.image", "Bake the base image new instances boot from."),
+    Entry("cloud-init", "vultrscale.cli.image", "The user-data new instances get."),
+    Entry("db", "vultrscale.cli.queue", "Create or upgrade the database schema."),
+    Entry("worker", "vultrscale.cli.queue", "Run jobs from the queue; drain on SIGTERM."),
+    Entry("enqueue", "vultrscale.cli.queue", "Put jobs on the queue."),
+    Entry("sim", "vultrscale.cli.local", "The Vultr API simulator."),
+    Entry(
+        "simulate",
+        "vultrscale.cli.local",
+        "Replay a workload through the real pass; compare policies and tune.",
+    ),
+    Entry("config", "vultrscale.cli.local", "Check the configuration."),
+)
+
+_BY_NAME = {e.name: e for e in COMMANDS}
+
+# Root options, accepted anywhere before a bare `--` (moved in front of the command).
+_GLOBAL_FLAGS = ("--debug",)
+_GLOBAL_VALUED = ("--config",)
+
+
+class LazyGroup(TyperGroup):
+    """The root group: lists ``COMMANDS`` without importing them; builds one group's click
+    commands from its Typer app only when one of them is asked for."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [e.name for e in COMMANDS]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        entry = _BY_NAME.get(cmd_name)
+        if entry is None:
+            return None
+        module = importlib.import_module(entry.module)
+        return typer.main.get_group(module.app).commands.get(cmd_name)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(e.name, e.summary) for e in COMMANDS])
+
+
+app = typer.Typer(
+    cls=LazyGroup,
+    name="vultrscale",
+    help="Scale a fleet of Vultr instances running queue workers from zero to a cap and back.",
+    epilog=examples(
+        "vultrscale demo                  # the whole loop on this machine",
+        "vultrscale status                # the fleet and why it has that size",
+        "vultrscale reconcile --loop --debug --config prod.toml",
+    )
+    + "\n\nGlobal options (--config, --debug) go before or after the command.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"vultrscale {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            metavar="PATH",
+            help="TOML config file.",
+            show_default="$VULTRSCALE_CONFIG, else ./vultrscale.toml",
+        ),
+    ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks and library logs.", show_default=False)
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print the version.",
+            show_default=False,
+        ),
+    ] = False,
+) -> None:
+    state.config_path = config
+    state.debug = debug
+    library_logs(debug)
+
+
+def hoist_globals(args: list[str]) -> list[str]:
+    """``args`` with the root options moved in front, so `vultrscale status --debug` works."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        if arg in _GLOBAL_FLAGS or any(arg.startswith(f"{o}=") for o in _GLOBAL_VALUED):
+            front.append(arg)
+        elif arg in _GLOBAL_VALUED and i + 1 < len(args):
+            front += args[i : i + 2]
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
+def fail(message: str, hint: str, code: int, as_json: bool = False) -> int:
+    """Report an error on stderr (``Error:`` and ``Fix:`` lines), secrets redacted; with
+    ``as_json`` also as one JSON document on stdout. Returns ``code``."""
+    from vultrscale.config import Secrets
+    from vultrscale.errors import redact
+
+    secrets = Secrets.from_env(os.environ).values()
+    text, fix = redact(message, secrets), redact(hint, secrets)
+    typer.echo(f"Error: {text}", err=True)
+    if fix:
+        typer.echo(f"Fix: {fix}", err=True)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps({"error": text, "hint": fix or None, "exit_code": code}, indent=2))
+    return code
+
+
+def library_logs(debug: bool) -> None:
+    """Third-party loggers speak only with --debug: paramiko prints a traceback for a host
+    that accepts TCP and sends no banner, and the drain reports that host itself, in one line."""
+    import logging
+
+    for name in ("paramiko",):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(logging.NullHandler())  # no "last resort" printing either
+        logger.propagate = debug
+    if debug:  # a no-op when logging is configured already (a test runner, an embedding app)
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+
+
+def _click_exceptions() -> Any:
+    """Click's exception classes as this Typer raises them: recent Typer releases carry their
+    own copy of click (``typer._click``), older ones use the ``click`` package."""
+    try:
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions  # type: ignore[no-redef]
+    return exceptions
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point; returns the exit code (DESIGN §2). The one guard: nothing
+    unexpected escapes as a traceback unless --debug asks for it."""
+    args = hoist_globals(list(sys.argv[1:] if argv is None else argv))
+    opts = args[: args.index("--")] if "--" in args else args
+    state.debug = "--debug" in opts
+    as_json = "--json" in opts
+    errors = _click_exceptions()
+    exits = (typer.Exit, getattr(errors, "Exit", typer.Exit))
+    aborts = (typer.Abort, getattr(errors, "Abort", typer.Abort))
+    try:
+        command = typer.main.get_command(app)
+        rv = command.main(args=args, prog_name="vultrscale", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except exits as exc:
+        code = exc.exit_code
+    except aborts:
+        code = fail("aborted.", "", EXIT_RUNTIME, as_json)
+    except errors.ClickException as exc:
+        exc.show()
+        code = EXIT_USAGE if isinstance(exc, errors.UsageError) else exc.exit_code
+        if as_json:
+            hint = "Run the command with --help to see what it takes."
+            fail(exc.format_message(), hint, code, as_json=True)
+    except VultrscaleError as exc:
+        if state.debug:
+            import traceback
+
+            traceback.print_exc()
+        code = fail(exc.message, exc.hint, exc.exit_code, as_json)
+    except KeyboardInterrupt:
+        code = fail("interrupted.", "", 130, as_json)
+    except Exception as exc:  # the guard: a bug, or a failure no adapter translated yet
+        from vultrscale.errors import first_line
+
+        if state.debug:
+            import traceback
+
+            traceback.print_exc()
+        hint = (
+            "Report it with the traceback above."
+            if state.debug
+            else "Run again with --debug and report it."
+        )
+        message = f"unexpected {type(exc).__name__}: {first_line(exc)}"
+        code = fail(message, hint, EXIT_RUNTIME, as_json)
+    if argv is None:
+        sys.exit(code)
+    return code

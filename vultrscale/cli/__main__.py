@@ -1,0 +1,5 @@
+"""``python -m vultrscale.cli``."""
+
+from vultrscale.cli import main
+
+main()

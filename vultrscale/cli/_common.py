@@ -1,0 +1,60 @@
+"""What every command module shares: the invocation's global options, the config loader, the
+one JSON printer, the group factory and the option types used by more than one command."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from vultrscale.config import Config
+
+
+@dataclass
+class Globals:
+    """The root options (``--config``, ``--debug``), set before a command runs."""
+
+    config_path: str | None = None
+    debug: bool = False
+
+
+state = Globals()
+
+
+def load_config(flags: dict[str, Any] | None = None) -> Config:
+    """The resolved config for this invocation (flags > environment > file > defaults)."""
+    from vultrscale import config as cfg
+
+    return cfg.load(state.config_path, os.environ, flags)
+
+
+def print_json(data: Any) -> None:
+    import json
+
+    typer.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
+
+
+def group(**kwargs: Any) -> typer.Typer:
+    """A Typer app for one command group: plain click help (no type metavars, no rich import
+    just to print help), no completion, our own error handling."""
+    return typer.Typer(
+        rich_markup_mode=None,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        **kwargs,
+    )
+
+
+def examples(*lines: str) -> str:
+    """The "Examples:" epilog of a command's help; ``\\b`` keeps click from re-wrapping it."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in lines)
+
+
+# Options more than one command takes, spelled once. Flags show no default: absent means off.
+JsonFlag = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout.", show_default=False)
+]

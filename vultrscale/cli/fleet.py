@@ -1,0 +1,233 @@
+"""Fleet commands: reconcile, status, events, instances."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json
+from vultrscale.errors import UsageError, VultrscaleError
+from vultrscale.wiring import API_KEY_HINT, DB_HINT, build_parts, require
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from vultrscale.config import Config
+    from vultrscale.reconcile import Parts, PassResult
+
+app = group()
+
+
+@app.command(
+    "reconcile",
+    epilog=examples(
+        "vultrscale reconcile --dry-run",
+        "vultrscale reconcile --loop --interval 30s --metrics-port 9108",
+    ),
+)
+def reconcile_cmd(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; change nothing.", show_default=False)
+    ] = False,
+    loop: Annotated[
+        bool, typer.Option("--loop", help="Run passes until interrupted.", show_default=False)
+    ] = False,
+    interval: Annotated[
+        str,
+        typer.Option("--interval", metavar="DURATION", help="Time between passes with --loop."),
+    ] = "30s",
+    as_json: JsonFlag = False,
+    metrics_file: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-file",
+            metavar="PATH",
+            help="Write Prometheus metrics here (textfile collector).",
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port", metavar="PORT", help="With --loop, serve /metrics on 127.0.0.1:PORT."
+        ),
+    ] = None,
+) -> int:
+    """One reconcile pass (or a loop): observe, progress drains, decide, act, record."""
+    from vultrscale.cli import fail
+    from vultrscale.cli.views import print_pass
+    from vultrscale.config import parse_duration
+    from vultrscale.reconcile import run_forever, run_pass
+
+    try:
+        every = parse_duration(interval, "--interval")
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="Write durations like 30s, 5m or 1h.") from None
+    if metrics_port is not None and not loop:
+        raise UsageError(
+            "--metrics-port needs --loop", hint="Use --metrics-file for single passes."
+        )
+    cfg = load_config()
+    parts = build_parts(cfg)
+    metrics = None
+    if metrics_file or metrics_port is not None:
+        from vultrscale.metrics import Metrics
+
+        metrics = Metrics(cfg.fleet.name)
+        if metrics_port is not None:
+            metrics.serve(metrics_port)
+
+    def report(result: PassResult) -> None:
+        if as_json:
+            print_json(result.to_json())
+        else:
+            print_pass(result)
+        if metrics is not None:
+            metrics.observe(result)
+            if metrics_file:
+                metrics.write_textfile(metrics_file)
+
+    def report_error(exc: VultrscaleError) -> None:
+        fail(exc.message, exc.hint, exc.exit_code)
+
+    try:
+        if not loop:
+            result = run_pass(cfg, parts, dry_run=dry_run)
+            report(result)
+            return int(result.exit_code)
+        return run_forever(
+            cfg, parts, interval=every, dry_run=dry_run, on_result=report, on_error=report_error
+        )
+    finally:
+        parts.cloud.close()  # type: ignore[attr-defined]  # wiring builds a VultrClient
+
+
+def _status_once(cfg: Config, parts: Parts) -> tuple[PassResult, datetime]:
+    from vultrscale.reconcile import run_pass
+
+    result = run_pass(cfg, parts, dry_run=True, take_lock=False)
+    return result, parts.clock.now()
+
+
+@app.command(
+    "status",
+    epilog=examples("vultrscale status", "vultrscale status --watch --every 10"),
+)
+def status_cmd(
+    as_json: JsonFlag = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Refresh every few seconds.", show_default=False)
+    ] = False,
+    every: Annotated[
+        float, typer.Option("--every", metavar="SECONDS", help="Seconds between refreshes.")
+    ] = 5.0,
+) -> int:
+    """The fleet: every instance, the queue, desired count and why, budget used."""
+    from vultrscale import status
+
+    cfg = load_config()
+    parts = build_parts(cfg)
+    ceiling = cfg.budget.monthly_ceiling_usd
+    try:
+        result, now = _status_once(cfg, parts)
+        if as_json:
+            assert result.observation is not None and result.plan is not None
+            print_json(status.status_document(result.observation, result.plan, now, ceiling))
+            return int(result.exit_code)
+        from rich.live import Live
+
+        from vultrscale.cli.views import console
+
+        def view(result: PassResult, now: datetime) -> status.RenderableType:
+            assert result.observation is not None and result.plan is not None
+            return status.render(result.observation, result.plan, now, ceiling, cfg.fleet.name)
+
+        out = console()
+        if not watch:
+            out.print(view(result, now))
+            return int(result.exit_code)
+        import time
+
+        with Live(view(result, now), console=out, auto_refresh=False) as live:
+            while True:
+                time.sleep(max(0.5, every))
+                result, now = _status_once(cfg, parts)
+                live.update(view(result, now), refresh=True)
+    finally:
+        parts.cloud.close()  # type: ignore[attr-defined]  # wiring builds a VultrClient
+
+
+@app.command(
+    "events",
+    epilog=examples("vultrscale events", "vultrscale events --since 2d --json"),
+)
+def events_cmd(
+    since: Annotated[
+        str, typer.Option("--since", metavar="DURATION", help="How far back (e.g. 30m, 2d).")
+    ] = "1h",
+    as_json: JsonFlag = False,
+) -> None:
+    """The decision ledger: every pass, its inputs, the clamps, actions and results."""
+    from datetime import UTC, datetime
+
+    import psycopg
+
+    from vultrscale.config import parse_duration
+    from vultrscale.db import ledger
+    from vultrscale.errors import DatabaseError, first_line
+
+    try:
+        window = parse_duration(since, "--since")
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="Write durations like 30m, 1h or 2d.") from None
+    cfg = load_config()
+    db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", DB_HINT)
+    try:
+        with psycopg.connect(db_url, connect_timeout=10) as conn:
+            rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
+    except psycopg.Error as exc:
+        raise DatabaseError(f"cannot read the events: {first_line(exc, [db_url])}") from None
+    if as_json:
+        print_json({"fleet": cfg.fleet.name, "since": since, "events": rows})
+        return
+    from vultrscale.cli.views import console
+    from vultrscale.status import events_table
+
+    if not rows:
+        typer.echo(f"No passes recorded for fleet {cfg.fleet.name} in the last {since}.")
+        return
+    console().print(events_table(rows))
+
+
+@app.command("instances", epilog=examples("vultrscale instances", "vultrscale instances --json"))
+def instances_cmd(as_json: JsonFlag = False) -> None:
+    """The fleet's instances as the Vultr API reports them (no database needed)."""
+    cfg = load_config()
+    api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
+    from vultrscale.vultr.client import VultrClient
+
+    with VultrClient(api_key, cfg.api_url) as client:
+        found = client.list_instances(tag=cfg.fleet.tag)
+    found.sort(key=lambda i: (i.date_created is None, i.date_created, i.label))
+    from vultrscale.cli import views
+
+    if as_json:
+        print_json(
+            {
+                "fleet": cfg.fleet.name,
+                "tag": cfg.fleet.tag,
+                "api_url": cfg.api_url,
+                "count": len(found),
+                "instances": [views.instance_json(i) for i in found],
+            }
+        )
+        return
+    out = views.console()
+    where = f"fleet {cfg.fleet.name!r}, tag {cfg.fleet.tag!r}"
+    if not found:
+        out.print(
+            views.plain(f"No instances carry the tag ({where}) at {cfg.api_url}; the key works.")
+        )
+        return
+    out.print(views.instances_table(found, out.width))
+    out.print(views.plain(f"{len(found)} instance(s): {where}\nAPI: {cfg.api_url}"))

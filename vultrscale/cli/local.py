@@ -1,0 +1,319 @@
+"""Local tools: the demo, the Vultr simulator and the config check, all on this machine."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json
+from vultrscale.errors import EXIT_RUNTIME, UsageError
+
+app = group()
+config_app = group(help="Inspect the configuration.")
+sim_app = group(help="The Vultr simulator.")
+app.add_typer(config_app, name="config")
+app.add_typer(sim_app, name="sim")
+
+
+@app.command(
+    "demo",
+    epilog=examples(
+        "vultrscale demo",
+        "vultrscale demo --duration 60 --bursts 0:12 --no-live",
+    ),
+)
+def demo_cmd(
+    duration: Annotated[
+        float,
+        typer.Option(
+            "--duration", metavar="SECONDS", min=10, help="Stop after this many seconds at most."
+        ),
+    ] = 120.0,
+    bursts: Annotated[
+        str,
+        typer.Option(
+            "--bursts",
+            metavar="SECONDS:JOBS,...",
+            help="Workload: JOBS enqueued SECONDS into the run.",
+        ),
+    ] = "0:24,40:12",
+    no_live: Annotated[
+        bool,
+        typer.Option(
+            "--no-live", help="Plain log lines instead of the live fleet view.", show_default=False
+        ),
+    ] = False,
+    as_json: JsonFlag = False,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed for job lengths and ids.")
+    ] = 0,
+    logs: Annotated[
+        str | None,
+        typer.Option("--logs", metavar="PATH", help="Keep each instance's worker log here."),
+    ] = None,
+) -> int:
+    """The whole system on this machine: Postgres, the Vultr simulator, instances running real
+    workers behind SSH, a bursty workload and the reconcile loop. Exit 0 when no job was lost
+    and the fleet came back down."""
+    import signal
+    import threading
+    from pathlib import Path
+
+    from vultrscale import demo
+    from vultrscale.cli import views
+
+    settings = demo.Settings(
+        duration=duration,
+        bursts=demo.parse_bursts(bursts),
+        seed=seed,
+        logs_dir=Path(logs).expanduser().resolve() if logs else None,
+    )
+    # with --json, stdout carries only the summary
+    out = views.console(stderr=as_json)
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: object) -> None:
+        # The first signal ends the run after the current pass, cleanly; a second one hurries
+        # (cleanup still runs, but a half-started Postgres may be left).
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        out.print("Stopping: cleaning up; press Ctrl-C again to stop at once.", style="yellow")
+
+    # also SIGINT: a shell starts a background job with SIGINT ignored
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    url = os.environ.get("DATABASE_URL", "").strip() or None
+    say = views.say_plain(out)
+    if no_live:
+        summary = demo.run(
+            settings, database_url=url, on_tick=views.demo_log(say), say=say, stop=stop
+        )
+    else:
+        from rich.live import Live
+
+        with Live(console=out, auto_refresh=False, transient=False) as live:
+            view = views.DemoView(live)
+            summary = demo.run(
+                settings, database_url=url, on_tick=view.update, say=view.say, stop=stop
+            )
+    if as_json:
+        print_json(summary.to_json())
+    else:
+        views.print_demo_summary(out, summary)
+    if summary.ended_by == "interrupted":
+        return 130
+    return 0 if summary.ok else EXIT_RUNTIME
+
+
+# `init` is registered here by the branch that builds it.
+
+
+@app.command(
+    "simulate",
+    epilog=examples(
+        "vultrscale simulate",
+        "vultrscale simulate --workload steady --days 3 --boot-time 1m..3m --json",
+        "vultrscale --config prod.toml simulate --from-db --since 14d --plot week.png",
+        "vultrscale simulate --sweep policy.idle_before_scale_down=0s,5m,15m "
+        "--sweep policy.billing_hour_aware=true,false",
+    ),
+)
+def simulate_cmd(
+    workload: Annotated[
+        str,
+        typer.Option(
+            "--workload",
+            metavar="SHAPE|PATH.csv",
+            help="bursty-day, steady, spiky, or a CSV of arrival_seconds,duration_seconds.",
+        ),
+    ] = "bursty-day",
+    from_db: Annotated[
+        bool,
+        typer.Option("--from-db", help="Replay the built-in queue's own history (DATABASE_URL)."),
+    ] = False,
+    since: Annotated[
+        str, typer.Option("--since", metavar="DURATION", help="With --from-db: how far back.")
+    ] = "7d",
+    days: Annotated[int, typer.Option("--days", metavar="N", help="Days of a built-in shape.")] = 7,
+    jobs_per_day: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs-per-day",
+            metavar="N",
+            help="Volume of a built-in shape.",
+            show_default="bursty-day 600 per weekday, steady 2000, spiky 400",
+        ),
+    ] = None,
+    policies: Annotated[
+        str,
+        typer.Option(
+            "--policies", metavar="LIST", help="Comma-separated: always-on,naive,keda,vultrscale."
+        ),
+    ] = "always-on,naive,keda,vultrscale",
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed for the workload and boots.")
+    ] = 0,
+    boot_time: Annotated[
+        str,
+        typer.Option(
+            "--boot-time",
+            metavar="DUR|MIN..MAX",
+            help="Create to worker up (snapshot restores: 10-15 min at Vultr).",
+        ),
+    ] = "10m..15m",
+    interval: Annotated[
+        str, typer.Option("--interval", metavar="DURATION", help="Time between passes.")
+    ] = "30s",
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sweep",
+            metavar="KEY=V1,V2",
+            help="Run vultrscale once per combination of config values (repeatable).",
+        ),
+    ] = None,
+    monthly_usd: Annotated[
+        float | None,
+        typer.Option(
+            "--monthly-usd", metavar="USD", help="The plan's monthly price (default: list price)."
+        ),
+    ] = None,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot", metavar="PATH.png", help="Draw queue, fleet and cost (needs [plot])."
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> int:
+    """Replay a workload through the real pass and compare policies (cost, waits, lost work)."""
+    from pathlib import Path
+
+    from vultrscale.cli import views
+    from vultrscale.cli._common import state
+    from vultrscale.simulate import command
+
+    opts = command.Options(
+        workload=workload,
+        from_db=from_db,
+        since=since,
+        days=days,
+        jobs_per_day=jobs_per_day,
+        policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+        seed=seed,
+        boot_time=boot_time,
+        interval=interval,
+        sweeps=tuple(sweep or ()),
+        monthly_usd=monthly_usd,
+        plot=Path(plot) if plot else None,
+        as_json=as_json,
+    )
+    return command.execute(
+        opts,
+        load_config(),
+        config_path=state.config_path,
+        env=os.environ,
+        out=views.console(),
+        err=views.console(stderr=True),
+        print_json=print_json,
+    )
+
+
+@sim_app.command(
+    "serve",
+    epilog=examples(
+        "vultrscale sim serve", "vultrscale sim serve --port 0 --seed 7 --no-rate-limit"
+    ),
+)
+def sim_serve(
+    port: Annotated[
+        int, typer.Option("--port", metavar="PORT", help="TCP port; 0 picks a free one.")
+    ] = 8090,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host", metavar="ADDRESS", help="Address to listen on (keep it on loopback)."
+        ),
+    ] = "127.0.0.1",
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed for ids, IPs and faults.")
+    ] = 0,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            metavar="KEY",
+            help="The key the simulator accepts.",
+            show_default="$VULTR_API_KEY, else a new one",
+        ),
+    ] = None,
+    no_rate_limit: Annotated[
+        bool,
+        typer.Option(
+            "--no-rate-limit", help="Turn off the 30 requests/s limit.", show_default=False
+        ),
+    ] = False,
+) -> None:
+    """Run the Vultr API simulator until Ctrl-C; point VULTR_API_URL at it."""
+    import secrets
+    import signal
+    import threading
+
+    from vultrscale.clock import SystemClock
+    from vultrscale.sim import Simulator, start_server
+
+    if api_key:
+        key, key_source = api_key, "given"
+    elif os.environ.get("VULTR_API_KEY"):
+        key, key_source = os.environ["VULTR_API_KEY"], "env"
+    else:
+        key, key_source = "sim-" + secrets.token_hex(16), "generated"
+    sim = Simulator(key, clock=SystemClock(), seed=seed, rate_limit=None if no_rate_limit else 30)
+    try:
+        handle = start_server(sim, host, port)
+    except OSError as exc:
+        raise UsageError(
+            f"Cannot listen on {host}:{port}: {exc.strerror or exc}.",
+            hint="Pick another --port, or --port 0 for a free one.",
+        ) from exc
+
+    def _stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # also SIGINT: a shell may start a background job with SIGINT ignored
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    typer.echo(f"Vultr simulator listening on {handle.url} (seed {seed}). Ctrl-C stops it.")
+    typer.echo(f"export VULTR_API_URL={handle.url}")
+    if key_source == "env":
+        typer.echo("# using VULTR_API_KEY from the environment")
+    else:
+        typer.echo(f"export VULTR_API_KEY={key}")
+    sys.stdout.flush()
+    try:
+        forever = threading.Event()
+        while not forever.wait(3600):
+            pass
+    except KeyboardInterrupt:
+        typer.echo("Stopping the simulator.")
+    finally:
+        handle.stop()
+
+
+@config_app.command(
+    "check",
+    epilog=examples("vultrscale config check", "vultrscale --config prod.toml config check --json"),
+)
+def config_check(as_json: JsonFlag = False) -> None:
+    """Load, validate and print the resolved config (secrets masked)."""
+    data = load_config().masked()
+    if as_json:
+        print_json(data)
+        return
+    from vultrscale.cli.views import print_config
+
+    print_config(data)

@@ -1,0 +1,174 @@
+"""Queue commands: the built-in Postgres queue's schema, its worker, and putting jobs on it."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated
+
+import typer
+
+from vultrscale.cli._common import examples, group, state
+from vultrscale.errors import UsageError
+from vultrscale.wiring import DB_HINT, require
+
+app = group()
+db_app = group(help="The database schema.")
+app.add_typer(db_app, name="db")
+
+
+def _database_url() -> str:
+    return require(os.environ.get("DATABASE_URL", "").strip(), "DATABASE_URL", DB_HINT)
+
+
+@db_app.command("init", epilog=examples("DATABASE_URL=postgresql://... vultrscale db init"))
+def db_init() -> None:
+    """Create or upgrade the schema (idempotent, versioned)."""
+    from vultrscale.db import schema
+
+    version = schema.migrate(_database_url())
+    typer.echo(f"Schema is at version {version}.")
+
+
+@app.command(
+    "worker",
+    epilog=examples(
+        "vultrscale worker --app myjobs:handle",
+        "vultrscale worker --app myjobs:handle --queue emails --concurrency 8",
+    ),
+)
+def worker_cmd(
+    app_spec: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            metavar="MODULE:FUNC",
+            help="The job handler.",
+            show_default="$VULTRSCALE_WORKER_APP",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option("--concurrency", metavar="N", help="Jobs run at once.", show_default="4"),
+    ] = None,
+    drain_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--drain-seconds",
+            metavar="SECONDS",
+            help="On SIGTERM, wait this long for jobs.",
+            show_default="20",
+        ),
+    ] = None,
+    lease_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--lease-seconds",
+            metavar="SECONDS",
+            help="Lease per job, renewed every third.",
+            show_default="60",
+        ),
+    ] = None,
+    queue_name: Annotated[
+        str | None,
+        typer.Option(
+            "--queue", metavar="NAME", help="Queue to take jobs from.", show_default="default"
+        ),
+    ] = None,
+    backoff_seconds: Annotated[
+        float,
+        typer.Option(
+            "--backoff-seconds", metavar="SECONDS", help="First retry delay; doubles per attempt."
+        ),
+    ] = 2.0,
+) -> None:
+    """The reference worker runtime: claim, lease, heartbeat, drain on SIGTERM."""
+    from vultrscale import config as cfg_mod
+    from vultrscale.worker import runtime
+
+    flags = {
+        "worker.app": app_spec,
+        "worker.concurrency": concurrency,
+        "worker.drain_seconds": drain_seconds,
+        "worker.lease_seconds": lease_seconds,
+        "worker.queue": queue_name,
+    }
+    # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
+    env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
+    w = cfg_mod.load(state.config_path, env, flags).worker
+    if backoff_seconds < 0:
+        raise UsageError("--backoff-seconds must be >= 0.", hint="Pass e.g. --backoff-seconds 2.")
+    handler = runtime.load_handler(w.app)  # exit 2 before touching the database
+    conninfo = require(
+        os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
+        "DATABASE_URL",
+        DB_HINT,
+    )
+    worker_id = os.environ.get("VULTRSCALE_WORKER_ID", "").strip() or runtime.default_worker_id()
+    settings = runtime.WorkerSettings(
+        app=w.app,
+        concurrency=w.concurrency,
+        drain_seconds=w.drain_seconds,
+        lease_seconds=w.lease_seconds,
+        queue=w.queue,
+        worker_id=worker_id,
+        instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
+        backoff_seconds=backoff_seconds,
+    )
+    if not state.debug:
+        # The pool logs each failed reconnect; the worker reports a lost database once, itself.
+        import logging
+
+        logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    runtime.Worker(settings, conninfo, handler, say=typer.echo).run()
+
+
+@app.command(
+    "enqueue",
+    epilog=examples(
+        "vultrscale enqueue --count 20",
+        'vultrscale enqueue --queue emails --payload \'{"to": "a@example.com"}\'',
+    ),
+)
+def enqueue_cmd(
+    count: Annotated[int, typer.Option("--count", metavar="N", min=1, help="How many jobs.")] = 1,
+    payload: Annotated[
+        str, typer.Option("--payload", metavar="JSON", help="JSON payload of each job.")
+    ] = "{}",
+    queue_name: Annotated[str, typer.Option("--queue", metavar="NAME", help="Queue name.")] = (
+        "default"
+    ),
+    max_attempts: Annotated[
+        int,
+        typer.Option("--max-attempts", metavar="N", min=1, help="Attempts before a job is dead."),
+    ] = 3,
+) -> None:
+    """Put jobs on the built-in queue (tests, demo, smoke checks)."""
+    try:
+        doc = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"--payload is not valid JSON: {exc.msg} at character {exc.pos}.",
+            hint="Quote the whole payload for the shell, e.g. --payload '{\"step_seconds\": 1}'.",
+        ) from None
+    conninfo = _database_url()
+    import psycopg
+
+    from vultrscale.config import mask_url
+    from vultrscale.db import queue
+    from vultrscale.errors import DatabaseError, first_line
+
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+            ids = queue.enqueue(conn, [doc] * count, queue=queue_name, max_attempts=max_attempts)
+    except psycopg.errors.UndefinedTable as exc:
+        raise DatabaseError(
+            f"the queue tables are missing in {mask_url(conninfo)}.",
+            hint="Run `vultrscale db init` first.",
+        ) from exc
+    except psycopg.Error as exc:
+        raise DatabaseError(
+            f"cannot enqueue at {mask_url(conninfo)}: {first_line(exc, [conninfo])}"
+        ) from exc
+    span = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
+    typer.echo(f"Enqueued {len(ids)} job(s) on queue {queue_name!r}: id {span}.")

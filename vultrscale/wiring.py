@@ -1,0 +1,104 @@
+"""Wiring: the real parts of a reconcile pass, built from the config, for the CLI and the demo.
+
+Also the hints for the two secrets every fleet command needs, defined once here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vultrscale.errors import UsageError
+
+if TYPE_CHECKING:
+    from vultrscale.config import Config
+    from vultrscale.reconcile import Parts
+
+DB_HINT = "export DATABASE_URL=postgresql://user:password@host/db, then `vultrscale db init`."
+API_KEY_HINT = (
+    "export VULTR_API_KEY=... (my.vultr.com > Account > API), or point VULTR_API_URL at "
+    "`vultrscale sim serve` and set any key."
+)
+
+
+def require(value: str, name: str, hint: str) -> str:
+    """A secret the command cannot run without; exit 2 with ``hint`` when it is missing."""
+    if not value:
+        raise UsageError(f"{name} is not set.", hint=hint)
+    return value
+
+
+def user_data_renderer(cfg: Config, scaler_public: str | None = None) -> Any:
+    """``render(label, host private, host public) -> user-data`` for new instances; the
+    scaler's public key line is read from ``fleet.ssh_key`` on first use unless given."""
+    scaler_key: list[str] = [scaler_public] if scaler_public else []
+
+    def render(label: str, private: str, public: str) -> str:
+        from vultrscale import cloudinit, ssh
+
+        if not scaler_key:
+            scaler_key.append(ssh.public_key_line(cfg.fleet.ssh_key))
+        return cloudinit.render_user_data(
+            cfg, label, private, public, scaler_key[0], show_secrets=True
+        )
+
+    return render
+
+
+class _LazyDrain:
+    """The SSH drain transport, built on first use so a pass with no drain never imports
+    paramiko nor reads the key; closed after every pass (connections live within one pass)."""
+
+    def __init__(self, key_path: str) -> None:
+        self.key_path = key_path
+        self._drain: Any = None
+
+    def _get(self) -> Any:
+        if self._drain is None:
+            from vultrscale.ssh import SSHDrain
+
+            self._drain = SSHDrain(self.key_path)
+        return self._drain
+
+    def stop_many(self, targets: list[Any]) -> Any:
+        return self._get().stop_many(targets)
+
+    def is_active_many(self, targets: list[Any]) -> Any:
+        return self._get().is_active_many(targets)
+
+    def close(self) -> None:
+        if self._drain is not None:
+            self._drain.close()
+            self._drain = None
+
+
+def build_parts(cfg: Config) -> Parts:
+    """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock,
+    and the local check of the scaler's key made before a pass changes anything."""
+    from vultrscale.clock import SystemClock
+    from vultrscale.db.ledger import PgStore
+    from vultrscale.reconcile import Parts
+    from vultrscale.vultr.client import VultrClient
+
+    api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
+    db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", DB_HINT)
+    client = VultrClient(api_key, cfg.api_url)
+
+    def keygen() -> tuple[str, str]:
+        from vultrscale.ssh import generate_host_key
+
+        return generate_host_key()
+
+    def key_usable() -> None:
+        from vultrscale.ssh import check_key_file
+
+        check_key_file(cfg.fleet.ssh_key)
+
+    return Parts(
+        cloud=client,
+        store=PgStore(db_url),
+        drain=_LazyDrain(cfg.fleet.ssh_key),
+        clock=SystemClock(),
+        keygen=keygen,
+        render_user_data=user_data_renderer(cfg),
+        preflight=(key_usable,),
+    )
