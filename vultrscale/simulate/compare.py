@@ -206,6 +206,12 @@ def compare(
     for pol in _policies(names, cfg, trace, price):
         cb = (lambda f, n=pol.name: progress(n, f)) if progress else None
         results.append(run_one(pol, trace, cfg, setup, price, progress=cb))
+    return _comparison(trace, results, cfg, setup, price)
+
+
+def _comparison(
+    trace: Trace, results: Sequence[PolicyResult], cfg: Config, setup: Setup, price: PlanPrice
+) -> Comparison:
     return Comparison(
         trace,
         tuple(results),
@@ -270,11 +276,4 @@ def sweep(
         pol = Vultrscale(cfg, price, trace.epoch, name=label)
         results.append(run_one(pol, trace, cfg, setup, price, name=label, progress=cb))
     results.sort(key=lambda r: (r.lost, r.cost_usd, r.wait_p95))
-    base = configs[0][1]
-    return Comparison(
-        trace,
-        tuple(results),
-        lower_bound_hours(trace.total_job_seconds, base.queue.jobs_per_instance),
-        grace_seconds(base, setup, trace),
-        price,
-    )
+    return _comparison(trace, results, configs[0][1], setup, price)
