@@ -19,6 +19,7 @@ included) but are not projected to the month's end: they are on their way out.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,9 +33,12 @@ _EPS = 1e-9
 
 def utc(dt: datetime) -> datetime:
     """``dt`` in UTC; a naive datetime is taken to be UTC already."""
+    if dt.tzinfo is UTC:
+        return dt  # the common case, kept cheap: a pass calls this per instance many times
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
 
 
+@functools.lru_cache(maxsize=64)  # a pass asks for the same month many times
 def month_bounds(now: datetime) -> tuple[datetime, datetime]:
     """Start of the UTC calendar month holding ``now``, and start of the next one."""
     now = utc(now)
@@ -69,23 +73,20 @@ def billed(
 
 
 def ledger_bills(
-    rows: Iterable[LedgerRow], now: datetime, price: PlanPrice | None
-) -> tuple[dict[str, float], float]:
-    """This UTC month's bill per ledger row (gone rows too) and the fleet's total, in one sweep.
-
-    A row is billed at the price it was created at, else the plan's current price (0 when
-    unknown); a live row up to ``now``, a gone one up to when it went."""
+    rows: Iterable[LedgerRow], price: PlanPrice | None, now: datetime
+) -> dict[str, float]:
+    """This UTC month's bill of each ledger row at ``now`` (gone rows too), by label, in one
+    sweep. A row is billed at the price it was created at, else the plan's current price (0
+    when unknown); a live row up to ``now``, a gone one up to when it went. The sum of the
+    values is ``Observation.month_to_date_usd``; each value is that instance's ``billed_usd``."""
     start, end = month_bounds(now)
     current = price.monthly if price else 0.0
-    each: dict[str, float] = {}
-    total = 0.0
+    bills: dict[str, float] = {}
     for row in rows:
         monthly = row.monthly_cost if row.monthly_cost is not None else current
         p = PlanPrice(row.plan or "", monthly, row.hourly_rate or None)
-        cost = billed(row.created_at, row.gone_at or now, p, start, end)
-        each[row.label] = cost
-        total += cost
-    return each, total
+        bills[row.label] = billed(row.created_at, row.gone_at or now, p, start, end)
+    return bills
 
 
 def instance_price(instance: Instance, price: PlanPrice) -> PlanPrice:
@@ -186,12 +187,30 @@ def check(
     month's bill but they are neither counted nor projected to the month's end.
     """
     out = set(leaving)
-    keep = [i for i in observation.instances if i.state.counts_as_capacity and i.label not in out]
-    n = len(keep)
-    mtd = month_to_date(observation.instances, now, price, observation.month_to_date_usd)
-    committed = mtd + sum(to_month_end(i, price, now) for i in keep)
+    start, end = month_bounds(now)
+    # One sweep over the fleet: each live instance's price and cost so far are computed once
+    # and serve month-to-date, the projection to the month's end and rule (a) alike (the same
+    # sums as month_to_date, to_month_end and instance_price, without recomputing them).
+    n = 0
+    live_so_far = live_listed = gone_listed = 0.0
+    to_end = monthly_kept = 0.0
+    for i in observation.instances:
+        if not _live(i):
+            gone_listed += i.billed_usd
+            continue
+        p = instance_price(i, price)
+        created = i.created_at or start
+        so_far = max(billed(created, now, p, start, end), i.billed_usd)
+        live_so_far += so_far
+        live_listed += i.billed_usd
+        if i.state.counts_as_capacity and i.label not in out:
+            n += 1
+            monthly_kept += p.monthly
+            to_end += max(0.0, billed(created, end, p, start, end) - so_far)
+    gone = max(observation.month_to_date_usd - live_listed, gone_listed, 0.0)
+    mtd = gone + live_so_far
+    committed = mtd + to_end
     per_new = new_instance_to_month_end(price, now)
-    monthly_kept = sum(instance_price(i, price).monthly for i in keep)
 
     room_a = ceiling - monthly_kept
     by_a = n + _whole(room_a, price.monthly)

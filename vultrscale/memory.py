@@ -156,6 +156,9 @@ class MemoryCloud:
         except KeyError:
             raise NotFound(f"snapshot {snapshot_id} not found", status=404) from None
 
+    def close(self) -> None:
+        pass
+
 
 _STAMP = {
     InstanceState.PENDING: "posted_at",

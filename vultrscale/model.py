@@ -24,12 +24,13 @@ class InstanceState(enum.StrEnum):
 
     @property
     def counts_as_capacity(self) -> bool:
-        return self in (
-            InstanceState.CREATING,
-            InstanceState.PENDING,
-            InstanceState.BOOTING,
-            InstanceState.RUNNING,
-        )
+        return self in _CAPACITY
+
+
+# Asked per instance many times a pass: one set, not a tuple built per call.
+_CAPACITY = frozenset(
+    {InstanceState.CREATING, InstanceState.PENDING, InstanceState.BOOTING, InstanceState.RUNNING}
+)
 
 
 @dataclass(frozen=True)

@@ -480,16 +480,14 @@ def decide(obs: Observed, cfg: Config) -> Decision:
     for step in steps:
         if step.verdict is Verdict.DELETE:
             rows[step.label] = _with_state(rows[step.label], InstanceState.DELETING)
-    bills, month_to_date = budget.ledger_bills(
-        [*{**obs.rows, **rows}.values(), *obs.gone], now, obs.price
-    )
+    bills = budget.ledger_bills([*{**obs.rows, **rows}.values(), *obs.gone], obs.price, now)
     observation = Observation(
         instances=tuple(_instance(obs, r, bills[r.label]) for r in rows.values()),
         signals=obs.signals,
         price=obs.price,
         signal_error=obs.signal_error,
         api_error=obs.api_error,
-        month_to_date_usd=month_to_date,
+        month_to_date_usd=sum(bills.values()),
         last_scale_up=_not_after(obs.state.last_scale_up, now),
         last_scale_down=_not_after(obs.state.last_scale_down, now),
         idle_since=_not_after(obs.state.idle_since, now),

@@ -89,9 +89,11 @@ def build_parts(cfg: Config) -> Parts:
         return generate_host_key()
 
     def key_usable() -> None:
-        from vultrscale.ssh import check_key_file
+        """Present, 0600 and a private key paramiko can load: else the pass refuses (exit 2)
+        before it changes anything, rather than failing at its first drain."""
+        from vultrscale.ssh import load_private_key
 
-        check_key_file(cfg.fleet.ssh_key)
+        load_private_key(cfg.fleet.ssh_key)
 
     return Parts(
         cloud=client,

@@ -71,9 +71,12 @@ def reconcile_cmd(
     parts = build_parts(cfg)
     metrics = None
     if metrics_file or metrics_port is not None:
-        from vultrscale.metrics import Metrics
+        from vultrscale import metrics as metrics_mod
 
-        metrics = Metrics(cfg.fleet.name)
+        metrics = metrics_mod.Metrics(cfg.fleet.name)
+        if metrics_file:
+            target = metrics_file  # checked before each pass changes anything
+            parts.preflight = (*parts.preflight, lambda: metrics_mod.check_textfile(target))
         if metrics_port is not None:
             metrics.serve(metrics_port)
 
@@ -99,7 +102,7 @@ def reconcile_cmd(
             cfg, parts, interval=every, dry_run=dry_run, on_result=report, on_error=report_error
         )
     finally:
-        parts.cloud.close()  # type: ignore[attr-defined]  # wiring builds a VultrClient
+        parts.cloud.close()
 
 
 def _status_once(cfg: Config, parts: Parts) -> tuple[PassResult, datetime]:
@@ -154,7 +157,7 @@ def status_cmd(
                 result, now = _status_once(cfg, parts)
                 live.update(view(result, now), refresh=True)
     finally:
-        parts.cloud.close()  # type: ignore[attr-defined]  # wiring builds a VultrClient
+        parts.cloud.close()
 
 
 @app.command(
@@ -170,11 +173,8 @@ def events_cmd(
     """The decision ledger: every pass, its inputs, the clamps, actions and results."""
     from datetime import UTC, datetime
 
-    import psycopg
-
     from vultrscale.config import parse_duration
-    from vultrscale.db import ledger
-    from vultrscale.errors import DatabaseError, first_line
+    from vultrscale.db import ledger, pg
 
     try:
         window = parse_duration(since, "--since")
@@ -182,11 +182,8 @@ def events_cmd(
         raise UsageError(str(exc), hint="Write durations like 30m, 1h or 2d.") from None
     cfg = load_config()
     db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", DB_HINT)
-    try:
-        with psycopg.connect(db_url, connect_timeout=10) as conn:
-            rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
-    except psycopg.Error as exc:
-        raise DatabaseError(f"cannot read the events: {first_line(exc, [db_url])}") from None
+    with pg.session(db_url, "cannot read the events") as conn:
+        rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
     if as_json:
         print_json({"fleet": cfg.fleet.name, "since": since, "events": rows})
         return

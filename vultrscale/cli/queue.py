@@ -152,23 +152,10 @@ def enqueue_cmd(
             hint="Quote the whole payload for the shell, e.g. --payload '{\"step_seconds\": 1}'.",
         ) from None
     conninfo = _database_url()
-    import psycopg
-
     from vultrscale.config import mask_url
-    from vultrscale.db import queue
-    from vultrscale.errors import DatabaseError, first_line
+    from vultrscale.db import pg, queue
 
-    try:
-        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
-            ids = queue.enqueue(conn, [doc] * count, queue=queue_name, max_attempts=max_attempts)
-    except psycopg.errors.UndefinedTable as exc:
-        raise DatabaseError(
-            f"the queue tables are missing in {mask_url(conninfo)}.",
-            hint="Run `vultrscale db init` first.",
-        ) from exc
-    except psycopg.Error as exc:
-        raise DatabaseError(
-            f"cannot enqueue at {mask_url(conninfo)}: {first_line(exc, [conninfo])}"
-        ) from exc
+    with pg.session(conninfo, f"cannot enqueue at {mask_url(conninfo)}") as conn:
+        ids = queue.enqueue(conn, [doc] * count, queue=queue_name, max_attempts=max_attempts)
     span = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
     typer.echo(f"Enqueued {len(ids)} job(s) on queue {queue_name!r}: id {span}.")

@@ -28,7 +28,9 @@ def translate(exc: psycopg.Error, doing: str, url: str = "") -> DatabaseError:
     """The project's error for a psycopg error met while ``doing`` something."""
     line = first_line(exc, [url])
     if isinstance(exc, psycopg.errors.UndefinedTable):
-        return DatabaseError(f"{doing}: the tables are missing ({line})", hint=HINT_NO_TABLES)
+        return DatabaseError(
+            f"{doing}: the vultrscale tables are missing ({line})", hint=HINT_NO_TABLES
+        )
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return DatabaseError(f"{doing}: {line}", hint=HINT_PRIVILEGE)
     if isinstance(exc, psycopg.OperationalError):
