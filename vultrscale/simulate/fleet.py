@@ -18,6 +18,7 @@ and record included. Only its ports are simulated, by core's in-memory adapters
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -25,7 +26,7 @@ from zoneinfo import ZoneInfo
 from croniter import croniter
 
 from vultrscale import budget, lifecycle, reconcile
-from vultrscale.config import Config
+from vultrscale.config import Config, Secret
 from vultrscale.errors import HostUnreachable, SSHError
 from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_parts
 from vultrscale.model import (
@@ -42,6 +43,7 @@ from vultrscale.vultr.errors import InstanceLocked
 from vultrscale.vultr.models import VInstance, VPlan
 
 SNAPSHOT = "snap-simulated"
+SIMULATED_WORKER_DB = "postgresql://worker@simulated.invalid/queue"
 
 
 class WorldClock:
@@ -213,6 +215,11 @@ class Vultrscale:
     def __init__(
         self, cfg: Config, price: PlanPrice, epoch: datetime, name: str = "vultrscale"
     ) -> None:
+        if not cfg.secrets.worker_database_url:
+            # The simulated workers reach no database, but the pass checks that new instances
+            # would be told one; the fleet's own URL is never needed (nor read) here.
+            secrets = replace(cfg.secrets, worker_database_url=Secret(SIMULATED_WORKER_DB))
+            cfg = replace(cfg, secrets=secrets)
         self.cfg = cfg
         self.price = price
         self.epoch = epoch
