@@ -334,3 +334,23 @@ def test_parse_boot_time() -> None:
     assert compare.parse_boot_time("30s..15m") == (30.0, 900.0)
     assert config_mod.parse_duration("7d").days == 7
     assert isinstance(baselines.Keda(5, 4), baselines.Baseline)
+
+
+@pytest.mark.parametrize(
+    "policy_changes",
+    [{}, {"max_instances": 3, "billing_hour_aware": False, "idle_before_scale_down": timedelta()}],
+    ids=["defaults", "small-cap-no-billing-hour"],
+)
+def test_skipping_saturated_passes_changes_no_outcome(policy_changes: dict) -> None:
+    cfg = replace(CFG, policy=replace(CFG.policy, **policy_changes))
+    trace = workload.shape("bursty-day", days=2, seed=5, jobs_per_day=6000)
+    setup = compare.Setup(seed=5)
+    every = compare.run_one(
+        Vultrscale(cfg, PRICE, trace.epoch, skip_saturated=False), trace, cfg, setup, PRICE
+    ).to_json()
+    skipping = compare.run_one(Vultrscale(cfg, PRICE, trace.epoch), trace, cfg, setup, PRICE)
+    assert skipping.passes < every["passes"] * 0.8  # the point of it
+    doc = skipping.to_json()
+    for key in ("passes", "passes_skipped"):
+        doc.pop(key), every.pop(key)
+    assert doc == every

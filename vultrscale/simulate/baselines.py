@@ -48,6 +48,10 @@ class Baseline:
         """A time before which passes on an idle world (no instance, no job) change nothing."""
         return math.inf
 
+    def unchanged(self, world: World) -> bool:
+        """True when this pass provably changes nothing (the baselines are cheap: never)."""
+        return False
+
 
 class AlwaysOn(Baseline):
     def __init__(self, size: int, jobs_per_instance: int, name: str) -> None:

@@ -1,10 +1,13 @@
 """The discrete-event loop: arrivals, job ends, boots and drains as events; a pass every
 ``interval`` seconds on a fixed grid, as cron or ``--loop`` would run it.
 
-A pass is skipped only where it provably changes nothing: the world is idle (no instance, no
-job queued, running or on a lease) and the policy says it stays quiet until the next arrival
-(no floor starts before it). The next pass then runs on the first grid point at or after the
-arrival, exactly where it would have run anyway.
+A pass is skipped only where it provably changes nothing:
+
+- the world is idle (no instance, no job queued, running or on a lease) and the policy says it
+  stays quiet until the next arrival (no floor starts before it): the next pass runs on the
+  first grid point at or after the arrival, exactly where it would have run anyway;
+- or the policy says, from the world as it is at that pass, that the pass would change
+  nothing (``Policy.unchanged``; for vultrscale: a saturated fleet, see ``fleet.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Policy(Protocol):
     def start(self, world: World) -> None: ...
     def tick(self, world: World) -> None: ...
     def quiet_until(self, world: World) -> float: ...
+    def unchanged(self, world: World) -> bool: ...
 
 
 @dataclass
@@ -82,9 +86,12 @@ def run(
                 i += 1
             world.dispatch()
             continue
-        policy.tick(world)
-        world.dispatch()
-        stats.passes += 1
+        if policy.unchanged(world):
+            stats.skipped += 1
+        else:
+            policy.tick(world)
+            world.dispatch()
+            stats.passes += 1
         if sample_every and t >= next_sample:
             stats.samples.append(Sample(t, world.ready_count + world.in_flight, len(world.live)))
             next_sample = t + sample_every

@@ -33,6 +33,7 @@ from vultrscale.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
+    Plan,
     PlanPrice,
     ServiceState,
     Signals,
@@ -213,7 +214,13 @@ class Vultrscale:
     """The policy as deployed: one ``reconcile.run_pass`` per tick."""
 
     def __init__(
-        self, cfg: Config, price: PlanPrice, epoch: datetime, name: str = "vultrscale"
+        self,
+        cfg: Config,
+        price: PlanPrice,
+        epoch: datetime,
+        name: str = "vultrscale",
+        *,
+        skip_saturated: bool = True,
     ) -> None:
         if not cfg.secrets.worker_database_url:
             # The simulated workers reach no database, but the pass checks that new instances
@@ -224,9 +231,12 @@ class Vultrscale:
         self.price = price
         self.epoch = epoch
         self.name = name
+        self.skip_saturated = skip_saturated
         self.ledger = SimLedger(cfg.fleet.name)
         self.signals = MemorySignals()
         self._parts: reconcile.Parts | None = None
+        self._last_plan: Plan | None = None  # the plan of the last pass that ran
+        self._last_hour = -1
 
     def start(self, world: World) -> None:
         clock = WorldClock(world, self.epoch)
@@ -242,7 +252,8 @@ class Vultrscale:
     def tick(self, world: World) -> None:
         assert self._parts is not None, "start() first"
         self._observe_world(world)
-        reconcile.run_pass(self.cfg, self._parts)
+        result = reconcile.run_pass(self.cfg, self._parts)
+        self._last_plan, self._last_hour = result.plan, self._hour(world.now)
 
     def _observe_world(self, world: World) -> None:
         """What the queue and the workers table say now: heartbeats and leases."""
@@ -263,6 +274,49 @@ class Vultrscale:
                 seen=now_s - last <= seen_for,
             )
         self.ledger.workers_by_label = workers
+
+    def unchanged(self, world: World) -> bool:
+        """A saturated fleet: jobs wait, every instance runs with its worker claiming, and the
+        last pass, in the same UTC hour, created nothing because the fleet was at its cap
+        (``max_instances`` or the budget). Such a pass provably does nothing:
+
+        - no create: the cap is ``max_instances`` or the budget's, and with the fleet unchanged
+          the budget's only moves when a new instance's cost to the month's end drops, at a
+          whole UTC hour; within the hour the cap is what the last pass computed;
+        - no scale-in and no idle clock: the queue is not empty and ``idle_since`` is unset;
+        - no replacement, transition, drain or adoption: every row running, its worker seen,
+          its address known, and the cloud holds exactly the ledger's instances (only a pass
+          changes them, and the last one changed nothing).
+
+        It is checked again at every pass; a test compares whole replays with and without it.
+        """
+        last = self._last_plan
+        if (
+            not self.skip_saturated
+            or last is None
+            or last.actions
+            or not world.ready
+            or self.ledger.state.idle_since is not None
+            or self._hour(world.now) != self._last_hour
+        ):
+            return False
+        rows = self.ledger.instances
+        if len(rows) < last.cap or len(rows) != last.capacity or len(world.live) != len(rows):
+            return False
+        now = world.now
+        for label, row in rows.items():
+            inst = world.live.get(label)
+            if (
+                row.state is not InstanceState.RUNNING
+                or not row.main_ip
+                or inst is None
+                or not inst.claiming(now)
+            ):
+                return False
+        return True
+
+    def _hour(self, t: float) -> int:
+        return int((self.epoch.timestamp() + t) // 3600)
 
     def quiet_until(self, world: World) -> float:
         """Idle world and a ledger with nothing left to settle: only an arrival or a floor
