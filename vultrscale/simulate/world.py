@@ -97,6 +97,7 @@ class World:
         self._seq = 0
         self.c = Counters()
         self.now = 0.0
+        self._full = False  # jobs are ready and no claiming worker has a free slot
 
     # --- events ---------------------------------------------------------------------------
     def push(self, t: float, kind: int, obj: object, tok: int = 0) -> None:
@@ -120,6 +121,8 @@ class World:
                     # With jobs ready every other claiming worker is full (dispatch filled
                     # them), so the worker whose slot just freed takes the next one.
                     self._start(inst, heapq.heappop(self.ready)[1])
+                else:
+                    self._full = False
         elif kind == DRAIN_DEADLINE:
             inst = obj
             assert isinstance(inst, SimInstance)
@@ -133,7 +136,8 @@ class World:
                 self.c.dead += 1
             else:
                 heapq.heappush(self.ready, (self.arrival[job], job))
-        # WORKER_UP needs no state change: claiming() reads the clock; dispatch follows.
+        elif kind == WORKER_UP:
+            self._full = False  # claiming() reads the clock; the dispatch that follows fills it
 
     def arrive(self, job: int) -> None:
         heapq.heappush(self.ready, (self.arrival[job], job))
@@ -141,7 +145,7 @@ class World:
     def dispatch(self) -> None:
         """Claiming workers take ready jobs, the least busy worker first (workers that poll
         at the same rate spread the queue between them)."""
-        if not self.ready:
+        if not self.ready or self._full:
             return
         now = self.now
         workers = [i for i in self.live.values() if i.claiming(now) and len(i.running) < i.slots]
@@ -150,6 +154,8 @@ class World:
             self._start(inst, heapq.heappop(self.ready)[1])
             if len(inst.running) >= inst.slots:
                 workers.remove(inst)
+        # Jobs left over: every claiming slot is taken until a slot frees or a worker starts.
+        self._full = bool(self.ready)
 
     def _start(self, inst: SimInstance, job: int) -> None:
         now = self.now
@@ -185,6 +191,7 @@ class World:
         inst = SimInstance(label, self.now, self.now, self.now, self.slots)
         self.instances.append(inst)
         self.live[label] = inst
+        self._full = False
         return inst
 
     def stop(self, label: str) -> bool:
