@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from vultrscale.errors import ConfigError, secret_values
+from vultrscale.errors import ConfigError, UsageError, secret_values, url_user
 from vultrscale.errors import mask_url as mask_url  # re-exported: part of config's contract
 from vultrscale.errors import url_password as url_password
 
@@ -32,6 +32,8 @@ SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _LABEL_PREFIX = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 _APP = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+# A plain, unquoted Postgres identifier (63 bytes at most), so it needs no quoting anywhere.
+_DB_ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 def parse_duration(value: object, key: str = "duration") -> timedelta:
@@ -108,6 +110,14 @@ class WorkerConfig:
     drain_seconds: float = 20.0
     lease_seconds: float = 60.0
     queue: str = "default"
+    # The database role the workers log in as; `vultrscale db init` creates it and grants it
+    # only what the worker runtime uses. Empty: db init leaves roles alone (you manage them).
+    db_role: str = "vultrscale_worker"
+    # Opt-in: without WORKER_DATABASE_URL, put the scaler's own DATABASE_URL into user-data.
+    # Off by default because user-data is readable by any process on the instance.
+    use_scaler_database_url: bool = False
+    # How long the database may stay unreachable before the worker exits 1; 0: the lease time.
+    outage_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -187,10 +197,30 @@ class Config:
     api_url: str = DEFAULT_API_URL
     source: str = "defaults"  # which file (if any) the values came from
 
-    @property
     def worker_database_url(self) -> Secret:
-        """The address the workers use: WORKER_DATABASE_URL, else DATABASE_URL."""
-        return self.secrets.worker_database_url or self.secrets.database_url
+        """The address the workers use (it goes into user-data): WORKER_DATABASE_URL, or the
+        scaler's DATABASE_URL only with ``worker.use_scaler_database_url``. UsageError (exit 2)
+        otherwise: user-data is readable on the instance, so the scaler's credentials are
+        never put there unless the user asked for it."""
+        if self.secrets.worker_database_url:
+            return self.secrets.worker_database_url
+        if not self.worker.use_scaler_database_url:
+            raise UsageError(
+                "WORKER_DATABASE_URL is not set: new instances would boot with the scaler's own "
+                "DATABASE_URL, readable by any process on them",
+                hint=(
+                    f"Run `vultrscale db init` (it creates the role {self.worker.db_role or '...'}"
+                    " for the workers) and set WORKER_DATABASE_URL=postgresql://"
+                    f"{self.worker.db_role or 'ROLE'}:PASSWORD@HOST:5432/DB; or, knowingly, set"
+                    " use_scaler_database_url = true in [worker]."
+                ),
+            )
+        if not self.secrets.database_url:
+            raise UsageError(
+                "DATABASE_URL is not set: the worker would not know where its queue is",
+                hint="Set WORKER_DATABASE_URL, the address and role the workers use.",
+            )
+        return self.secrets.database_url
 
     def masked(self) -> dict[str, Any]:
         """The resolved configuration as plain data with every secret masked."""
@@ -199,14 +229,70 @@ class Config:
             out[section] = _plain(getattr(self, section))
         db = self.secrets.database_url.reveal()
         wdb = self.secrets.worker_database_url.reveal()
+        scaler_url_ok = self.worker.use_scaler_database_url
         out["environment"] = {
             "VULTR_API_URL": self.api_url,
             "VULTR_API_KEY": "*** (set)" if self.secrets.api_key else "(not set)",
             "DATABASE_URL": mask_url(db) if db else "(not set)",
-            "WORKER_DATABASE_URL": mask_url(wdb) if wdb else "(not set: DATABASE_URL is used)",
+            "WORKER_DATABASE_URL": mask_url(wdb) if wdb else _NO_WORKER_URL[scaler_url_ok],
         }
         out["source"] = self.source
         return out
+
+
+_NO_WORKER_URL = {
+    True: "(not set: DATABASE_URL is used, worker.use_scaler_database_url = true)",
+    False: "(not set: reconcile and cloud-init render refuse to create instances)",
+}
+
+
+@dataclass(frozen=True)
+class WorkerLogin:
+    """Which role the workers log in as, from where, and what is unsafe about it."""
+
+    source: str  # the variable the workers' address comes from; "" when there is none
+    role: str | None  # the user that address names; None when it names none
+    warnings: tuple[str, ...]
+
+
+def worker_login(cfg: Config) -> WorkerLogin:
+    """What ``config check`` reports about the workers' database login (no I/O)."""
+    wurl = cfg.secrets.worker_database_url.reveal()
+    scaler_role = url_user(cfg.secrets.database_url.reveal())
+    want = cfg.worker.db_role
+    if not wurl and not cfg.worker.use_scaler_database_url:
+        return WorkerLogin(
+            "",
+            None,
+            (
+                "WORKER_DATABASE_URL is not set: reconcile and cloud-init render refuse to create "
+                f"instances; set it to the role {want or 'of your workers'} (`vultrscale db init`"
+                " creates it)",
+            ),
+        )
+    if not wurl:
+        return WorkerLogin(
+            "DATABASE_URL (worker.use_scaler_database_url = true)",
+            scaler_role,
+            (
+                "workers get the scaler's own DATABASE_URL: any process on an instance can read "
+                "it from user-data and write the scaler's tables; set WORKER_DATABASE_URL "
+                f"to the role {want or 'of your workers'} instead",
+            ),
+        )
+    role = url_user(wurl)
+    warnings = []
+    if role is not None and role == scaler_role:
+        warnings.append(
+            f"WORKER_DATABASE_URL logs in as {role}, the scaler's own role: workers can write the "
+            f"scaler's tables; use the role {want or 'made for the workers'} instead"
+        )
+    elif want and role != want:
+        warnings.append(
+            f"WORKER_DATABASE_URL logs in as {role or '(no user named)'}, but `vultrscale db "
+            f"init` grants worker.db_role = {want}: name that role in the URL"
+        )
+    return WorkerLogin("WORKER_DATABASE_URL", role, tuple(warnings))
 
 
 def _plain(value: Any) -> Any:
@@ -464,10 +550,17 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"worker.concurrency: {w.concurrency} must be at least 1")
     if w.lease_seconds < 3:
         p.append(f"worker.lease_seconds: {w.lease_seconds:g} must be at least 3")
+    if w.outage_seconds < 0:
+        p.append(f"worker.outage_seconds: {w.outage_seconds:g} must be >= 0 (0: the lease time)")
     if w.drain_seconds < 0:
         p.append(f"worker.drain_seconds: {w.drain_seconds:g} must be >= 0")
     if not _QUEUE_NAME.match(w.queue):
         p.append(f"worker.queue: {w.queue!r} must be 1-64 letters, digits, '_', '.', ':' or '-'")
+    if w.db_role and not _DB_ROLE.match(w.db_role):
+        p.append(
+            f"worker.db_role: {w.db_role!r} must be lowercase letters, digits and '_' "
+            "(at most 63, not starting with a digit), or empty to manage roles yourself"
+        )
     if q.preset not in ("vultrscale", "procrastinate", "pgqueuer", "custom"):
         p.append(
             f"queue.preset: {q.preset!r} must be one of vultrscale, procrastinate, pgqueuer, custom"
@@ -532,6 +625,26 @@ def cron_problem(expr: str) -> str | None:
     if not croniter.is_valid(expr):
         return f"{expr!r} is not a valid cron expression"
     return None
+
+
+# worker.service: RestartSec=5 and StartLimitBurst=5 (the unit file says why).
+RESTART_SECONDS = 5
+START_LIMIT_BURST = 5
+
+
+def outage_budget(outage_seconds: float, lease_seconds: float) -> float:
+    """How long a worker rides out an unreachable database: outage_seconds, else the lease."""
+    return outage_seconds or lease_seconds
+
+
+def start_limit_interval_seconds(worker: WorkerConfig) -> int:
+    """StartLimitIntervalSec for the unit. A worker that gives up on a long outage has waited
+    its whole outage budget (running, or at start-up), so its restarts are at least budget +
+    RestartSec apart: START_LIMIT_BURST + 1 starts span more than this interval and an outage
+    of any length never trips the start limit, while a worker failing faster than that (a
+    crash, not an outage) does, and stays failed for an operator to see."""
+    budget = outage_budget(worker.outage_seconds, worker.lease_seconds)
+    return int(START_LIMIT_BURST * (budget + RESTART_SECONDS)) - 1
 
 
 def timeout_stop_seconds(worker: WorkerConfig) -> int:

@@ -135,6 +135,9 @@ def demo_config(
             drain_seconds=5.0,
             lease_seconds=15.0,
             queue=queue,
+            # One machine, one throwaway database: the demo's workers share the scaler's login
+            # (the documented opt-in; a real fleet gives them their own role).
+            use_scaler_database_url=True,
         ),
         queue=QueueConfig(jobs_per_instance=settings.jobs_per_instance, queue=queue),
         policy=PolicyConfig(

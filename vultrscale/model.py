@@ -131,6 +131,10 @@ class Signals:
         return self.demand == 0
 
 
+# Vultr bills at most 672 hours (28 days) in a month: the hourly rate of a plan without one.
+HOURS_PER_MONTH = 672.0
+
+
 @dataclass(frozen=True)
 class PlanPrice:
     """A Vultr plan's price. ``hourly`` is the API's hourly_cost, else monthly / 672."""
@@ -141,7 +145,7 @@ class PlanPrice:
 
     @property
     def hourly(self) -> float:
-        return self.hourly_cost if self.hourly_cost else self.monthly / 672.0
+        return self.hourly_cost if self.hourly_cost else self.monthly / HOURS_PER_MONTH
 
 
 @dataclass(frozen=True)

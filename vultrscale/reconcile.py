@@ -204,6 +204,8 @@ def _checked_pass(
         if not result.dry_run:
             # Bad input (no snapshot, or one not complete) stops the pass before any change.
             creates = decision.plan.creates if price is not None else 0
+            if creates:  # exit 2 now, not a user-data with the scaler's credentials later
+                cfg.worker_database_url()
             snapshot = _snapshot(cfg, parts, ledger) if creates else ""
             apply(cfg, parts, ledger, obs, decision, snapshot, result)
         result.exit_code = EXIT_RUNTIME if result.errors else EXIT_OK

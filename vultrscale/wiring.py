@@ -5,6 +5,7 @@ Also the hints for the two secrets every fleet command needs, defined once here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vultrscale.errors import UsageError
@@ -27,7 +28,9 @@ def require(value: str, name: str, hint: str) -> str:
     return value
 
 
-def user_data_renderer(cfg: Config, scaler_public: str | None = None) -> Any:
+def user_data_renderer(
+    cfg: Config, scaler_public: str | None = None
+) -> Callable[[str, str, str], str]:
     """``render(label, host private, host public) -> user-data`` for new instances; the
     scaler's public key line is read from ``fleet.ssh_key`` on first use unless given."""
     scaler_key: list[str] = [scaler_public] if scaler_public else []

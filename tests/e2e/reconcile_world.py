@@ -160,7 +160,8 @@ class World:
             body.setdefault(name, {}).update(values)
         path = self.tmp_path / "vultrscale.toml"
         path.write_text(_toml(body))
-        return config_mod.load(path, env={"VULTR_API_KEY": API_KEY, "DATABASE_URL": self.db_url})
+        env = {"VULTR_API_KEY": API_KEY, "DATABASE_URL": self.db_url}
+        return config_mod.load(path, env={**env, "WORKER_DATABASE_URL": self.db_url})
 
     def run(self, cfg: config_mod.Config, **kw: Any) -> PassResult:
         return run_pass(cfg, self.parts, **kw)

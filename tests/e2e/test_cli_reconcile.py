@@ -58,6 +58,7 @@ def cli_env(
     monkeypatch.setenv("VULTR_API_KEY", API_KEY)
     monkeypatch.setenv("VULTR_API_URL", server.url)
     monkeypatch.setenv("DATABASE_URL", url_with_pw)
+    monkeypatch.setenv("WORKER_DATABASE_URL", url_with_pw)  # the instances' address
     monkeypatch.chdir(tmp_path)
     try:
         yield sim, server

@@ -299,7 +299,8 @@ min_instances = 1
     )
     from vultrscale import config
 
-    cfg = config.load(path, env={"VULTR_API_KEY": "x" * 10, "DATABASE_URL": world.db_url})
+    env = {"VULTR_API_KEY": "x" * 10, "DATABASE_URL": world.db_url}
+    cfg = config.load(path, env={**env, "WORKER_DATABASE_URL": world.db_url})
     world.clock.set(datetime(2026, 1, 12, 6, 59, tzinfo=UTC))  # Monday 07:59 in Berlin
     world.run(cfg)
     assert world.fleet() == []

@@ -52,7 +52,11 @@ class Fleet:
             for name, values in body.items()
         )
         (tmp_path / "vultrscale.toml").write_text(toml)
-        env = {"VULTR_API_KEY": "k" * 32, "DATABASE_URL": "postgresql://unused@nowhere/db"}
+        env = {
+            "VULTR_API_KEY": "k" * 32,
+            "DATABASE_URL": "postgresql://unused@nowhere/db",
+            "WORKER_DATABASE_URL": "postgresql://worker@nowhere/db",
+        }
         self.cfg = config_mod.load(tmp_path / "vultrscale.toml", env=env)
         self.parts = memory_parts(
             self.clock,

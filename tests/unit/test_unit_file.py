@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from vultrscale.config import WorkerConfig, timeout_stop_seconds
+from vultrscale.config import (
+    RESTART_SECONDS,
+    START_LIMIT_BURST,
+    WorkerConfig,
+    outage_budget,
+    start_limit_interval_seconds,
+    timeout_stop_seconds,
+)
 
 UNIT = Path(__file__).resolve().parents[2] / "cloud-init" / "worker.service"
 EXEC = "/opt/vultrscale/venv/bin/vultrscale"
@@ -65,3 +72,26 @@ def test_stop_timing_and_restart_policy() -> None:
     default = WorkerConfig()
     assert stop == timeout_stop_seconds(default)
     assert stop >= default.drain_seconds + 10  # room to give jobs back after the drain
+
+
+def _unit() -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(UNIT.read_text())
+    return parser["Unit"]
+
+
+def test_restarts_after_outages_never_reach_the_start_limit() -> None:
+    """Each exit after an outage came at least budget + RestartSec after the start before it;
+    StartLimitBurst + 1 such starts must span more than StartLimitIntervalSec."""
+    svc, unit = _service(), _unit()
+    default = WorkerConfig()
+    restart = int(svc["RestartSec"])
+    burst = int(unit["StartLimitBurst"])
+    interval = int(unit["StartLimitIntervalSec"])
+    assert (restart, burst) == (RESTART_SECONDS, START_LIMIT_BURST)
+    assert interval == start_limit_interval_seconds(default)
+    budget = outage_budget(default.outage_seconds, default.lease_seconds)
+    assert burst * (budget + restart) > interval
+    # ... while a worker failing at once (a crash loop) does reach it.
+    assert (burst + 1) * restart <= interval

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from vultrscale.cli._common import examples, group, load_config
+from vultrscale.cli._common import examples, group, load_config, shown
 from vultrscale.errors import UsageError
 from vultrscale.wiring import API_KEY_HINT, DB_HINT, require
 
@@ -35,8 +35,8 @@ def snapshot_cmd(
         typer.Option(
             "--description",
             metavar="TEXT",
-            help="Snapshot description.",
-            show_default="<fleet>-<UTC time>",
+            help=shown("Snapshot description.", "<fleet>-<UTC time>"),
+            show_default=False,
         ),
     ] = None,
     keep: Annotated[
@@ -195,8 +195,8 @@ def cloudinit_render(
         typer.Option(
             "--label",
             metavar="LABEL",
-            help="Instance label.",
-            show_default="<fleet.label_prefix>-preview",
+            help=shown("Instance label.", "<fleet.label_prefix>-preview"),
+            show_default=False,
         ),
     ] = None,
     show_secrets: Annotated[

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json
+from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
 from vultrscale.errors import EXIT_RUNTIME, UsageError
 
 app = group()
@@ -247,8 +247,8 @@ def sim_serve(
         typer.Option(
             "--api-key",
             metavar="KEY",
-            help="The key the simulator accepts.",
-            show_default="$VULTR_API_KEY, else a new one",
+            help=shown("The key the simulator accepts.", "$VULTR_API_KEY, else a new one"),
+            show_default=False,
         ),
     ] = None,
     no_rate_limit: Annotated[
@@ -309,11 +309,18 @@ def sim_serve(
     epilog=examples("vultrscale config check", "vultrscale --config prod.toml config check --json"),
 )
 def config_check(as_json: JsonFlag = False) -> None:
-    """Load, validate and print the resolved config (secrets masked)."""
-    data = load_config().masked()
+    """Load, validate and print the resolved config (secrets masked), and which database role
+    the workers use (warning when it can write the scaler's tables)."""
+    from dataclasses import asdict
+
+    from vultrscale.db.roles import worker_access
+
+    cfg = load_config()
+    data = cfg.masked()
+    access = worker_access(cfg)
     if as_json:
-        print_json(data)
+        print_json({**data, "worker_access": asdict(access)})
         return
     from vultrscale.cli.views import print_config
 
-    print_config(data)
+    print_config(data, access)

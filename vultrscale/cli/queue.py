@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from vultrscale.cli._common import examples, group, state
+from vultrscale.cli._common import examples, group, shown, state
 from vultrscale.errors import UsageError
 from vultrscale.wiring import DB_HINT, require
 
@@ -23,11 +23,12 @@ def _database_url() -> str:
 
 @db_app.command("init", epilog=examples("DATABASE_URL=postgresql://... vultrscale db init"))
 def db_init() -> None:
-    """Create or upgrade the schema (idempotent, versioned)."""
-    from vultrscale.db import schema
+    """Create or upgrade the schema and the workers' role with its grants (idempotent)."""
+    from vultrscale.cli._common import load_config
+    from vultrscale.db import roles
 
-    version = schema.migrate(_database_url())
-    typer.echo(f"Schema is at version {version}.")
+    for line in roles.init_database(_database_url(), load_config()):
+        typer.echo(line)
 
 
 @app.command(
@@ -43,21 +44,23 @@ def worker_cmd(
         typer.Option(
             "--app",
             metavar="MODULE:FUNC",
-            help="The job handler.",
-            show_default="$VULTRSCALE_WORKER_APP",
+            help=shown("The job handler.", "$VULTRSCALE_WORKER_APP"),
+            show_default=False,
         ),
     ] = None,
     concurrency: Annotated[
         int | None,
-        typer.Option("--concurrency", metavar="N", help="Jobs run at once.", show_default="4"),
+        typer.Option(
+            "--concurrency", metavar="N", help=shown("Jobs run at once.", "4"), show_default=False
+        ),
     ] = None,
     drain_seconds: Annotated[
         float | None,
         typer.Option(
             "--drain-seconds",
             metavar="SECONDS",
-            help="On SIGTERM, wait this long for jobs.",
-            show_default="20",
+            help=shown("On SIGTERM, wait this long for jobs.", "20"),
+            show_default=False,
         ),
     ] = None,
     lease_seconds: Annotated[
@@ -65,14 +68,28 @@ def worker_cmd(
         typer.Option(
             "--lease-seconds",
             metavar="SECONDS",
-            help="Lease per job, renewed every third.",
-            show_default="60",
+            help=shown("Lease per job, renewed every third.", "60"),
+            show_default=False,
         ),
     ] = None,
     queue_name: Annotated[
         str | None,
         typer.Option(
-            "--queue", metavar="NAME", help="Queue to take jobs from.", show_default="default"
+            "--queue",
+            metavar="NAME",
+            help=shown("Queue to take jobs from.", "default"),
+            show_default=False,
+        ),
+    ] = None,
+    outage_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--outage-seconds",
+            metavar="SECONDS",
+            help=shown(
+                "Ride out an unreachable database this long, then exit 1 (0: the lease time).", "0"
+            ),
+            show_default=False,
         ),
     ] = None,
     backoff_seconds: Annotated[
@@ -92,6 +109,7 @@ def worker_cmd(
         "worker.drain_seconds": drain_seconds,
         "worker.lease_seconds": lease_seconds,
         "worker.queue": queue_name,
+        "worker.outage_seconds": outage_seconds,
     }
     # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
@@ -114,6 +132,7 @@ def worker_cmd(
         worker_id=worker_id,
         instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
         backoff_seconds=backoff_seconds,
+        outage_seconds=w.outage_seconds,
     )
     if not state.debug:
         # The pool logs each failed reconnect; the worker reports a lost database once, itself.
