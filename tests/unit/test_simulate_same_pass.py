@@ -18,7 +18,7 @@ import pytest
 
 from vultrscale import budget, lifecycle, policy, reconcile
 from vultrscale.clock import FakeClock
-from vultrscale.config import Config
+from vultrscale.config import Config, Secret
 from vultrscale.memory import MemoryCloud, MemoryDrain, MemoryLedger, MemorySignals, memory_parts
 from vultrscale.model import Signals, WorkerView
 from vultrscale.simulate import compare, workload
@@ -59,6 +59,8 @@ CFG = replace(
     Config(),
     fleet=replace(Config().fleet, snapshot_id="snap-1"),
     policy=replace(Config().policy, billing_hour_aware=False),
+    # A real fleet must tell its instances a workers' database URL before any create.
+    secrets=replace(Config().secrets, worker_database_url=Secret("postgresql://w@db.invalid/q")),
 )
 
 
