@@ -144,8 +144,7 @@ def simulate_cmd(
         typer.Option(
             "--jobs-per-day",
             metavar="N",
-            help="Volume of a built-in shape.",
-            show_default="bursty-day 600 per weekday, steady 2000, spiky 400",
+            help="Volume of a built-in shape (bursty-day 600 per weekday, steady 2000, spiky 400).",
         ),
     ] = None,
     policies: Annotated[
