@@ -122,7 +122,7 @@ def execute(
         print_json(doc)
     else:
         if not out.is_terminal:
-            out.width = max(out.width, render.TABLE_WIDTH)  # a file or pipe: never squeeze it
+            out.width = max(out.width, render.table_width(result))  # a pipe: never squeeze it
         out.print(render.table(result, title=title))
         for line in render.footer(result):
             out.print(line, highlight=False, soft_wrap=True)

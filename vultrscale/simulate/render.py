@@ -10,8 +10,8 @@ from rich.table import Table
 from vultrscale.errors import UsageError
 from vultrscale.simulate.compare import Comparison
 
-# Columns the table needs unsqueezed; a pipe or file gets at least this width.
-TABLE_WIDTH = 120
+# The table's columns after the policy name, unsqueezed: a pipe or a file gets this much more.
+_NUMBERS_WIDTH = 100
 PLOT_HINT = "Install the plot extra: pip install 'vultrscale[plot]' (it adds matplotlib)."
 
 
@@ -22,6 +22,11 @@ def _dur(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f}m"
     return f"{seconds / 3600:.1f}h"
+
+
+def table_width(cmp: Comparison) -> int:
+    """The width the table needs so that no column is cut."""
+    return _NUMBERS_WIDTH + max((len(r.policy) for r in cmp.results), default=10) + 4
 
 
 def table(cmp: Comparison, *, title: str) -> Table:
