@@ -6,7 +6,9 @@ ones, rate limit off), then, in the same run and alternating the order each repe
 the tagged instances (a) with ``VultrClient.list_instances(tag=...)`` and (b) with a bare
 ``httpx.Client`` loop that fetches the same pages (same ``per_page``, following
 ``meta.links.next``). Prints the requests each made, the median wall time in ms and the ratio
-client/bare: the cost of retries, error mapping, redaction and model parsing.
+client/bare: the cost of retries, error mapping, redaction and model parsing. Both clients are
+warm (connections open, one unmeasured listing each) before the timed repetitions. --json ends
+the output with the figures as one JSON object (for scripts/bench).
 
 Example: python scripts/bench_client.py --instances 1000 --repeat 15
 """
@@ -14,6 +16,7 @@ Example: python scripts/bench_client.py --instances 1000 --repeat 15
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from typing import Any
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("--untagged", type=int, default=100, help="other instances (100)")
     parser.add_argument("--repeat", type=int, default=15, help="timed repetitions (15)")
     parser.add_argument("--seed", type=int, default=0, help="simulator seed (0)")
+    parser.add_argument("--json", action="store_true", help="end with the figures as JSON")
     args = parser.parse_args()
     if args.repeat < 1 or args.instances < 1:
         parser.error("--repeat and --instances must be at least 1")
@@ -100,6 +104,10 @@ def main() -> None:
 
     med = {name: statistics.median(values) for name, values in times.items()}
     print(
+        f"compares: VultrClient.list_instances against a bare httpx loop over the same pages, "
+        f"both on warm clients, {args.repeat} alternated repetitions"
+    )
+    print(
         f"listing {args.instances} tagged of {args.instances + args.untagged} instances, "
         f"per_page={PER_PAGE}, {args.repeat} repetitions, simulator over HTTP on 127.0.0.1"
     )
@@ -109,6 +117,14 @@ def main() -> None:
             f"median {med[name]:7.1f} ms   (min {min(times[name]):.1f}, max {max(times[name]):.1f})"
         )
     print(f"  ratio client/bare (median): {med['client'] / med['bare']:.2f}")
+    if args.json:
+        figures = {
+            "client_ms": med["client"],
+            "bare_ms": med["bare"],
+            "client_requests": requests["client"],
+            "bare_requests": requests["bare"],
+        }
+        print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,14 @@ seconds after SIGTERM. A drain is what reconcile does over its passes, done back
 ``stop_many`` then ``is_active_many`` every ``--poll`` seconds until every host is stopped,
 with a fresh SSHDrain (fresh connections) per drain. In the same run, alternating the order
 each repetition, it drains one host and all N hosts, and prints the median wall times and the
-ratio all/one (target: within 1.5x, i.e. parallel, not serial). ``--serial`` adds the same
-20-host drain with ``max_parallel=1`` as a reference for what a one-at-a-time loop costs.
+ratio all/one (target: within 1.5x, i.e. parallel, not serial). ``--serial`` adds the
+baseline of a one-at-a-time loop: each host drained completely (stop, then poll until its
+service has stopped) before the next is touched, so the services stop one after another too.
+
+The fixed waits, in every drain: the stand-in service exits ``--drain-delay`` (0.5) s after
+SIGTERM and the scaler polls every ``--poll`` (0.2) s, so no drain can end before the first
+poll after the delay (0.6 s with the defaults); a serial loop pays that once per host.
+--json ends the output with the figures as one JSON object (for scripts/bench).
 
 Needs root, /usr/sbin/sshd and sudo. Example: python scripts/bench_drain.py --hosts 20 --repeat 5
 """
@@ -17,6 +23,7 @@ Needs root, /usr/sbin/sshd and sudo. Example: python scripts/bench_drain.py --ho
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -43,14 +50,16 @@ while True:
 
 
 def drain(
-    key: Path, targets: list[HostTarget], poll: float, timeout: float, parallel: int = 32
-) -> tuple[float, float]:
-    """Wall seconds from the stop request until every target reports stopped, and the CPU
-    seconds this (the scaler's) process spent on it."""
-    with SSHDrain(str(key), connect_timeout=10, command_timeout=20, max_parallel=parallel) as ssh:
+    key: Path, targets: list[HostTarget], poll: float, timeout: float
+) -> tuple[float, float, float]:
+    """Wall seconds from the stop request until every target reports stopped, the CPU seconds
+    this (the scaler's) process spent on it, and the wall seconds until every stop was sent
+    (connections included)."""
+    with SSHDrain(str(key), connect_timeout=10, command_timeout=20) as ssh:
         cpu = time.process_time()
         started = time.monotonic()
         sent = ssh.stop_many(targets)
+        sent_after = time.monotonic() - started
         failed = {label: err for label, err in sent.items() if err is not None}
         if failed:
             raise SystemExit(f"stop failed: {failed}")
@@ -64,7 +73,7 @@ def drain(
                 if isinstance(state, Exception):
                     raise SystemExit(f"{label}: {state}")
             pending = [t for t in pending if not states[t.label].stopped]  # type: ignore[union-attr]
-        return time.monotonic() - started, time.process_time() - cpu
+        return time.monotonic() - started, time.process_time() - cpu, sent_after
 
 
 def main() -> int:
@@ -79,8 +88,9 @@ def main() -> int:
     parser.add_argument(
         "--serial",
         action="store_true",
-        help="also drain all hosts with max_parallel=1 (what a serial loop would cost)",
+        help="also drain all hosts one at a time, each to the end (the serial baseline)",
     )
+    parser.add_argument("--json", action="store_true", help="end with the figures as JSON")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="vultrscale-bench-key-"))
@@ -106,14 +116,19 @@ def main() -> int:
                 for h in chosen:
                     hosts.start_service(h, argv, timeout_stop_sec=30)
                 picked = targets[:1] if which == "one" else targets
-                parallel = 1 if which == "serial" else 32
-                seconds, used = drain(key, picked, args.poll, timeout=120, parallel=parallel)
+                if which == "serial":  # host after host, each drained to the end
+                    seconds = used = sent = 0.0
+                    for target in picked:
+                        s1, u1, t1 = drain(key, [target], args.poll, timeout=120)
+                        seconds, used, sent = seconds + s1, used + u1, sent + t1
+                else:
+                    seconds, used, sent = drain(key, picked, args.poll, timeout=120)
                 {"one": one, "all": many, "serial": serial}[which].append(seconds)
                 cpu[which].append(used)
                 print(
                     f"  rep {rep + 1}: drain of {len(picked):>2} {which:>6}"
                     f": {seconds * 1000:7.0f} ms "
-                    f"(scaler CPU {used * 1000:.0f} ms)"
+                    f"(stops sent after {sent * 1000:.0f} ms; scaler CPU {used * 1000:.0f} ms)"
                 )
     finally:
         hosts.stop()
@@ -121,7 +136,16 @@ def main() -> int:
 
     m_one, m_many = statistics.median(one), statistics.median(many)
     print()
-    print(f"service exits {args.drain_delay:g}s after SIGTERM; polled every {args.poll:g}s")
+    print(
+        f"compares: draining {args.hosts} hosts in one pass against draining 1 host, "
+        f"{args.repeat} alternated repetitions"
+        + (f"; and {args.hosts} hosts drained one after another (--serial)" if serial else "")
+    )
+    floor = (int(args.drain_delay / args.poll) + 1) * args.poll
+    print(
+        f"fixed waits: the service exits {args.drain_delay:g}s after SIGTERM; polled every "
+        f"{args.poll:g}s: no drain ends before {floor:g}s"
+    )
     print(f"median drain of 1 host:   {m_one * 1000:7.0f} ms  (n={len(one)})")
     print(f"median drain of {args.hosts} hosts: {m_many * 1000:7.0f} ms  (n={len(many)})")
     print(
@@ -132,12 +156,17 @@ def main() -> int:
     if serial:
         m_serial = statistics.median(serial)
         print(
-            f"median drain of {args.hosts} hosts one at a time (max_parallel=1): "
+            f"median drain of {args.hosts} hosts one after another (serial baseline): "
             f"{m_serial * 1000:.0f} ms ({m_serial / m_one:.2f}x one host)"
         )
     ratio = m_many / m_one
     verdict = "within" if ratio <= 1.5 else "NOT within"
     print(f"ratio {args.hosts}/1: {ratio:.2f}x ({verdict} the 1.5x target)")
+    if args.json:
+        figures = {"one_ms": m_one * 1000, "all_ms": m_many * 1000, "hosts": args.hosts}
+        if serial:
+            figures["serial_ms"] = statistics.median(serial) * 1000
+        print(json.dumps(figures))
     return 0
 
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Benchmarks for the built-in queue; each prints its figures and a baseline from the same run.
 
---signals     read_signals() (the four signals in one read-only transaction) on a table with
-              2,000,000 finished + 20,000 ready jobs, median ms over --runs, against a naive
-              count(*) of the ready jobs on a copy of the table that has no partial indexes.
+--signals     read_signals() (the four signals in one read-only transaction) filtered to one
+              queue and unfiltered, on a table with 2,000,000 finished + 20,000 ready jobs,
+              median ms over --runs, against a count(*) of the same ready jobs on two copies
+              of the table: one with an ordinary index on (state, queue, run_at, id), one with
+              no index but the primary key. First with the ready rows fresh (unvacuumed), then
+              after a VACUUM. -v prints the query plans (which index serves each count).
 --throughput  no-op jobs per second through one `vultrscale worker` process (concurrency 4)
-              and, on the same database in the same run, through Procrastinate's own worker
-              (`procrastinate worker`, concurrency 4, an async no-op task, log level warning).
+              and through Procrastinate's own worker (`procrastinate worker`, concurrency 4,
+              an async no-op task, log level warning), each run on a fresh database.
 
 Postgres: $DATABASE_URL (a server where this user may CREATE DATABASE; a scratch database is
 created and dropped), else a throwaway server is started and stopped.
@@ -17,6 +20,8 @@ created and dropped), else a throwaway server is started and stopped.
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
 import signal
 import statistics
@@ -68,38 +73,66 @@ def _median_ms(fn: Callable[[], object], runs: int) -> float:
 # --- --signals -------------------------------------------------------------------------------
 
 
-def bench_signals(url: str, finished: int, ready: int, runs: int) -> None:
+_FINISHED_SQL = """
+INSERT INTO {table} (queue, state, attempts, run_at, created_at, finished_at)
+SELECT CASE WHEN g %% 5 = 0 THEN 'reports' ELSE 'default' END,
+       CASE WHEN g %% 100 = 0 THEN 'dead' WHEN g %% 50 = 0 THEN 'failed' ELSE 'succeeded' END,
+       1, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
+  FROM generate_series(1, %s) g
+"""
+_READY_SQL = """
+INSERT INTO {table} (queue, state, run_at)
+SELECT CASE WHEN g %% 5 = 0 THEN 'reports' ELSE 'default' END, 'ready',
+       now() - (g %% 600) * interval '1 second'
+  FROM generate_series(1, %s) g
+"""
+# The baselines hold the same rows as `jobs` (ours: partial indexes on the ready rows):
+#   jobs_plain  an ordinary (not partial) index on the same columns, state first
+#   jobs_naive  no index but the primary key
+_BASELINES = {
+    "jobs_plain": "CREATE INDEX jobs_plain_idx ON jobs_plain (state, queue, run_at, id)",
+    "jobs_naive": None,
+}
+
+
+def _count_sql(table: str, queue: str | None) -> str:
+    where = f" AND queue = '{queue}'" if queue else ""
+    return f"SELECT count(*) FROM {table} WHERE state = 'ready' AND run_at <= now(){where}"
+
+
+def _count(conn: Any, table: str, queue: str | None) -> object:
+    return conn.execute(_count_sql(table, queue)).fetchone()
+
+
+def bench_signals(
+    url: str, finished: int, ready: int, runs: int, queue: str, verbose: bool
+) -> dict[str, float]:
+    """read_signals filtered to ``queue`` (and unfiltered) against a count of the same ready
+    jobs on the baseline tables, first with the ready rows fresh (unvacuumed: the finished
+    rows were vacuumed before they arrived, as autovacuum would have), then after a VACUUM."""
     import psycopg
 
     from vultrscale.config import QueueConfig
     from vultrscale.db import schema
-    from vultrscale.db.signals import read_signals
+    from vultrscale.db.signals import _COUNT_PLANNER, _ready_count_query, read_signals
 
     schema.migrate(url)
     leased, expired = 150, 50
+    tables = ["jobs", *_BASELINES]
     t = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            """
-            INSERT INTO jobs (queue, state, attempts, run_at, created_at, finished_at)
-            SELECT CASE WHEN g %% 5 = 0 THEN 'reports' ELSE 'default' END,
-                   CASE WHEN g %% 100 = 0 THEN 'dead' WHEN g %% 50 = 0 THEN 'failed'
-                        ELSE 'succeeded' END,
-                   1, now() - interval '2 days', now() - interval '2 days',
-                   now() - interval '1 day'
-              FROM generate_series(1, %s) g
-            """,
-            (finished,),
-        )
-        conn.execute(
-            """
-            INSERT INTO jobs (queue, state, run_at)
-            SELECT CASE WHEN g %% 5 = 0 THEN 'reports' ELSE 'default' END, 'ready',
-                   now() - (g %% 600) * interval '1 second'
-              FROM generate_series(1, %s) g
-            """,
-            (ready,),
-        )
+        conn.execute("SET maintenance_work_mem = '256MB'")
+        for table, index in _BASELINES.items():
+            conn.execute(f"CREATE TABLE {table} (LIKE jobs INCLUDING DEFAULTS)")
+            conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (id)")
+            if index:
+                conn.execute(index)
+        for table in tables:
+            conn.execute(_FINISHED_SQL.format(table=table), (finished,))
+            conn.execute(f"VACUUM ANALYZE {table}")
+        for table in tables:
+            conn.execute(_READY_SQL.format(table=table), (ready,))
+            conn.execute(f"ANALYZE {table}")  # autovacuum's analyze; no vacuum yet
         conn.execute(
             """
             WITH j AS (
@@ -114,52 +147,75 @@ def bench_signals(url: str, finished: int, ready: int, runs: int) -> None:
             """,
             {"n": leased + expired, "expired": expired},
         )
-        # The baseline: the same rows, no partial indexes (only the primary key).
-        conn.execute("CREATE TABLE jobs_naive (LIKE jobs INCLUDING DEFAULTS)")
-        conn.execute("INSERT INTO jobs_naive SELECT * FROM jobs")
-        conn.execute("ALTER TABLE jobs_naive ADD PRIMARY KEY (id)")
-        conn.execute("VACUUM ANALYZE jobs")
-        conn.execute("VACUUM ANALYZE job_leases")
-        conn.execute("VACUUM ANALYZE jobs_naive")
+        conn.execute("ANALYZE job_leases")
     print(
-        f"built {finished:,} finished + {ready:,} ready + {leased + expired} leased jobs "
-        f"({expired} leases expired) in {time.perf_counter() - t:.1f} s"
+        f"built {finished:,} finished + {ready:,} ready jobs in each of {', '.join(tables)} "
+        f"(+ {leased + expired} leased in jobs, {expired} expired) in "
+        f"{time.perf_counter() - t:.1f} s"
     )
-
+    print(
+        f"compares: read_signals (4 signals, 1 txn; ours: partial indexes) filtered to queue "
+        f"{queue!r} and unfiltered, against a bare count(*) of the same ready jobs with an "
+        "ordinary index on (state, queue, run_at, id) and with no index; unvacuumed, then vacuumed"
+    )
+    cfg_all = QueueConfig(preset="vultrscale")
+    cfg_one = QueueConfig(preset="vultrscale", queue=queue)
+    figures: dict[str, float] = {}
     with psycopg.connect(url, autocommit=True) as conn:
-        cfg_all = QueueConfig(preset="vultrscale")
-        cfg_one = QueueConfig(preset="vultrscale", queue="default")
-        s = read_signals(conn, cfg_all)
-        row = conn.execute(
-            "SELECT count(*) FROM jobs_naive WHERE state = 'ready' AND run_at <= now()"
-        ).fetchone()
-        assert row is not None and s.ready == row[0] == ready, (s, row)
-        assert (s.in_flight, s.expired_leases) == (leased, expired), s
-        print(
-            f"signals: ready={s.ready} in_flight={s.in_flight} expired={s.expired_leases} "
-            f"oldest={s.oldest_ready_seconds:.0f}s workers={len(s.leases_by_worker)}"
-        )
+        s = read_signals(conn, cfg_one)
+        for table in tables:
+            row = conn.execute(_count_sql(table, queue)).fetchone()
+            assert row is not None and row[0] == s.ready, (table, row, s)
+        assert (read_signals(conn, cfg_all).in_flight, s.expired_leases) == (leased, expired), s
+        for phase in ("unvacuumed", "vacuumed"):
+            if phase == "vacuumed":
+                for table in tables:
+                    conn.execute(f"VACUUM ANALYZE {table}")
+            if verbose:
+                from vultrscale.db.signals import explain_ready_count
 
-        def naive() -> None:
-            conn.execute(
-                "SELECT count(*) FROM jobs_naive WHERE state = 'ready' AND run_at <= now()"
-            ).fetchone()
+                print(f"plan of our ready count, queue {queue!r}, {phase}:")
+                for line in explain_ready_count(conn, cfg_one):
+                    print(f"    {line}")
+                for table in _BASELINES:
+                    print(f"plan of the baseline count on {table}, {phase}:")
+                    for (line,) in conn.execute("EXPLAIN " + _count_sql(table, queue)):
+                        print(f"    {line}")
 
-        for fn in (lambda: read_signals(conn, cfg_all), naive):  # warm the caches
-            _median_ms(fn, 3)
-        # Interleave the three so that they see the same cache and machine load.
-        t_all: list[float] = []
-        t_one: list[float] = []
-        t_naive: list[float] = []
-        for _ in range(runs):
-            t_all.append(_median_ms(lambda: read_signals(conn, cfg_all), 1))
-            t_one.append(_median_ms(lambda: read_signals(conn, cfg_one), 1))
-            t_naive.append(_median_ms(naive, 1))
-    m_all, m_one, m_naive = (statistics.median(x) for x in (t_all, t_one, t_naive))
-    print(f"read_signals, all queues (4 signals, 1 txn)   median {m_all:8.2f} ms  ({runs} runs)")
-    print(f"read_signals, queue='default'                 median {m_one:8.2f} ms")
-    print(f"naive count(*) of ready, no partial indexes   median {m_naive:8.2f} ms")
-    print(f"ratio naive / read_signals (all queues): {m_naive / m_all:.1f}x")
+            def ours_count() -> object:
+                """Our ready count alone, as read_signals runs it: like for like with the
+                baselines' one count."""
+                with conn.transaction():
+                    conn.execute(_COUNT_PLANNER)
+                    return conn.execute(_ready_count_query(queue)).fetchone()
+
+            reads: dict[str, Callable[[], object]] = {
+                "ours_one": lambda: read_signals(conn, cfg_one),
+                "ours_count": ours_count,
+                "ours_all": lambda: read_signals(conn, cfg_all),
+                **{table: functools.partial(_count, conn, table, queue) for table in _BASELINES},
+            }
+            for fn in reads.values():  # warm the caches
+                _median_ms(fn, 2)
+            # Interleaved, so that each sees the same cache and machine load.
+            times: dict[str, list[float]] = {name: [] for name in reads}
+            for _ in range(runs):
+                for name, fn in reads.items():
+                    times[name].append(_median_ms(fn, 1))
+            med = {name: statistics.median(v) for name, v in times.items()}
+            figures.update({f"{name}_{phase}_ms": m for name, m in med.items()})
+            print(f"{phase}, median of {runs} runs:")
+            print(f"  read_signals, queue={queue!r} (ours)             {med['ours_one']:8.2f} ms")
+            print(f"  read_signals, all queues (ours)                 {med['ours_all']:8.2f} ms")
+            print(f"  count(*) of ready, our partial indexes (jobs)   {med['ours_count']:8.2f} ms")
+            print(f"  count(*) of ready, ordinary index (jobs_plain)  {med['jobs_plain']:8.2f} ms")
+            print(f"  count(*) of ready, no index (jobs_naive)        {med['jobs_naive']:8.2f} ms")
+            print(
+                "  count alone, ordinary index / ours: "
+                f"{med['jobs_plain'] / med['ours_count']:.2f}x; "
+                f"no index / ours: {med['jobs_naive'] / med['ours_count']:.1f}x"
+            )
+    return figures
 
 
 # --- --throughput ----------------------------------------------------------------------------
@@ -212,15 +268,16 @@ def _run_rate(
     return rate
 
 
-def bench_throughput(
+def _system_run(
+    name: str,
     url: str,
     jobs: int,
     concurrency: int,
-    handlers: list[str],
-    rounds: int,
-    logdir: Path,
-    plog: str = "warning",
-) -> None:
+    logfile: Path,
+    plog: str,
+    label_prefix: str,
+) -> float:
+    """One timed run of one system on a fresh database (both schemas, nothing else in it)."""
     import psycopg
 
     from vultrscale.db import queue, schema
@@ -231,89 +288,91 @@ def bench_throughput(
     import bench_queue
 
     papp = bench_queue._procrastinate_app(url)
-    with papp.open():
-        papp.schema_manager.apply_schema()
-
     env = dict(os.environ, DATABASE_URL=url, BENCH_DATABASE_URL=url)
     env.pop("WORKER_DATABASE_URL", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")]))
-    conn = psycopg.connect(url, autocommit=True)
+    with psycopg.connect(url, autocommit=True) as conn, papp.open():
+        papp.schema_manager.apply_schema()
+        if name == "procrastinate":
+            task = papp.tasks["noop"]
+            label = f"procrastinate worker (async no-op, c={concurrency})"
+            cmd = [
+                sys.executable, "-m", "procrastinate",
+                "--app", "bench_queue.procrastinate_app",
+                # Default warning: no log line per job, as our worker writes none.
+                "--log-level", plog,
+                "worker", "--queues", BENCH_QUEUE, "--concurrency", str(concurrency),
+            ]  # fmt: skip
 
-    def ours_enqueue(n: int) -> None:
-        queue.enqueue(conn, [{}] * n, queue=BENCH_QUEUE)
+            def enqueue(n: int) -> None:
+                task.batch_defer(*([{}] * n))
 
-    def ours_done() -> int:
-        row = conn.execute(
-            "SELECT count(*) FROM jobs WHERE queue = %s AND state = 'succeeded'", (BENCH_QUEUE,)
-        ).fetchone()
-        return int(row[0]) if row else 0
-
-    def p_done() -> int:
-        row = conn.execute(
-            "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
-        ).fetchone()
-        return int(row[0]) if row else 0
-
-    # name -> (label, command, enqueue, done)
-    systems: dict[str, tuple[str, list[str], Callable[[int], None], Callable[[], int]]] = {}
-    for handler in handlers:
-        func = "noop" if handler == "sync" else "noop_async"
-        systems[f"vultrscale-{handler}"] = (
-            f"vultrscale worker ({handler} no-op, c={concurrency})",
-            [
+            done_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+        else:
+            handler = name.removeprefix("vultrscale-")
+            func = "noop" if handler == "sync" else "noop_async"
+            label = f"vultrscale worker ({handler} no-op, c={concurrency})"
+            cmd = [
                 sys.executable, "-m", "vultrscale.cli", "worker",
                 "--app", f"vultrscale.worker.examples:{func}",
                 "--concurrency", str(concurrency), "--queue", BENCH_QUEUE,
-            ],
-            ours_enqueue,
-            ours_done,
-        )  # fmt: skip
-    rates: dict[str, list[float]] = {name: [] for name in [*systems, "procrastinate"]}
-    try:
-        with papp.open():
-            task = papp.tasks["noop"]
+            ]  # fmt: skip
 
-            def p_enqueue(n: int) -> None:
-                task.batch_defer(*([{}] * n))
+            def enqueue(n: int) -> None:
+                queue.enqueue(conn, [{}] * n, queue=BENCH_QUEUE)
 
-            systems["procrastinate"] = (
-                f"procrastinate worker (async no-op, c={concurrency})",
-                [
-                    sys.executable, "-m", "procrastinate",
-                    "--app", "bench_queue.procrastinate_app",
-                    # Default warning: no log line per job, as our worker writes none.
-                    "--log-level", plog,
-                    "worker", "--queues", BENCH_QUEUE, "--concurrency", str(concurrency),
-                ],
-                p_enqueue,
-                p_done,
-            )  # fmt: skip
-            names = list(systems)
-            for r in range(rounds):
-                # Rotate the order each round: the machine's load drifts.
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    label, cmd, enqueue, done = systems[name]
-                    rates[name].append(
-                        _run_rate(
-                            f"[{r + 1}/{rounds}] {label}",
-                            cmd,
-                            env,
-                            enqueue,
-                            done,
-                            jobs,
-                            logdir / f"bench-{name}-{r + 1}.log",
-                        )
+            done_sql = (
+                f"SELECT count(*) FROM jobs WHERE queue = '{BENCH_QUEUE}' AND state = 'succeeded'"
+            )
+
+        def done() -> int:
+            row = conn.execute(done_sql).fetchone()  # type: ignore[arg-type]
+            return int(row[0]) if row else 0
+
+        return _run_rate(f"{label_prefix} {label}", cmd, env, enqueue, done, jobs, logfile)
+
+
+def bench_throughput(
+    admin: str,
+    jobs: int,
+    concurrency: int,
+    handlers: list[str],
+    rounds: int,
+    logdir: Path,
+    plog: str = "warning",
+) -> dict[str, float]:
+    print(
+        f"compares: no-op jobs/s through one `vultrscale worker` against Procrastinate's own "
+        f"worker, concurrency {concurrency}, {jobs} jobs, each run on a fresh database, "
+        f"{rounds} round(s) in rotated order"
+    )
+    names = [f"vultrscale-{h}" for h in handlers] + ["procrastinate"]
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        # Rotate the order each round: the machine's load drifts.
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            # A fresh database per run: finished rows of earlier runs must not slow this one.
+            with throwaway.scratch_database(admin, prefix="vs_bench_") as url:
+                rates[name].append(
+                    _system_run(
+                        name,
+                        url,
+                        jobs,
+                        concurrency,
+                        logdir / f"bench-{name}-{r + 1}.log",
+                        plog,
+                        f"[{r + 1}/{rounds}]",
                     )
-    finally:
-        conn.close()
+                )
     medians = {name: statistics.median(v) for name, v in rates.items()}
     print(f"median over {rounds} round(s), {jobs} no-op jobs each, concurrency {concurrency}:")
     for name, m in medians.items():
-        print(f"  {systems[name][0]:<44} {m:8.0f} jobs/s")
+        print(f"  {name:<24} {m:8.0f} jobs/s")
     base = medians["procrastinate"]
     for name, m in medians.items():
         if name != "procrastinate":
             print(f"ratio {name} / procrastinate: {m / base:.2f}")
+    return {f"{name}_jobs_per_s": m for name, m in medians.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--finished", type=int, default=2_000_000, help="finished jobs (--signals)")
     ap.add_argument("--ready", type=int, default=20_000, help="ready jobs (--signals)")
     ap.add_argument("--runs", type=int, default=30, help="timed runs per query (--signals)")
+    ap.add_argument("--queue", default="default", help="the queue --signals filters to")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print the query plans")
+    ap.add_argument("--json", action="store_true", help="end with the figures as JSON")
     ap.add_argument("--jobs", type=int, default=5000, help="jobs per worker (--throughput)")
     ap.add_argument("--concurrency", type=int, default=4, help="worker concurrency")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per worker (--throughput)")
@@ -349,16 +411,21 @@ def main(argv: list[str] | None = None) -> int:
     handlers = [h.strip() for h in args.handlers.split(",") if h.strip()]
     if not handlers or any(h not in ("sync", "async") for h in handlers):
         ap.error("--handlers: sync, async or sync,async")
+    figures: dict[str, float] = {}
     with throwaway.given_or_throwaway(os.environ.get("DATABASE_URL")) as admin:
-        # One database per benchmark: the throughput run must not see the 2M finished rows.
+        # One database per benchmark (per run, for throughput): none sees another's rows.
         if args.signals:
             with throwaway.scratch_database(admin, prefix="vs_bench_") as url:
-                bench_signals(url, args.finished, args.ready, args.runs)
+                figures.update(
+                    bench_signals(
+                        url, args.finished, args.ready, args.runs, args.queue, args.verbose
+                    )
+                )
         if args.throughput:
             logdir = args.logdir or Path(tempfile.mkdtemp(prefix="vultrscale-bench-"))
-            with throwaway.scratch_database(admin, prefix="vs_bench_") as url:
+            figures.update(
                 bench_throughput(
-                    url,
+                    admin,
                     args.jobs,
                     args.concurrency,
                     handlers,
@@ -366,7 +433,10 @@ def main(argv: list[str] | None = None) -> int:
                     logdir,
                     args.procrastinate_log_level,
                 )
+            )
             print(f"worker logs: {logdir}")
+    if args.json:
+        print(json.dumps(figures))
     return 0
 
 

@@ -46,3 +46,14 @@ def db_url(pg_admin_url: str, _migrated_template: str) -> Iterator[str]:
     """A database of this test's own with the vultrscale schema applied."""
     with throwaway.scratch_database(pg_admin_url, template=_migrated_template) as url:
         yield url
+
+
+_PROCESS_TIERS = ("db", "e2e")  # tests/db and tests/e2e need Postgres, sshd or servers
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that needs processes or sockets carries the ``e2e`` marker: the ones under
+    tests/db and tests/e2e by where they live (``-m "not e2e"`` runs the unit tier alone)."""
+    for item in items:
+        if item.path.parent.name in _PROCESS_TIERS and item.path.parent.parent.name == "tests":
+            item.add_marker(pytest.mark.e2e)

@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
-from vultrscale.model import Instance, InstanceState, Observation, PlanPrice
+from vultrscale.model import HOURS_PER_MONTH, Instance, InstanceState, Observation, PlanPrice
 
 HOUR = timedelta(hours=1)
 # Float sums of cents: 5 x 10.0 must compare equal to 50.0 without a rounding surprise.
@@ -63,9 +64,59 @@ def billed(
     month_end: datetime,
 ) -> float:
     """Cost of one instance within one calendar month: per started hour, capped at monthly."""
-    start = max(utc(created_at), utc(month_start))
-    stop = min(utc(gone_at_or_now), utc(month_end))
-    return min(started_hours(start, stop) * price.hourly, price.monthly)
+    return _billed(
+        _utc(created_at), _utc(gone_at_or_now), price.hourly, price.monthly, month_start, month_end
+    )
+
+
+def _utc(dt: datetime) -> datetime:
+    # Aware datetimes compare and subtract across zones: only a naive one needs converting.
+    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt
+
+
+def _billed(
+    created: datetime, stop: datetime, hourly: float, monthly: float, start: datetime, end: datetime
+) -> float:
+    """``billed`` for aware datetimes and plain numbers: the per-instance step of every sweep."""
+    cost = started_hours(max(created, start), min(stop, end)) * hourly
+    return cost if cost < monthly else monthly
+
+
+class BillableRow(Protocol):
+    """What a bill needs of a ledger row (``db.ledger.LedgerRow`` has it)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def gone_at(self) -> datetime | None: ...
+    @property
+    def hourly_rate(self) -> float | None: ...
+    @property
+    def monthly_cost(self) -> float | None: ...
+
+
+def ledger_bills(
+    rows: Iterable[BillableRow], price: PlanPrice | None, now: datetime
+) -> dict[str, float]:
+    """This UTC month's bill of each ledger row at ``now``, by label, in one sweep.
+
+    Each row is billed at the price it was created at (its ``monthly_cost``, else the plan's
+    current ``price``, else 0; its ``hourly_rate``, else monthly / 672) from its creation until
+    it went (``gone_at``) or ``now``. The sum of the values is the fleet's month to date
+    (``Observation.month_to_date_usd``); each value is that instance's ``billed_usd``.
+    """
+    start, end = month_bounds(now)
+    now = utc(now)
+    current = price.monthly if price is not None else 0.0
+    bills: dict[str, float] = {}
+    for r in rows:
+        monthly = r.monthly_cost if r.monthly_cost is not None else current
+        hourly = r.hourly_rate or monthly / HOURS_PER_MONTH
+        stop = _utc(r.gone_at) if r.gone_at is not None else now
+        bills[r.label] = _billed(_utc(r.created_at), stop, hourly, monthly, start, end)
+    return bills
 
 
 def instance_price(instance: Instance, price: PlanPrice) -> PlanPrice:
@@ -81,16 +132,28 @@ def _live(instance: Instance) -> bool:
     return instance.state is not InstanceState.GONE
 
 
+def _so_far_and_to_end(
+    instance: Instance, price: PlanPrice, now: datetime, start: datetime, end: datetime
+) -> tuple[float, float]:
+    """A live instance's cost this month at ``now`` (never below what the ledger says) and
+    what it adds if it runs until the month ends. ``now`` is aware; bounds from month_bounds."""
+    monthly = instance.monthly_cost or price.monthly
+    hourly = instance.hourly_rate or price.hourly
+    created = _utc(instance.created_at) if instance.created_at is not None else start
+    so_far = _billed(created, now, hourly, monthly, start, end)
+    if instance.billed_usd > so_far:
+        so_far = instance.billed_usd
+    whole_month = _billed(created, end, hourly, monthly, start, end)
+    return so_far, max(0.0, whole_month - so_far)
+
+
 def cost_so_far(instance: Instance, price: PlanPrice, now: datetime) -> float:
     """This month's cost of a live instance at ``now``; never below what the ledger says.
 
     An instance without a creation time is taken to have run since the month began (the
     most it can have cost).
     """
-    start, end = month_bounds(now)
-    p = instance_price(instance, price)
-    computed = billed(instance.created_at or start, now, p, start, end)
-    return max(computed, instance.billed_usd)
+    return _so_far_and_to_end(instance, price, utc(now), *month_bounds(now))[0]
 
 
 def month_to_date(
@@ -104,19 +167,37 @@ def month_to_date(
     ledger total is what gone instances cost. Gone instances listed with their ``billed_usd``
     count too, should the ledger total leave them out.
     """
-    items = list(instances)
-    live = [i for i in items if _live(i)]
-    gone_listed = sum(i.billed_usd for i in items if not _live(i))
-    gone = max(ledger_total - sum(i.billed_usd for i in live), gone_listed, 0.0)
-    return gone + sum(cost_so_far(i, price, now) for i in live)
+    return _sweep(instances, price, now, ledger_total, keep=set())[0]
 
 
 def to_month_end(instance: Instance, price: PlanPrice, now: datetime) -> float:
     """What a live instance adds to this month's bill if it runs until the month ends."""
+    return _so_far_and_to_end(instance, price, utc(now), *month_bounds(now))[1]
+
+
+def _sweep(
+    instances: Iterable[Instance],
+    price: PlanPrice,
+    now: datetime,
+    ledger_total: float,
+    keep: set[str],
+) -> tuple[float, float]:
+    """One pass over the fleet: (month to date, what the instances in ``keep`` add if they
+    run until the month ends). See month_to_date for ``ledger_total``."""
     start, end = month_bounds(now)
-    p = instance_price(instance, price)
-    total = billed(instance.created_at or start, end, p, start, end)
-    return max(0.0, total - cost_so_far(instance, price, now))
+    now = utc(now)
+    live_ledger = live_now = gone_listed = to_end = 0.0
+    for i in instances:
+        if not _live(i):
+            gone_listed += i.billed_usd
+            continue
+        so_far, rest = _so_far_and_to_end(i, price, now, start, end)
+        live_ledger += i.billed_usd
+        live_now += so_far
+        if i.label in keep:
+            to_end += rest
+    gone = max(ledger_total - live_ledger, gone_listed, 0.0)
+    return gone + live_now, to_end
 
 
 def new_instance_to_month_end(price: PlanPrice, now: datetime) -> float:
@@ -168,10 +249,16 @@ def check(
     out = set(leaving)
     keep = [i for i in observation.instances if i.state.counts_as_capacity and i.label not in out]
     n = len(keep)
-    mtd = month_to_date(observation.instances, now, price, observation.month_to_date_usd)
-    committed = mtd + sum(to_month_end(i, price, now) for i in keep)
+    mtd, kept_to_end = _sweep(
+        observation.instances,
+        price,
+        now,
+        observation.month_to_date_usd,
+        keep={i.label for i in keep},
+    )
+    committed = mtd + kept_to_end
     per_new = new_instance_to_month_end(price, now)
-    monthly_kept = sum(instance_price(i, price).monthly for i in keep)
+    monthly_kept = sum(i.monthly_cost or price.monthly for i in keep)
 
     room_a = ceiling - monthly_kept
     by_a = n + _whole(room_a, price.monthly)
@@ -204,18 +291,3 @@ def _whole(room: float, each: float) -> int:
     if room < -_EPS:
         return -1  # already over: even the current fleet does not fit
     return int((room + _EPS) // each)
-
-
-def max_affordable(
-    observation: Observation, price: PlanPrice, ceiling: float, now: datetime
-) -> tuple[int, tuple[str, ...]]:
-    """The largest fleet (pending instances included) the budget rule allows, and why."""
-    c = check(observation, price, ceiling, now)
-    return c.max_total, c.reasons
-
-
-def allows(
-    n_total_after: int, observation: Observation, price: PlanPrice, ceiling: float, now: datetime
-) -> bool:
-    """True if growing the fleet to ``n_total_after`` instances keeps the budget rule."""
-    return check(observation, price, ceiling, now).allows(n_total_after)

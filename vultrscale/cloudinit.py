@@ -13,7 +13,13 @@ import string
 from pathlib import Path
 from typing import Any
 
-from vultrscale.config import SERVICE_NAME, Config, mask_url, timeout_stop_seconds
+from vultrscale.config import (
+    SERVICE_NAME,
+    Config,
+    mask_url,
+    start_limit_interval_seconds,
+    timeout_stop_seconds,
+)
 from vultrscale.errors import UsageError, redact
 
 USER_DATA_TEMPLATE = "user-data.yaml.tmpl"
@@ -67,12 +73,8 @@ def env_quote(value: str) -> str:
 
 def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
     """The worker's environment file (``/etc/vultrscale/worker.env``, mode 0600)."""
-    url = cfg.worker_database_url.reveal()
-    if not url:
-        raise UsageError(
-            "DATABASE_URL is not set: the worker would not know where its queue is",
-            hint="Set DATABASE_URL (or WORKER_DATABASE_URL, the address workers use).",
-        )
+    # Refuses (UsageError) rather than fall back to the scaler's own credentials unasked.
+    url = cfg.worker_database_url().reveal()
     w = cfg.worker
     values = {
         # mask_url cannot parse every URL (an unescaped '#'): redact what it may have missed.
@@ -84,6 +86,7 @@ def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
         "VULTRSCALE_WORKER_DRAIN_SECONDS": f"{w.drain_seconds:g}",
         "VULTRSCALE_WORKER_LEASE_SECONDS": f"{w.lease_seconds:g}",
         "VULTRSCALE_WORKER_QUEUE": w.queue,
+        "VULTRSCALE_WORKER_OUTAGE_SECONDS": f"{w.outage_seconds:g}",
     }
     lines = [f"# vultrscale worker {label}: read by the {cfg.fleet.service} unit."]
     lines += [f"{key}={env_quote(value)}" for key, value in values.items()]
@@ -91,8 +94,11 @@ def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
 
 
 def unit_dropin(cfg: Config) -> str:
-    """A systemd drop-in for the unit: TimeoutStopSec from the configured drain time."""
+    """A systemd drop-in for the unit: TimeoutStopSec from the configured drain time, the
+    start-limit interval from the outage budget."""
     return (
+        "# vultrscale: restarts that each waited out the outage budget never hit the start limit.\n"
+        f"[Unit]\nStartLimitIntervalSec={start_limit_interval_seconds(cfg.worker)}\n"
         "# vultrscale: systemd waits this long for the drain before SIGKILL.\n"
         f"[Service]\nTimeoutStopSec={timeout_stop_seconds(cfg.worker)}\n"
     )

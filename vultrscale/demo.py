@@ -29,11 +29,9 @@ from vultrscale import config as config_mod
 from vultrscale.clock import SystemClock
 from vultrscale.config import mask_url
 from vultrscale.errors import (
-    DatabaseError,
     RuntimeFailure,
     UsageError,
     VultrscaleError,
-    first_line,
 )
 from vultrscale.reconcile import Parts, PassResult, run_forever
 from vultrscale.wiring import user_data_renderer
@@ -137,6 +135,9 @@ def demo_config(
             drain_seconds=5.0,
             lease_seconds=15.0,
             queue=queue,
+            # One machine, one throwaway database: the demo's workers share the scaler's login
+            # (the documented opt-in; a real fleet gives them their own role).
+            use_scaler_database_url=True,
         ),
         queue=QueueConfig(jobs_per_instance=settings.jobs_per_instance, queue=queue),
         policy=PolicyConfig(
@@ -302,10 +303,9 @@ class _Run:
         return out
 
     def run(self, database_url: str | None) -> Summary:
-        import psycopg
-
         from vultrscale import ssh
-        from vultrscale.db import schema
+        from vultrscale.db import pg, schema
+        from vultrscale.db.ledger import PgStore
         from vultrscale.sim import Simulator, Timings, start_server
         from vultrscale.sim.hosts import Hosts, LoopbackIps
         from vultrscale.vultr.client import VultrClient
@@ -321,10 +321,10 @@ class _Run:
                 from vultrscale.db import throwaway
 
                 self.say("Postgres: starting a throwaway server ...")
-                pg = throwaway.start()
-                stack.callback(pg.stop)
-                db_url, where = pg.url, "throwaway"
-                self.say(f"Postgres: throwaway server on 127.0.0.1:{pg.port}")
+                server_pg = throwaway.start()
+                stack.callback(server_pg.stop)
+                db_url, where = server_pg.url, "throwaway"
+                self.say(f"Postgres: throwaway server on 127.0.0.1:{server_pg.port}")
             schema.migrate(db_url)
             # one queue and fleet per run: a DATABASE_URL you use for other things is left alone
             run_id = f"{int(time.time())}-{secrets.token_hex(2)}"
@@ -382,20 +382,15 @@ class _Run:
             cfg = replace(cfg, fleet=replace(cfg.fleet, snapshot_id=snapshot))
 
             parts = Parts(
-                client=client,
-                db_url=db_url,
+                cloud=client,
+                store=PgStore(db_url),
                 drain=ssh.SSHDrain(str(key_path), connect_timeout=5, command_timeout=5),
                 clock=SystemClock(),
                 keygen=ssh.generate_host_key,
                 render_user_data=user_data_renderer(cfg, public),
                 rng=random.Random(s.seed),
             )
-            try:
-                conn = psycopg.connect(db_url, autocommit=True, connect_timeout=10)
-            except psycopg.Error as exc:
-                raise DatabaseError(
-                    f"cannot connect to {where}: {first_line(exc, [db_url])}"
-                ) from None
+            conn = pg.connect(db_url)
             stack.callback(conn.close)
 
             self.say(
@@ -457,7 +452,7 @@ class _Run:
     def after_pass(
         self, conn: Any, cfg: Any, queue_name: str, result: PassResult | None, error: str | None
     ) -> None:
-        import psycopg
+        from vultrscale.db import pg
 
         elapsed = time.monotonic() - self.started
         if result is not None and result.observation is not None:
@@ -471,11 +466,9 @@ class _Run:
             if plan.drains:
                 self.scale_ins += 1
                 self.note(f"scale in: {len(plan.drains)} instance(s) draining")
-        try:
+        with pg.translated("the demo lost its database"):
             self.enqueue_due(conn, queue_name)
             jobs = self.job_states(conn, queue_name)
-        except psycopg.Error as exc:
-            raise DatabaseError(f"the demo lost its database: {exc}") from None
         open_jobs = self.enqueued - sum(jobs.get(s, 0) for s in TERMINAL)
         ledger_left = (
             len(result.observation.instances)

@@ -5,6 +5,9 @@ The registry is our own (not the global default), so tests and several fleets do
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -13,6 +16,7 @@ from prometheus_client import (
     write_to_textfile,
 )
 
+from vultrscale.errors import RuntimeFailure, UsageError
 from vultrscale.model import InstanceState
 from vultrscale.reconcile import PassResult
 
@@ -91,7 +95,36 @@ class Metrics:
 
     def write_textfile(self, path: str) -> None:
         """Write the Prometheus text format atomically (temp file + rename)."""
-        write_to_textfile(path, self.registry)
+        try:
+            write_to_textfile(path, self.registry)
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"cannot write metrics to {path}: {exc.strerror or exc}",
+                hint="Check that the --metrics-file directory exists and is writable.",
+            ) from None
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+        """Serve /metrics on addr:port; a port in use or refused is a UsageError (exit 2)."""
+        try:
+            start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise UsageError(
+                f"--metrics-port {port}: cannot listen on {addr}:{port}: {exc.strerror or exc}",
+                hint="Pick a free port (`ss -ltn` lists those in use) or drop --metrics-port.",
+            ) from None
+
+
+def check_textfile(path: str) -> None:
+    """A textfile target the pass can write: its directory exists and is writable. Checked
+    before a pass changes anything, so a bad --metrics-file refuses the pass (exit 2)."""
+    target = Path(path).expanduser()
+    directory = target.parent
+    hint = (
+        "Point --metrics-file into an existing writable directory (node_exporter's textfile one)."
+    )
+    if target.is_dir():
+        raise UsageError(f"--metrics-file {path} is a directory", hint=hint)
+    if not directory.is_dir():
+        raise UsageError(f"--metrics-file {path}: directory {directory} does not exist", hint=hint)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--metrics-file {path}: directory {directory} is not writable", hint=hint)

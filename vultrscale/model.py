@@ -24,12 +24,61 @@ class InstanceState(enum.StrEnum):
 
     @property
     def counts_as_capacity(self) -> bool:
-        return self in (
-            InstanceState.CREATING,
-            InstanceState.PENDING,
-            InstanceState.BOOTING,
-            InstanceState.RUNNING,
-        )
+        return self in _CAPACITY
+
+
+# Asked per instance many times a pass: one set, not a tuple built per call.
+_CAPACITY = frozenset(
+    {InstanceState.CREATING, InstanceState.PENDING, InstanceState.BOOTING, InstanceState.RUNNING}
+)
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One row of ``fleet_instances``: what the ledger knows of one instance."""
+
+    label: str
+    fleet: str
+    state: InstanceState
+    instance_id: str | None
+    plan: str | None
+    region: str | None
+    hourly_rate: float | None
+    monthly_cost: float | None
+    host_key: str | None
+    main_ip: str | None
+    internal_ip: str | None
+    created_at: datetime
+    posted_at: datetime | None
+    active_at: datetime | None
+    running_at: datetime | None
+    draining_at: datetime | None
+    deleting_at: datetime | None
+    gone_at: datetime | None
+    state_since: datetime
+    delete_attempts: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """The workers of one instance as the ``workers`` table shows them."""
+
+    instance_label: str
+    last_seen: datetime
+    draining: bool
+    live_leases: int
+    seen: bool  # heartbeat within the window, judged on the database's clock
+
+
+@dataclass(frozen=True)
+class FleetState:
+    """The fleet's memory between passes (``fleet_state``)."""
+
+    snapshot_id: str | None = None
+    last_scale_up: datetime | None = None
+    last_scale_down: datetime | None = None
+    idle_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +131,10 @@ class Signals:
         return self.demand == 0
 
 
+# Vultr bills at most 672 hours (28 days) in a month: the hourly rate of a plan without one.
+HOURS_PER_MONTH = 672.0
+
+
 @dataclass(frozen=True)
 class PlanPrice:
     """A Vultr plan's price. ``hourly`` is the API's hourly_cost, else monthly / 672."""
@@ -92,7 +145,7 @@ class PlanPrice:
 
     @property
     def hourly(self) -> float:
-        return self.hourly_cost if self.hourly_cost else self.monthly / 672.0
+        return self.hourly_cost if self.hourly_cost else self.monthly / HOURS_PER_MONTH
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ Also the hints for the two secrets every fleet command needs, defined once here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vultrscale.errors import UsageError
@@ -27,7 +28,9 @@ def require(value: str, name: str, hint: str) -> str:
     return value
 
 
-def user_data_renderer(cfg: Config, scaler_public: str | None = None) -> Any:
+def user_data_renderer(
+    cfg: Config, scaler_public: str | None = None
+) -> Callable[[str, str, str], str]:
     """``render(label, host private, host public) -> user-data`` for new instances; the
     scaler's public key line is read from ``fleet.ssh_key`` on first use unless given."""
     scaler_key: list[str] = [scaler_public] if scaler_public else []
@@ -72,8 +75,10 @@ class _LazyDrain:
 
 
 def build_parts(cfg: Config) -> Parts:
-    """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock."""
+    """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock,
+    and the local check of the scaler's key made before a pass changes anything."""
     from vultrscale.clock import SystemClock
+    from vultrscale.db.ledger import PgStore
     from vultrscale.reconcile import Parts
     from vultrscale.vultr.client import VultrClient
 
@@ -86,11 +91,19 @@ def build_parts(cfg: Config) -> Parts:
 
         return generate_host_key()
 
+    def key_usable() -> None:
+        """Present, 0600 and a private key paramiko can load: else the pass refuses (exit 2)
+        before it changes anything, rather than failing at its first drain."""
+        from vultrscale.ssh import load_private_key
+
+        load_private_key(cfg.fleet.ssh_key)
+
     return Parts(
-        client=client,
-        db_url=db_url,
+        cloud=client,
+        store=PgStore(db_url),
         drain=_LazyDrain(cfg.fleet.ssh_key),
         clock=SystemClock(),
         keygen=keygen,
         render_user_data=user_data_renderer(cfg),
+        preflight=(key_usable,),
     )

@@ -11,6 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from vultrscale.db import queue as q
 from vultrscale.worker import Job, LeaseLost
+from vultrscale.worker.outage import Outage, WorkerDatabase
 
 
 @pytest.fixture
@@ -22,7 +23,8 @@ def pool(db_url: str) -> Iterator[ConnectionPool]:
 def _claim(pool: ConnectionPool, worker: str) -> Job:
     with pool.connection() as conn:
         (c,) = q.claim(conn, worker, "default", 1, 30)
-    return Job(c.id, c.payload, c.attempt, c.token, worker_id=worker, pool=pool)
+    database = WorkerDatabase(pool, Outage(5.0), announce=lambda exc: None)
+    return Job(c.id, c.payload, c.attempt, c.token, worker_id=worker, database=database)
 
 
 def test_a_step_runs_once_and_later_attempts_get_its_saved_result(pool: ConnectionPool) -> None:

@@ -56,6 +56,7 @@ def test_migrate_is_idempotent_and_versioned(pg_url: str) -> None:
         "fleet_events",
         "fleet_state",
         "fleet_snapshots",
+        "plan_checks",
         "vultrscale_schema",
     }
 
@@ -305,3 +306,16 @@ def test_complete_many_writes_only_the_leases_still_held(conn: psycopg.Connectio
     written = q.complete_many(conn, "w1", [(a.id, a.token), (b.id, b.token), (c.id, uuid.uuid4())])
     assert written == {a.id}
     assert [_job(conn, j.id)["state"] for j in (a, b, c)] == ["succeeded", "leased", "leased"]
+
+
+def test_a_reaped_job_keeps_its_place_ahead_of_jobs_enqueued_after_it(
+    conn: psycopg.Connection,
+) -> None:
+    (first,) = q.enqueue(conn, [{}])
+    q.claim(conn, "w1", "default", 1, 30)  # w1 dies holding it
+    later = q.enqueue(conn, [{}] * 3)
+    _expire(conn, first)
+    assert q.reap_expired(conn) == 1
+    # No backoff for a worker's death: it is due at once, in its original order.
+    assert [c.id for c in q.claim(conn, "w2", "default", 4, 30)] == [first, *later]
+    assert _job(conn, first)["attempts"] == 2

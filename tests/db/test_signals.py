@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from vultrscale.config import QueueConfig
-from vultrscale.db.signals import read_signals
+from vultrscale.db.signals import explain_ready_count, read_signals
 from vultrscale.errors import ConfigError, DatabaseError
 
 # --- vultrscale preset ---------------------------------------------------------------------------
@@ -105,6 +105,39 @@ def test_vultrscale_on_open_connection_leaves_it_usable(populated: str) -> None:
         again = read_signals(conn, QueueConfig(preset="vultrscale", queue="other"))
         assert again.ready == 0
         assert again.oldest_ready_seconds == 0.0
+
+
+def test_ready_count_reads_a_ready_index_by_bitmap_not_row_by_row(db_url: str) -> None:
+    """20k fresh (unvacuumed) ready jobs among finished ones, with the statistics autovacuum
+    would gather: the ready count of one queue, and of all, is a bitmap scan of a partial ready
+    index (each heap page visited once), never an index scan (one heap visit per unvacuumed
+    row) nor a sequential scan of the finished rows."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (queue, state, attempts, run_at, finished_at)"
+            " SELECT 'default', 'succeeded', 1, now() - interval '2 days', now() - interval '1 day'"
+            " FROM generate_series(1, 60000)"
+        )
+        conn.execute("VACUUM ANALYZE jobs")  # the finished rows' pages are all-visible
+        conn.execute(
+            "INSERT INTO jobs (queue, state, run_at)"
+            " SELECT CASE WHEN g % 5 = 0 THEN 'reports' ELSE 'default' END, 'ready',"
+            "        now() - (g % 600) * interval '1 second' FROM generate_series(1, 20000) g"
+        )
+        conn.execute("ANALYZE jobs")
+        for queue in ("default", "reports", ""):
+            plan = "\n".join(
+                explain_ready_count(conn, QueueConfig(preset="vultrscale", queue=queue))
+            )
+            assert "Bitmap Heap Scan on jobs" in plan, plan
+            assert "Index Scan using" not in plan and "Seq Scan" not in plan, plan
+            assert "Bitmap Index Scan on jobs_ready_" in plan, plan
+        # The queue's own index serves a queue that is a minority of the ready jobs.
+        plan = "\n".join(
+            explain_ready_count(conn, QueueConfig(preset="vultrscale", queue="reports"))
+        )
+        assert "Bitmap Index Scan on jobs_ready_idx" in plan, plan
+        assert read_signals(conn, QueueConfig(preset="vultrscale", queue="reports")).ready == 4000
 
 
 def test_closed_connection_is_a_database_error(db_url: str) -> None:

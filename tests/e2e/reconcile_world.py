@@ -19,6 +19,7 @@ import psycopg
 from vultrscale import config as config_mod
 from vultrscale.clock import FakeClock
 from vultrscale.db import queue
+from vultrscale.db.ledger import PgStore
 from vultrscale.errors import SSHError
 from vultrscale.model import HostTarget, ServiceState
 from vultrscale.reconcile import Parts, PassResult, run_pass
@@ -127,9 +128,11 @@ class World:
         self._keys = itertools.count()
 
     def make_parts(self, **overrides: Any) -> Parts:
+        signals_reader = overrides.pop("signals_reader", None)
+        db_url = overrides.pop("db_url", self.db_url)
         values: dict[str, Any] = dict(
-            client=self.client,
-            db_url=self.db_url,
+            cloud=self.client,
+            store=PgStore(db_url, signals_reader),
             drain=self.hosts,
             clock=self.clock,
             keygen=lambda: ("PRIVATE-KEY", f"ssh-ed25519 AAAAtest{next(self._keys)}"),
@@ -157,7 +160,8 @@ class World:
             body.setdefault(name, {}).update(values)
         path = self.tmp_path / "vultrscale.toml"
         path.write_text(_toml(body))
-        return config_mod.load(path, env={"VULTR_API_KEY": API_KEY, "DATABASE_URL": self.db_url})
+        env = {"VULTR_API_KEY": API_KEY, "DATABASE_URL": self.db_url}
+        return config_mod.load(path, env={**env, "WORKER_DATABASE_URL": self.db_url})
 
     def run(self, cfg: config_mod.Config, **kw: Any) -> PassResult:
         return run_pass(cfg, self.parts, **kw)

@@ -58,6 +58,7 @@ def cli_env(
     monkeypatch.setenv("VULTR_API_KEY", API_KEY)
     monkeypatch.setenv("VULTR_API_URL", server.url)
     monkeypatch.setenv("DATABASE_URL", url_with_pw)
+    monkeypatch.setenv("WORKER_DATABASE_URL", url_with_pw)  # the instances' address
     monkeypatch.chdir(tmp_path)
     try:
         yield sim, server
@@ -152,3 +153,23 @@ def test_database_down_exits_1(cli_env, capsys, monkeypatch) -> None:
     assert code == 1 and "database" in err.lower()
     assert DB_PASSWORD not in err
     assert sim.count("DELETE", "/v2/instances/*") == 0
+
+
+def test_an_unwritable_metrics_file_or_an_insecure_key_refuses_the_pass_and_records_it(
+    cli_env, capsys, tmp_path: Path
+) -> None:
+    sim, _ = cli_env
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        queue.enqueue(conn, [{}] * 6)
+    missing = tmp_path / "no-such-dir" / "vultrscale.prom"
+    code, _ = run(capsys, "reconcile", "--metrics-file", str(missing))
+    assert code == 2
+    (tmp_path / "scaler_key").chmod(0o644)
+    code, _ = run(capsys, "reconcile")
+    assert code == 2
+    assert sim.count("POST", "/v2/instances") == 0
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM fleet_instances").fetchone() == (0,)
+        rows = conn.execute("SELECT exit_code, errors FROM fleet_events ORDER BY id").fetchall()
+    assert [code for code, _ in rows] == [2, 2]
+    assert "no-such-dir" in rows[0][1][0] and "0644" in rows[1][1][0]

@@ -26,10 +26,25 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 NASTY_PASSWORD = "p@ss w\"o'rd$HOME`id`\\#: - [x] {y}"
-NASTY_URL = "postgresql://app:" + NASTY_PASSWORD.replace("@", "%40") + "@db.internal:5432/jobs"
+# libpq's key=value form keeps every awkward character (a URL would percent-encode them: libpq
+# refuses a URL with a raw space and would quote the password back in its error)
+NASTY_URL = "host=db.internal port=5432 user=app dbname=jobs password='{}'".format(
+    NASTY_PASSWORD.replace("\\", "\\\\").replace("'", "\\'")
+)
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "defaults": {"env": {"DATABASE_URL": "postgresql://app:s3cretpw@10.0.0.5/jobs"}},
+    "defaults": {
+        "env": {
+            "DATABASE_URL": "postgresql://admin:adminpw99@10.0.0.5/jobs",
+            "WORKER_DATABASE_URL": "postgresql://vultrscale_worker:s3cretpw@10.0.0.5/jobs",
+        }
+    },
+    "scaler-url-opted-in": {
+        "env": {
+            "DATABASE_URL": "postgresql://app:s3cretpw@10.0.0.5/jobs",
+            "VULTRSCALE_WORKER_USE_SCALER_DATABASE_URL": "true",
+        }
+    },
     "worker-url-and-settings": {
         "env": {
             "DATABASE_URL": "postgresql://admin:adminpw99@10.0.0.5/jobs",
@@ -43,12 +58,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "other-user-and-unit": {
         "env": {
-            "DATABASE_URL": "postgresql://app:s3cretpw@10.0.0.5/jobs",
+            "WORKER_DATABASE_URL": "postgresql://app:s3cretpw@10.0.0.5/jobs",
             "VULTRSCALE_FLEET_SSH_USER": "deploy",
             "VULTRSCALE_FLEET_SERVICE": "jobs@1",
         },
     },
-    "nasty-password": {"env": {"DATABASE_URL": NASTY_URL}},
+    "nasty-password": {"env": {"WORKER_DATABASE_URL": NASTY_URL}},
 }
 
 
@@ -142,7 +157,7 @@ def test_the_env_file_reads_back_exactly_in_a_real_shell(variant: str, tmp_path:
     ).stdout
     seen = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     w = cfg.worker
-    assert seen["DATABASE_URL"] == cfg.worker_database_url.reveal()
+    assert seen["DATABASE_URL"] == cfg.worker_database_url().reveal()
     assert seen["VULTRSCALE_WORKER_ID"] == "worker-9"
     assert seen["VULTRSCALE_INSTANCE_LABEL"] == "worker-9"
     assert seen["VULTRSCALE_WORKER_APP"] == w.app
@@ -168,7 +183,7 @@ def test_secrets_are_masked_unless_asked_for(variant: str) -> None:
     shown_doc = yaml.safe_load(shown)
     assert shown_doc["ssh_keys"]["ed25519_private"] == shown_private
     env = {f["path"]: f["content"] for f in shown_doc["write_files"]}["/etc/vultrscale/worker.env"]
-    assert f"DATABASE_URL={cloudinit.env_quote(cfg.worker_database_url.reveal())}" in env
+    assert f"DATABASE_URL={cloudinit.env_quote(cfg.worker_database_url().reveal())}" in env
 
 
 def test_values_that_would_break_the_document_are_refused_or_quoted() -> None:
@@ -180,7 +195,8 @@ def test_values_that_would_break_the_document_are_refused_or_quoted() -> None:
     with pytest.raises(UsageError, match="public key"):
         cloudinit.render_user_data(cfg, "w1", private, public + "\nevil: 1", public,
                                    show_secrets=False)  # fmt: skip
-    broken = load(None, {"DATABASE_URL": "postgresql://a:b@h/db\nX=1"}, None, require_file=False)
+    env = {"WORKER_DATABASE_URL": "postgresql://a:b@h/db\nX=1"}
+    broken = load(None, env, None, require_file=False)
     # (config strips only the ends; a line break inside must not reach the env file)
     with pytest.raises(UsageError, match="line break"):
         cloudinit.render_user_data(broken, "w1", private, public, public, show_secrets=True)
@@ -269,7 +285,8 @@ def test_render_command_masks_validates_and_fails_cleanly(tmp_path: Path) -> Non
     key = tmp_path / "scaler"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     env = {
-        "DATABASE_URL": "postgresql://app:s3cretpw@10.0.0.5/jobs",
+        "DATABASE_URL": "postgresql://admin:adminpw99@10.0.0.5/jobs",
+        "WORKER_DATABASE_URL": "postgresql://vultrscale_worker:s3cretpw@10.0.0.5/jobs",
         "VULTRSCALE_FLEET_SSH_KEY": str(key),
     }
     masked = _cli(["cloud-init", "render", "--label", "worker-ab12"], env, tmp_path)

@@ -14,7 +14,7 @@ from tests.e2e.reconcile_world import World
 from vultrscale.db import ledger
 from vultrscale.errors import DatabaseError, UsageError
 from vultrscale.model import ServiceState
-from vultrscale.reconcile import CrashInjected, run_pass
+from vultrscale.reconcile import run_pass
 
 MONDAY_NOON = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -103,15 +103,25 @@ def test_no_delete_while_a_drained_worker_still_holds_a_live_lease(world: World)
     assert world.ledger()[a] == "gone"
 
 
+class CrashInjected(BaseException):
+    """Stops a pass dead, like a kill -9 would (a BaseException: nothing catches it)."""
+
+
 def test_crash_between_post_and_ledger_write_leaves_exactly_one_instance(world: World) -> None:
     cfg = world.config()
     world.enqueue(1)
 
-    def crash(point: str) -> None:
-        if point == "after_post":
-            raise CrashInjected(point)
+    class CrashAfterPost:
+        """The client, killed the moment Vultr accepted the POST (before the ledger hears)."""
 
-    crashing = world.make_parts(fault=crash)
+        def __getattr__(self, name: str) -> object:
+            return getattr(world.client, name)
+
+        def create_instance(self, **kw: object) -> object:
+            world.client.create_instance(**kw)  # type: ignore[arg-type]
+            raise CrashInjected("after_post")
+
+    crashing = world.make_parts(cloud=CrashAfterPost())
     with pytest.raises(CrashInjected):
         run_pass(cfg, crashing)
     assert len(world.fleet()) == 1
@@ -150,13 +160,18 @@ def test_two_passes_at_once_only_one_acts(world: World) -> None:
     # until the second has run to the end; the second must find the lock taken.
     inside, second_done = threading.Event(), threading.Event()
 
-    def hold(point: str) -> None:
-        if point == "before_post":
+    class HoldBeforePost:
+        def __getattr__(self, name: str) -> object:
+            return getattr(world.client, name)
+
+        def create_instance(self, **kw: object) -> object:
             inside.set()
             assert second_done.wait(timeout=60)
+            return world.client.create_instance(**kw)  # type: ignore[arg-type]
 
     first: list[object] = []
-    t = threading.Thread(target=lambda: first.append(run_pass(cfg, world.make_parts(fault=hold))))
+    hold = world.make_parts(cloud=HoldBeforePost())
+    t = threading.Thread(target=lambda: first.append(run_pass(cfg, hold)))
     t.start()
     assert inside.wait(timeout=60)
     second = world.run(cfg)
@@ -284,7 +299,8 @@ min_instances = 1
     )
     from vultrscale import config
 
-    cfg = config.load(path, env={"VULTR_API_KEY": "x" * 10, "DATABASE_URL": world.db_url})
+    env = {"VULTR_API_KEY": "x" * 10, "DATABASE_URL": world.db_url}
+    cfg = config.load(path, env={**env, "WORKER_DATABASE_URL": world.db_url})
     world.clock.set(datetime(2026, 1, 12, 6, 59, tzinfo=UTC))  # Monday 07:59 in Berlin
     world.run(cfg)
     assert world.fleet() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -189,9 +190,8 @@ def test_rule_a_and_b(
     c = budget.check(observation, PLAN10, ceiling, now)
     assert (c.by_monthly, c.by_month_end) == (by_a, by_b)
     assert c.max_total == min(by_a, by_b)
-    assert budget.max_affordable(observation, PLAN10, ceiling, now)[0] == min(by_a, by_b)
-    assert budget.allows(min(by_a, by_b), observation, PLAN10, ceiling, now)
-    assert not budget.allows(min(by_a, by_b) + 1, observation, PLAN10, ceiling, now)
+    assert c.allows(min(by_a, by_b))
+    assert not c.allows(min(by_a, by_b) + 1)
 
 
 def test_rule_b_across_the_month_boundary() -> None:
@@ -231,3 +231,48 @@ def test_a_price_rise_puts_the_fleet_over_rule_a() -> None:
     c2 = budget.check(obs(*old[:4]), dearer, 50.0, t(2026, 5, 16, 1))
     assert c2.by_monthly == 4  # $40 + $12 > $50
     assert not c2.allows(5)
+
+
+# --- ledger_bills: every ledger row's bill this month, in one sweep ---------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    created_at: datetime
+    gone_at: datetime | None = None
+    hourly_rate: float | None = None
+    monthly_cost: float | None = None
+
+
+def test_ledger_bills_bills_each_row_at_its_own_price_from_the_month_start() -> None:
+    now = t(2026, 3, 2, 12, 0, 30)  # 36 h and 30 s into March
+    rows = [
+        Row("fresh", t(2026, 3, 1, 10), hourly_rate=0.015, monthly_cost=10.0),  # 27 started h
+        Row("gone", t(2026, 2, 27), gone_at=t(2026, 3, 1, 5, 10), monthly_cost=6.72),  # 6 h
+        Row("current-price", t(2026, 2, 1)),  # 37 h at the plan's 13.44 / 672 = 0.02
+        Row("capped", t(2026, 3, 1), hourly_rate=1.0, monthly_cost=5.0),  # 37 h > the cap
+        Row("went-last-month", t(2026, 2, 1), gone_at=t(2026, 2, 28), monthly_cost=10.0),
+    ]
+    bills = budget.ledger_bills(rows, PlanPrice("p", 13.44), now)
+    assert bills == pytest.approx(
+        {"fresh": 0.405, "gone": 0.06, "current-price": 0.74, "capped": 5.0, "went-last-month": 0}
+    )
+
+
+def test_ledger_bills_without_any_price_bills_rows_without_one_nothing() -> None:
+    rows = [Row("unpriced", t(2026, 3, 1)), Row("priced", t(2026, 3, 1), monthly_cost=6.72)]
+    assert budget.ledger_bills(rows, None, t(2026, 3, 1, 1)) == pytest.approx(
+        {"unpriced": 0.0, "priced": 0.01}
+    )
+
+
+def test_ledger_bills_agrees_with_billed_row_by_row_and_reads_naive_times_as_utc() -> None:
+    now = t(2026, 3, 31, 23, 59)
+    naive = Row("naive", datetime(2026, 3, 30, 1, 0), monthly_cost=10.0)
+    aware = Row("aware", t(2026, 3, 30, 1, 0), monthly_cost=10.0)
+    start, end = budget.month_bounds(now)
+    expected = budget.billed(aware.created_at, now, PLAN10, start, end)
+    assert budget.ledger_bills([naive, aware], PLAN10, now) == pytest.approx(
+        {"naive": expected, "aware": expected}
+    )

@@ -52,6 +52,7 @@ def test_help_shows_no_type_metavar_and_ends_with_examples(
     text = _help(capsys, *argv)
     for metavar in ("<bool>", "<str>", "<int>", "<float>", "<path>", "INTEGER", "FLOAT", "BOOLEAN"):
         assert metavar not in text, f"{metavar!r} in the help of {argv}"
+    assert "[default: (" not in text  # defaults one way: [default: X]
     assert "Examples:" in text
     examples = text.split("Examples:", 1)[1]
     assert "vultrscale " + " ".join(argv) in examples

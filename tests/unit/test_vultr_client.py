@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 from collections.abc import Iterator
@@ -136,6 +137,25 @@ def test_models_tolerate_missing_and_odd_fields():
     old = VInstance.from_api({"id": "y", "tag": "legacy", "date_created": "2013-12-19 14:45:41"})
     assert old.tags == ("legacy",)
     assert old.date_created is not None and old.date_created.utcoffset() is not None
+
+
+def test_a_parsed_instance_is_the_one_its_constructor_builds_every_field_set():
+    body = instance(1, ram="2048", vcpu_count=True, tags=["a", 7, None], main_ip=None, os=12)
+    body["date_created"] = "2026-03-02T12:00:00Z"
+    inst = VInstance.from_api(body)
+    built = VInstance(**{f.name: getattr(inst, f.name) for f in dataclasses.fields(VInstance)})
+    assert inst == built and repr(inst) == repr(built) and hash(inst) == hash(built)
+    assert set(vars(inst)) == {f.name for f in dataclasses.fields(VInstance)}
+    assert (inst.ram, inst.vcpu_count, inst.tags, inst.main_ip, inst.os) == (
+        2048,
+        1,
+        ("a", "7"),
+        "",
+        "12",
+    )
+    assert inst.date_created is not None and inst.date_created.utcoffset() is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        inst.label = "changed"  # type: ignore[misc]
 
 
 def test_default_password_is_not_in_repr():

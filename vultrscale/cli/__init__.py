@@ -18,14 +18,16 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 from vultrscale import __version__
-from vultrscale.cli._common import examples, state
-from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, VultrscaleError
+from vultrscale.cli._common import examples, shown, state
+
+if TYPE_CHECKING:
+    from typer import _click
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,11 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("worker", "vultrscale.cli.queue", "Run jobs from the queue; drain on SIGTERM."),
     Entry("enqueue", "vultrscale.cli.queue", "Put jobs on the queue."),
     Entry("sim", "vultrscale.cli.local", "The Vultr API simulator."),
+    Entry(
+        "simulate",
+        "vultrscale.cli.local",
+        "Replay a workload through the real pass; compare policies and tune.",
+    ),
     Entry("config", "vultrscale.cli.local", "Check the configuration."),
 )
 
@@ -64,17 +71,17 @@ class LazyGroup(TyperGroup):
     """The root group: lists ``COMMANDS`` without importing them; builds one group's click
     commands from its Typer app only when one of them is asked for."""
 
-    def list_commands(self, ctx: Any) -> list[str]:
+    def list_commands(self, ctx: _click.Context) -> list[str]:
         return [e.name for e in COMMANDS]
 
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
         entry = _BY_NAME.get(cmd_name)
         if entry is None:
             return None
         module = importlib.import_module(entry.module)
         return typer.main.get_group(module.app).commands.get(cmd_name)
 
-    def format_commands(self, ctx: Any, formatter: Any) -> None:
+    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(e.name, e.summary) for e in COMMANDS])
 
@@ -110,8 +117,8 @@ def _root(
         typer.Option(
             "--config",
             metavar="PATH",
-            help="TOML config file.",
-            show_default="$VULTRSCALE_CONFIG, else ./vultrscale.toml",
+            help=shown("TOML config file.", "$VULTRSCALE_CONFIG, else ./vultrscale.toml"),
+            show_default=False,
         ),
     ] = None,
     debug: Annotated[
@@ -154,17 +161,21 @@ def hoist_globals(args: list[str]) -> list[str]:
     return front + rest
 
 
-def fail(message: str, hint: str, code: int, as_json: bool = False) -> int:
-    """Report an error on stderr (``Error:`` and ``Fix:`` lines), secrets redacted; with
-    ``as_json`` also as one JSON document on stdout. Returns ``code``."""
+def fail(
+    message: str, hint: str, code: int, as_json: bool = False, already_shown: bool = False
+) -> int:
+    """Report an error on stderr (``Error:`` and ``Fix:`` lines; not again when click has
+    ``already_shown`` it), secrets redacted; with ``as_json`` also as one JSON document on stdout.
+    Returns ``code``."""
     from vultrscale.config import Secrets
     from vultrscale.errors import redact
 
     secrets = Secrets.from_env(os.environ).values()
     text, fix = redact(message, secrets), redact(hint, secrets)
-    typer.echo(f"Error: {text}", err=True)
-    if fix:
-        typer.echo(f"Fix: {fix}", err=True)
+    if not already_shown:
+        typer.echo(f"Error: {text}", err=True)
+        if fix:
+            typer.echo(f"Fix: {fix}", err=True)
     if as_json:
         import json
 
@@ -203,45 +214,49 @@ def main(argv: list[str] | None = None) -> int:
     opts = args[: args.index("--")] if "--" in args else args
     state.debug = "--debug" in opts
     as_json = "--json" in opts
-    errors = _click_exceptions()
-    exits = (typer.Exit, getattr(errors, "Exit", typer.Exit))
-    aborts = (typer.Abort, getattr(errors, "Abort", typer.Abort))
     try:
-        command = typer.main.get_command(app)
-        rv = command.main(args=args, prog_name="vultrscale", standalone_mode=False)
+        rv = typer.main.get_command(app).main(
+            args=args, prog_name="vultrscale", standalone_mode=False
+        )
         code = rv if isinstance(rv, int) else 0
-    except exits as exc:
-        code = exc.exit_code
-    except aborts:
-        code = fail("aborted.", "", EXIT_RUNTIME, as_json)
-    except errors.ClickException as exc:
+    except BaseException as exc:  # noqa: BLE001 - sorted out below; errors load only on failure
+        code = _outcome(exc, as_json)
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+def _outcome(exc: BaseException, as_json: bool) -> int:
+    """The exit code for an exception ending a command, reported once."""
+    from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, VultrscaleError, first_line
+
+    errors = _click_exceptions()
+    if isinstance(exc, (typer.Exit, getattr(errors, "Exit", typer.Exit))):
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+    if isinstance(exc, (typer.Abort, getattr(errors, "Abort", typer.Abort))):
+        return fail("aborted.", "", EXIT_RUNTIME, as_json)
+    if isinstance(exc, errors.ClickException):
         exc.show()
         code = EXIT_USAGE if isinstance(exc, errors.UsageError) else exc.exit_code
         if as_json:
             hint = "Run the command with --help to see what it takes."
-            fail(exc.format_message(), hint, code, as_json=True)
-    except VultrscaleError as exc:
-        if state.debug:
-            import traceback
+            fail(exc.format_message(), hint, code, as_json=True, already_shown=True)
+        return code
+    if isinstance(exc, KeyboardInterrupt):
+        return fail("interrupted.", "", 130, as_json)
+    if not isinstance(exc, Exception):  # SystemExit from a library, GeneratorExit
+        raise exc
+    if state.debug:
+        import traceback
 
-            traceback.print_exc()
-        code = fail(exc.message, exc.hint, exc.exit_code, as_json)
-    except KeyboardInterrupt:
-        code = fail("interrupted.", "", 130, as_json)
-    except Exception as exc:  # the guard: a bug, or a failure no adapter translated yet
-        from vultrscale.errors import first_line
-
-        if state.debug:
-            import traceback
-
-            traceback.print_exc()
-        hint = (
-            "Report it with the traceback above."
-            if state.debug
-            else "Run again with --debug and report it."
-        )
-        message = f"unexpected {type(exc).__name__}: {first_line(exc)}"
-        code = fail(message, hint, EXIT_RUNTIME, as_json)
-    if argv is None:
-        sys.exit(code)
-    return code
+        traceback.print_exception(exc)
+    if isinstance(exc, VultrscaleError):
+        return fail(exc.message, exc.hint, exc.exit_code, as_json)
+    # the guard: a bug, or a failure no adapter translated yet
+    hint = (
+        "Report it with the traceback above."
+        if state.debug
+        else "Run again with --debug and report it."
+    )
+    message = f"unexpected {type(exc).__name__}: {first_line(exc)}"
+    return fail(message, hint, EXIT_RUNTIME, as_json)

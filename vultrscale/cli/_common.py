@@ -54,6 +54,12 @@ def examples(*lines: str) -> str:
     return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in lines)
 
 
+def shown(help: str, default: str) -> str:
+    """An option's help with a default that is not its Python value (it comes from the config
+    or the environment), shown the way click shows the others."""
+    return f"{help}  [default: {default}]"
+
+
 # Options more than one command takes, spelled once. Flags show no default: absent means off.
 JsonFlag = Annotated[
     bool, typer.Option("--json", help="Print one JSON document on stdout.", show_default=False)

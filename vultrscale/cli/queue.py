@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from typing import Annotated
 
 import typer
 
-from vultrscale.cli._common import examples, group, state
-from vultrscale.errors import UsageError
+from vultrscale import params
+from vultrscale.cli._common import examples, group, shown, state
+from vultrscale.errors import UsageError, checked_conninfo
 from vultrscale.wiring import DB_HINT, require
 
 app = group()
@@ -18,16 +20,19 @@ app.add_typer(db_app, name="db")
 
 
 def _database_url() -> str:
-    return require(os.environ.get("DATABASE_URL", "").strip(), "DATABASE_URL", DB_HINT)
+    return checked_conninfo(
+        require(os.environ.get("DATABASE_URL", "").strip(), "DATABASE_URL", DB_HINT)
+    )
 
 
 @db_app.command("init", epilog=examples("DATABASE_URL=postgresql://... vultrscale db init"))
 def db_init() -> None:
-    """Create or upgrade the schema (idempotent, versioned)."""
-    from vultrscale.db import schema
+    """Create or upgrade the schema and the workers' role with its grants (idempotent)."""
+    from vultrscale.cli._common import load_config
+    from vultrscale.db import roles
 
-    version = schema.migrate(_database_url())
-    typer.echo(f"Schema is at version {version}.")
+    for line in roles.init_database(_database_url(), load_config()):
+        typer.echo(line)
 
 
 @app.command(
@@ -43,21 +48,23 @@ def worker_cmd(
         typer.Option(
             "--app",
             metavar="MODULE:FUNC",
-            help="The job handler.",
-            show_default="$VULTRSCALE_WORKER_APP",
+            help=shown("The job handler.", "$VULTRSCALE_WORKER_APP"),
+            show_default=False,
         ),
     ] = None,
     concurrency: Annotated[
         int | None,
-        typer.Option("--concurrency", metavar="N", help="Jobs run at once.", show_default="4"),
+        typer.Option(
+            "--concurrency", metavar="N", help=shown("Jobs run at once.", "4"), show_default=False
+        ),
     ] = None,
     drain_seconds: Annotated[
         float | None,
         typer.Option(
             "--drain-seconds",
             metavar="SECONDS",
-            help="On SIGTERM, wait this long for jobs.",
-            show_default="20",
+            help=shown("On SIGTERM, wait this long for jobs.", "20"),
+            show_default=False,
         ),
     ] = None,
     lease_seconds: Annotated[
@@ -65,22 +72,41 @@ def worker_cmd(
         typer.Option(
             "--lease-seconds",
             metavar="SECONDS",
-            help="Lease per job, renewed every third.",
-            show_default="60",
+            help=shown("Lease per job, renewed every third.", "60"),
+            show_default=False,
         ),
     ] = None,
     queue_name: Annotated[
         str | None,
         typer.Option(
-            "--queue", metavar="NAME", help="Queue to take jobs from.", show_default="default"
+            "--queue",
+            parser=params.queue_name,
+            metavar="NAME",
+            help=shown("Queue to take jobs from.", "default"),
+            show_default=False,
         ),
     ] = None,
-    backoff_seconds: Annotated[
-        float,
+    outage_seconds: Annotated[
+        float | None,
         typer.Option(
-            "--backoff-seconds", metavar="SECONDS", help="First retry delay; doubles per attempt."
+            "--outage-seconds",
+            metavar="SECONDS",
+            help=shown(
+                "Ride out an unreachable database this long, then exit 1 (0: the lease time).", "0"
+            ),
+            show_default=False,
         ),
-    ] = 2.0,
+    ] = None,
+    backoff: Annotated[
+        timedelta,
+        typer.Option(
+            "--backoff-seconds",
+            parser=params.duration(),
+            metavar="DURATION",
+            show_default=False,
+            help=shown("First retry delay; doubles per attempt.", "2s"),
+        ),
+    ] = timedelta(seconds=2),
 ) -> None:
     """The reference worker runtime: claim, lease, heartbeat, drain on SIGTERM."""
     from vultrscale import config as cfg_mod
@@ -92,17 +118,18 @@ def worker_cmd(
         "worker.drain_seconds": drain_seconds,
         "worker.lease_seconds": lease_seconds,
         "worker.queue": queue_name,
+        "worker.outage_seconds": outage_seconds,
     }
     # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
     w = cfg_mod.load(state.config_path, env, flags).worker
-    if backoff_seconds < 0:
-        raise UsageError("--backoff-seconds must be >= 0.", hint="Pass e.g. --backoff-seconds 2.")
     handler = runtime.load_handler(w.app)  # exit 2 before touching the database
-    conninfo = require(
-        os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
-        "DATABASE_URL",
-        DB_HINT,
+    conninfo = checked_conninfo(
+        require(
+            os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
+            "DATABASE_URL",
+            DB_HINT,
+        )
     )
     worker_id = os.environ.get("VULTRSCALE_WORKER_ID", "").strip() or runtime.default_worker_id()
     settings = runtime.WorkerSettings(
@@ -113,7 +140,8 @@ def worker_cmd(
         queue=w.queue,
         worker_id=worker_id,
         instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
-        backoff_seconds=backoff_seconds,
+        backoff_seconds=backoff.total_seconds(),
+        outage_seconds=w.outage_seconds,
     )
     if not state.debug:
         # The pool logs each failed reconnect; the worker reports a lost database once, itself.
@@ -131,16 +159,30 @@ def worker_cmd(
     ),
 )
 def enqueue_cmd(
-    count: Annotated[int, typer.Option("--count", metavar="N", min=1, help="How many jobs.")] = 1,
+    count: Annotated[
+        int,
+        typer.Option(
+            "--count",
+            parser=params.count(params.MAX_ENQUEUE_COUNT),
+            metavar="N",
+            help="How many jobs.",
+        ),
+    ] = 1,
     payload: Annotated[
         str, typer.Option("--payload", metavar="JSON", help="JSON payload of each job.")
     ] = "{}",
-    queue_name: Annotated[str, typer.Option("--queue", metavar="NAME", help="Queue name.")] = (
-        "default"
-    ),
+    queue_name: Annotated[
+        str,
+        typer.Option("--queue", parser=params.queue_name, metavar="NAME", help="Queue name."),
+    ] = "default",
     max_attempts: Annotated[
         int,
-        typer.Option("--max-attempts", metavar="N", min=1, help="Attempts before a job is dead."),
+        typer.Option(
+            "--max-attempts",
+            parser=params.count(),
+            metavar="N",
+            help="Attempts before a job is dead.",
+        ),
     ] = 3,
 ) -> None:
     """Put jobs on the built-in queue (tests, demo, smoke checks)."""
@@ -152,23 +194,10 @@ def enqueue_cmd(
             hint="Quote the whole payload for the shell, e.g. --payload '{\"step_seconds\": 1}'.",
         ) from None
     conninfo = _database_url()
-    import psycopg
-
     from vultrscale.config import mask_url
-    from vultrscale.db import queue
-    from vultrscale.errors import DatabaseError, first_line
+    from vultrscale.db import pg, queue
 
-    try:
-        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
-            ids = queue.enqueue(conn, [doc] * count, queue=queue_name, max_attempts=max_attempts)
-    except psycopg.errors.UndefinedTable as exc:
-        raise DatabaseError(
-            f"the queue tables are missing in {mask_url(conninfo)}.",
-            hint="Run `vultrscale db init` first.",
-        ) from exc
-    except psycopg.Error as exc:
-        raise DatabaseError(
-            f"cannot enqueue at {mask_url(conninfo)}: {first_line(exc, [conninfo])}"
-        ) from exc
+    with pg.session(conninfo, f"cannot enqueue at {mask_url(conninfo)}") as conn:
+        ids = queue.enqueue(conn, [doc] * count, queue=queue_name, max_attempts=max_attempts)
     span = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
     typer.echo(f"Enqueued {len(ids)} job(s) on queue {queue_name!r}: id {span}.")

@@ -21,6 +21,7 @@ from vultrscale.status import clean, plain
 if TYPE_CHECKING:
     from rich.live import Live
 
+    from vultrscale.db.roles import WorkerAccess
     from vultrscale.demo import Summary, Tick
     from vultrscale.reconcile import PassResult
     from vultrscale.vultr.models import VInstance
@@ -133,12 +134,23 @@ def instances_table(found: list[VInstance], width: int) -> Table:
 # --- config -----------------------------------------------------------------------------------
 
 
-def print_config(data: dict[str, Any]) -> None:
-    """`config check`: the resolved config, one table per section (secrets already masked)."""
+def print_config(data: dict[str, Any], access: WorkerAccess) -> None:
+    """`config check`: the resolved config, one table per section (secrets already masked),
+    after the workers' database role and any warning about it."""
     out = console()
     out.print(
         Text("Configuration is valid", style="green") + plain(f" (from {data.pop('source')})")
     )
+    out.print(
+        plain(
+            f"Workers log in as {access.role or '(no role named)'}"
+            f" (from {access.source or 'nowhere yet'})"
+        )
+    )
+    for note in access.notes:
+        out.print(plain(note))
+    for warning in access.warnings:
+        out.print(Text("warning: ", style="yellow") + plain(warning))
     for section, values in data.items():
         table = Table(
             title=f"\\[{escape(section)}]", show_header=False, title_justify="left", box=None

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from vultrscale.model import InstanceState
+from vultrscale.db import pg
+from vultrscale.model import FleetState, InstanceState, LedgerRow, Signals, WorkerView
+from vultrscale.ports import Session
+
+if TYPE_CHECKING:
+    from vultrscale.config import Config, QueueConfig
+
 
 _LOCK_NAMESPACE = 0x56534C  # "VSL": keeps our advisory locks apart from an app's own
 
@@ -31,35 +38,6 @@ def try_lock(conn: psycopg.Connection[Any], fleet: str) -> bool:
         "SELECT pg_try_advisory_lock(%s, %s)", (_LOCK_NAMESPACE, lock_key(fleet))
     ).fetchone()
     return bool(row and row[0])
-
-
-def unlock(conn: psycopg.Connection[Any], fleet: str) -> None:
-    conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_LOCK_NAMESPACE, lock_key(fleet)))
-
-
-@dataclass(frozen=True)
-class LedgerRow:
-    label: str
-    fleet: str
-    state: InstanceState
-    instance_id: str | None
-    plan: str | None
-    region: str | None
-    hourly_rate: float | None
-    monthly_cost: float | None
-    host_key: str | None
-    main_ip: str | None
-    internal_ip: str | None
-    created_at: datetime
-    posted_at: datetime | None
-    active_at: datetime | None
-    running_at: datetime | None
-    draining_at: datetime | None
-    deleting_at: datetime | None
-    gone_at: datetime | None
-    state_since: datetime
-    delete_attempts: int
-    last_error: str | None
 
 
 _COLUMNS = (
@@ -208,15 +186,6 @@ def update_address(
     )
 
 
-@dataclass(frozen=True)
-class WorkerView:
-    instance_label: str
-    last_seen: datetime
-    draining: bool
-    live_leases: int
-    seen: bool  # heartbeat within the window, judged on the database's clock
-
-
 def workers_by_label(
     conn: psycopg.Connection[Any], labels: list[str], *, seen_within: timedelta
 ) -> dict[str, WorkerView]:
@@ -266,14 +235,6 @@ def mark_draining(conn: psycopg.Connection[Any], label: str, now: datetime) -> N
     with conn.transaction():
         transition(conn, label, InstanceState.DRAINING, now)
         conn.execute("UPDATE workers SET draining = true WHERE instance_label = %s", (label,))
-
-
-@dataclass(frozen=True)
-class FleetState:
-    snapshot_id: str | None = None
-    last_scale_up: datetime | None = None
-    last_scale_down: datetime | None = None
-    idle_since: datetime | None = None
 
 
 def fleet_state(conn: psycopg.Connection[Any], fleet: str) -> FleetState:
@@ -338,3 +299,116 @@ def events(
             (fleet, since, limit),
         )
         return list(cur.fetchall())
+
+
+# --- the adapters of the pass's ports (vultrscale.ports) ---------------------------------------
+
+
+class PgLedger:
+    """The FleetLedger port on one Postgres connection; psycopg errors leave as DatabaseError."""
+
+    def __init__(self, conn: psycopg.Connection[Any], fleet: str, url: str = "") -> None:
+        self.conn, self.fleet, self.url = conn, fleet, url
+
+    def _t(self, doing: str) -> AbstractContextManager[None]:
+        return pg.translated(f"fleet ledger: {doing}", self.url)
+
+    def lock(self) -> bool:
+        with self._t("taking the pass lock"):
+            return try_lock(self.conn, self.fleet)
+
+    def rows(self, since: datetime) -> list[LedgerRow]:
+        with self._t("reading the instances"):
+            return rows(self.conn, self.fleet, since=since)
+
+    def workers(self, labels: Sequence[str], seen_within: timedelta) -> dict[str, WorkerView]:
+        with self._t("reading the workers"):
+            return workers_by_label(self.conn, list(labels), seen_within=seen_within)
+
+    def fleet_state(self) -> FleetState:
+        with self._t("reading the fleet state"):
+            return fleet_state(self.conn, self.fleet)
+
+    def recorded_snapshot(self) -> str | None:
+        from vultrscale.db.snapshots import recorded_snapshot
+
+        return recorded_snapshot(self.conn, self.fleet)
+
+    def insert_intent(self, **kw: Any) -> None:
+        with self._t(f"writing the create intent of {kw['label']}"):
+            insert_intent(self.conn, fleet=self.fleet, **kw)
+
+    def transition(self, label: str, state: InstanceState, now: datetime, **kw: Any) -> None:
+        with self._t(f"moving {label} to {state.value}"):
+            transition(self.conn, label, state, now, **kw)
+
+    def adopt(self, **kw: Any) -> None:
+        with self._t(f"adopting {kw['label']}"):
+            adopt(self.conn, fleet=self.fleet, **kw)
+
+    def note_error(self, label: str, error: str, *, delete: bool = False) -> None:
+        with self._t(f"noting an error of {label}"):
+            note_error(self.conn, label, error, delete=delete)
+
+    def update_address(self, label: str, main_ip: str | None, internal_ip: str | None) -> None:
+        with self._t(f"updating the address of {label}"):
+            update_address(self.conn, label, main_ip, internal_ip)
+
+    def mark_workers_draining(self, labels: Iterable[str]) -> None:
+        with self._t("marking workers draining"):
+            mark_workers_draining(self.conn, list(labels))
+
+    def mark_draining(self, label: str, now: datetime) -> None:
+        with self._t(f"marking {label} draining"):
+            mark_draining(self.conn, label, now)
+
+    def save_fleet_state(self, now: datetime, **kw: Any) -> None:
+        with self._t("saving the fleet state"):
+            save_fleet_state(self.conn, self.fleet, now, **kw)
+
+    def record_event(self, **kw: Any) -> None:
+        with self._t("recording the pass"):
+            record_event(self.conn, fleet=self.fleet, **kw)
+
+
+class PgSignals:
+    """The QueueSignals port: ``db.signals.read_signals`` on the pass's connection, or a
+    reader of the caller's (given the connection)."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        queue: QueueConfig,
+        reader: Callable[[psycopg.Connection[Any]], Signals] | None = None,
+    ) -> None:
+        self.conn, self.queue, self.reader = conn, queue, reader
+
+    def read(self) -> Signals:
+        if self.reader is not None:
+            return self.reader(self.conn)
+        from vultrscale.db.signals import read_signals
+
+        return read_signals(self.conn, self.queue)
+
+
+class PgStore:
+    """The Store port: each pass gets one autocommit connection (its session lock with it)."""
+
+    def __init__(
+        self,
+        url: str,
+        signals_reader: Callable[[psycopg.Connection[Any]], Signals] | None = None,
+    ) -> None:
+        self.url = url
+        self.signals_reader = signals_reader
+
+    @contextmanager
+    def session(self, cfg: Config) -> Iterator[Session]:
+        conn = pg.connect(self.url)
+        try:
+            yield Session(
+                PgLedger(conn, cfg.fleet.name, self.url),
+                PgSignals(conn, cfg.queue, self.signals_reader),
+            )
+        finally:
+            conn.close()

@@ -8,7 +8,8 @@ The contract (DESIGN §4-§5):
   ``(job_id, worker_id, token)`` and a live lease (``expires_at > now()``). Zero rows means the
   lease was lost: the caller drops its result.
 - ``reap_expired`` returns jobs whose lease ran out; the attempt stays spent, so a job that kills
-  its worker reaches ``dead`` at ``max_attempts``.
+  its worker reaches ``dead`` at ``max_attempts``; its ``run_at`` stays, so it runs again before
+  jobs that arrived after it (backoff is for the job's own failures, not its worker's death).
 - Every time is the database's ``now()``; no Python clock is ever written.
 
 Functions take an open psycopg connection and run in a transaction of their own (a savepoint
@@ -278,7 +279,8 @@ def give_back_many(
 
 
 def reap_expired(conn: psycopg.Connection, batch: int = 1000) -> int:
-    """Return jobs whose lease expired: ``ready`` (attempt stays spent) or ``dead``; count them.
+    """Return jobs whose lease expired: ``ready`` (attempt stays spent, place in the queue kept)
+    or ``dead``; count them.
 
     Safe from any number of workers at once: rows another reaper or a heartbeat holds are
     skipped, and the expiry is checked again on the locked row.
@@ -292,9 +294,10 @@ def reap_expired(conn: psycopg.Connection, batch: int = 1000) -> int:
                     ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
                 RETURNING job_id
             )
+            -- run_at stays: the job keeps its place ahead of work that arrived after it
+            -- (a worker's death is not the job's failure, so no backoff either).
             UPDATE jobs j SET
                 state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
-                run_at = now(),
                 finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
                 last_error = 'lease expired (worker stopped heartbeating)'
             FROM expired WHERE j.id = expired.job_id AND j.state = 'leased'
@@ -362,18 +365,18 @@ def register_worker(conn: psycopg.Connection, worker_id: str, instance_label: st
     """Insert or refresh this worker's row, not stopped.
 
     It is draining exactly when the scaler is draining or deleting its instance
-    (``fleet_instances.state``): a worker restarted by systemd on an instance being drained
-    claims nothing, and one restarted after its own drain (even one cut short by SIGKILL, which
-    leaves its own draining mark behind) works again. The scaler re-marks the workers of
-    draining instances on every pass as well.
+    (``fleet_instances.state``, read through the ``draining_instance_labels`` view: the
+    workers' role may not read the scaler's tables): a worker restarted by systemd on an
+    instance being drained claims nothing, and one restarted after its own drain (even one cut
+    short by SIGKILL, which leaves its own draining mark behind) works again. The scaler
+    re-marks the workers of draining instances on every pass as well.
     """
     with conn.transaction():
         conn.execute(
             """
             INSERT INTO workers (worker_id, instance_label, draining)
             VALUES (%(worker)s, %(label)s, EXISTS (
-                SELECT 1 FROM fleet_instances
-                WHERE label = %(label)s AND state IN ('draining', 'deleting')))
+                SELECT 1 FROM draining_instance_labels WHERE label = %(label)s))
             ON CONFLICT (worker_id) DO UPDATE SET instance_label = excluded.instance_label,
                 started_at = now(), last_seen = now(), stopped_at = NULL,
                 draining = excluded.draining

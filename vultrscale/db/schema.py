@@ -11,10 +11,13 @@ counts stay fast when the table holds millions of finished rows.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import psycopg
 
 from vultrscale.config import mask_url
-from vultrscale.errors import DatabaseError, first_line
+from vultrscale.db import pg
 
 # Any constant unique to this project: hashtext('vultrscale.schema') would need a round trip.
 _LOCK_KEY = 0x76_73_63_68_65_6D  # "vschem"
@@ -132,8 +135,32 @@ _V2 = """
 DROP INDEX IF EXISTS jobs_active_state_idx;
 """
 
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2))
-"""(version, SQL) in order. Append new versions; never edit one that has shipped."""
+# v4 (v3 is another branch's): the plan's price and region check, cached for every pass (a
+# one-shot pass from cron would otherwise ask Vultr three times instead of once). Only checks
+# that passed are kept: a refused plan must be seen again as soon as the config is fixed.
+_V4 = """
+CREATE TABLE plan_checks (
+    plan text NOT NULL,
+    region text NOT NULL,
+    monthly_cost double precision NOT NULL,
+    hourly_cost double precision,
+    checked_at timestamptz NOT NULL,
+    PRIMARY KEY (plan, region)
+);
+"""
+
+# v5: a worker registering itself must know whether the scaler is draining its instance, but
+# the workers' role has no privilege on the scaler's tables. This view (run with its owner's
+# rights) shows a worker that much and nothing else of fleet_instances.
+_V5 = """
+CREATE VIEW draining_instance_labels AS
+    SELECT label FROM fleet_instances WHERE state IN ('draining', 'deleting');
+"""
+
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2), (4, _V4), (5, _V5))
+"""(version, SQL) in order. Append new versions; never edit one that has shipped. Versions
+are applied when missing, not only when above the highest applied one, so versions numbered
+apart on parallel branches all land after a merge."""
 
 LATEST = MIGRATIONS[-1][0]
 
@@ -147,29 +174,38 @@ def current_version(conn: psycopg.Connection) -> int:
     return int(row[0]) if row else 0
 
 
+@contextmanager
+def locked(conninfo: str, doing: str, hint: str) -> Iterator[psycopg.Connection]:
+    """A connection in a transaction holding the schema lock; psycopg errors become
+    DatabaseError naming ``doing`` (secrets masked), with ``hint`` unless the database is
+    unreachable (then the one hint for that)."""
+    conn = pg.connect(conninfo, autocommit=False)
+    try:
+        with conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            yield conn
+    except psycopg.Error as exc:
+        err = pg.translate(exc, f"{doing} at {mask_url(conninfo)} failed", conninfo)
+        if not isinstance(exc, psycopg.OperationalError):
+            err.hint = hint
+        raise err from None
+    finally:
+        conn.close()
+
+
 def migrate(conninfo: str) -> int:
     """Create or upgrade the schema; return the version the database is at afterwards."""
-    try:
-        with psycopg.connect(conninfo, connect_timeout=10) as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS vultrscale_schema ("
-                " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            have = current_version(conn)
-            for version, sql in MIGRATIONS:
-                if version <= have:
-                    continue
-                conn.execute(sql.encode())
-                conn.execute("INSERT INTO vultrscale_schema (version) VALUES (%s)", (version,))
-            return current_version(conn)
-    except psycopg.OperationalError as exc:
-        raise DatabaseError(
-            f"cannot reach the database at {mask_url(conninfo)}: {first_line(exc, [conninfo])}",
-            hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
-        ) from exc
-    except psycopg.Error as exc:
-        raise DatabaseError(
-            f"migrating the schema at {mask_url(conninfo)} failed: {first_line(exc, [conninfo])}",
-            hint="Check that the user may create tables in this database.",
-        ) from exc
+    with locked(
+        conninfo, "migrating the schema", "Check that the user may create tables in this database."
+    ) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS vultrscale_schema ("
+            " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        have = {int(r[0]) for r in conn.execute("SELECT version FROM vultrscale_schema")}
+        for version, sql in MIGRATIONS:
+            if version in have:
+                continue
+            conn.execute(sql.encode())
+            conn.execute("INSERT INTO vultrscale_schema (version) VALUES (%s)", (version,))
+        return current_version(conn)

@@ -18,8 +18,7 @@ from datetime import datetime
 
 import psycopg
 
-from vultrscale.config import mask_url
-from vultrscale.errors import DatabaseError, first_line
+from vultrscale.db import pg
 
 COMPLETE = "complete"
 PENDING = "pending"
@@ -38,26 +37,13 @@ class FleetSnapshot:
 
 def connect(url: str) -> psycopg.Connection:
     """An autocommit connection to ``url``; an unreachable database is a ``DatabaseError``."""
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        raise DatabaseError(
-            f"cannot reach the database at {mask_url(url)}: {first_line(exc, [url])}",
-            hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
-        ) from exc
+    return pg.connect(url)
 
 
 @contextmanager
 def _translated(what: str) -> Iterator[None]:
-    try:
+    with pg.translated(what):
         yield
-    except psycopg.errors.UndefinedTable as exc:
-        raise DatabaseError(
-            f"{what}: the vultrscale tables are missing ({first_line(exc)})",
-            hint="Run `vultrscale db init` against this DATABASE_URL first.",
-        ) from exc
-    except psycopg.Error as exc:
-        raise DatabaseError(f"{what}: {first_line(exc)}") from exc
 
 
 def record_snapshot(

@@ -91,6 +91,17 @@ class ThrowawayPostgres:
         self._run(["pg_ctl", "-D", str(self.datadir), "-m", "immediate", "-w", "stop"])
         shutil.rmtree(self.datadir.parent, ignore_errors=True)
 
+    def pause(self) -> None:
+        """Stop the server and keep its data: a database outage (every connection is cut and
+        the port refuses new ones) until ``resume``."""
+        done = self._run(["pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop"])
+        if done.returncode != 0:
+            raise DatabaseError(f"Postgres did not stop: {done.stderr.strip()}")
+
+    def resume(self, timeout: float = 60.0) -> None:
+        """Start the paused server again on the same port and socket."""
+        _pg_start(self, timeout)
+
 
 def start(timeout: float = 60.0) -> ThrowawayPostgres:
     """Initialise and start a throwaway cluster; raises DatabaseError with the server's words."""
@@ -111,21 +122,40 @@ def start(timeout: float = 60.0) -> ThrowawayPostgres:
     if init.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         raise DatabaseError(f"initdb failed: {init.stderr.strip()[-400:]}")
+    try:
+        _pg_start(server, timeout)
+    except DatabaseError:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return server
+
+
+def _pg_start(server: ThrowawayPostgres, timeout: float) -> None:
+    root = server.datadir.parent
     opts = (
         f"-c listen_addresses=127.0.0.1 -c port={server.port} -c fsync=off "
         f"-c synchronous_commit=off -c full_page_writes=off -c max_connections=300 "
         f"-c unix_socket_directories={root}"
     )
     started = server._run(
-        ["pg_ctl", "-D", str(datadir), "-o", opts, "-l", str(root / "log"), "-w", "-t",
-         str(int(timeout)), "start"]
+        [
+            "pg_ctl",
+            "-D",
+            str(server.datadir),
+            "-o",
+            opts,
+            "-l",
+            str(root / "log"),
+            "-w",
+            "-t",
+            str(int(timeout)),
+            "start",
+        ]
     )
     if started.returncode != 0:
         log = (root / "log").read_text(errors="replace")[-400:] if (root / "log").exists() else ""
-        shutil.rmtree(root, ignore_errors=True)
         raise DatabaseError(f"Postgres did not start: {started.stderr.strip()} {log}".strip())
     _wait_ready(server.port, timeout)
-    return server
 
 
 def _reachable_by(user: str, bindir: Path, root: Path) -> Path:

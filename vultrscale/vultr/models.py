@@ -9,16 +9,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+
+def _frozen(cls: type[_T], fields: dict[str, Any]) -> _T:
+    """An instance of the frozen dataclass ``cls`` from ALL its fields, set in one step.
+
+    The generated ``__init__`` of a frozen dataclass sets each field with its own
+    ``object.__setattr__`` call: for an instance (19 fields) that is half the cost of parsing
+    it, and a pass parses every instance of the fleet. Only for classes whose ``from_api``
+    names every field (a test checks that the result equals the one ``__init__`` builds).
+    """
+    obj = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
 
 
 def _str(data: dict[str, Any], key: str) -> str:
     value = data.get(key)
+    if type(value) is str:  # the common case first: no conversion
+        return value
     return "" if value is None else str(value)
 
 
 def _int(data: dict[str, Any], key: str) -> int:
     value = data.get(key)
+    if type(value) is int:  # the common case first (bool is not int here)
+        return value
     if isinstance(value, bool):
         return int(value)
     try:
@@ -54,8 +73,8 @@ def _opt_int(data: dict[str, Any], key: str) -> int | None:
 
 def _strings(data: dict[str, Any], key: str) -> tuple[str, ...]:
     value = data.get(key)
-    if isinstance(value, list | tuple):
-        return tuple(str(v) for v in value if v is not None)
+    if isinstance(value, (list, tuple)):  # noqa: UP038 (the tuple form is faster)
+        return tuple([v if type(v) is str else str(v) for v in value if v is not None])
     return ()
 
 
@@ -65,7 +84,7 @@ def parse_time(value: object) -> datetime | None:
     if not isinstance(value, str) or not value.strip():
         return None
     try:
-        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(value.strip())  # Python >= 3.11 reads a "Z" too
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
@@ -102,26 +121,29 @@ class VInstance:
         tags = _strings(data, "tags")
         if not tags and data.get("tag"):  # the deprecated single tag of older responses
             tags = (str(data["tag"]),)
-        return cls(
-            id=_str(data, "id"),
-            label=_str(data, "label"),
-            status=_str(data, "status"),
-            power_status=_str(data, "power_status"),
-            server_status=_str(data, "server_status"),
-            main_ip=_str(data, "main_ip"),
-            internal_ip=_str(data, "internal_ip"),
-            v6_main_ip=_str(data, "v6_main_ip"),
-            region=_str(data, "region"),
-            plan=_str(data, "plan"),
-            os=_str(data, "os"),
-            ram=_int(data, "ram"),
-            disk=_int(data, "disk"),
-            vcpu_count=_int(data, "vcpu_count"),
-            date_created=parse_time(data.get("date_created")),
-            tags=tags,
-            hostname=_str(data, "hostname"),
-            default_password=_str(data, "default_password"),
-            raw=dict(data),
+        return _frozen(
+            cls,
+            {
+                "id": _str(data, "id"),
+                "label": _str(data, "label"),
+                "status": _str(data, "status"),
+                "power_status": _str(data, "power_status"),
+                "server_status": _str(data, "server_status"),
+                "main_ip": _str(data, "main_ip"),
+                "internal_ip": _str(data, "internal_ip"),
+                "v6_main_ip": _str(data, "v6_main_ip"),
+                "region": _str(data, "region"),
+                "plan": _str(data, "plan"),
+                "os": _str(data, "os"),
+                "ram": _int(data, "ram"),
+                "disk": _int(data, "disk"),
+                "vcpu_count": _int(data, "vcpu_count"),
+                "date_created": parse_time(data.get("date_created")),
+                "tags": tags,
+                "hostname": _str(data, "hostname"),
+                "default_password": _str(data, "default_password"),
+                "raw": dict(data),
+            },
         )
 
     @property

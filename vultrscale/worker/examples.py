@@ -6,6 +6,7 @@ Run one with ``vultrscale worker --app vultrscale.worker.examples:three_steps``.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
@@ -24,17 +25,31 @@ def _pause(seconds: float) -> None:
     threading.Event().wait(seconds)
 
 
+def _append_line(path: str, line: str) -> None:
+    # One write() on an O_APPEND descriptor: concurrent workers' lines never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 def three_steps(job: Job) -> None:
     """Three saved steps, each sleeping ``payload["step_seconds"]`` (default 0.5 s).
 
     ``payload["fail"]`` raises an ordinary error (retried), ``payload["permanent"]`` a
-    PermanentError (failed at once).
+    PermanentError (failed at once). ``payload["execution_log"]``, a file path: each step
+    appends ``<job id> <step>`` to it when its work is done, before its result is saved, so a
+    step that ran twice shows twice (the side effect a duplicate execution would repeat).
     """
     delay = float(job.payload.get("step_seconds", 0.5))
+    log = job.payload.get("execution_log")
     for name in STEPS:
 
         def work(name: str = name) -> dict[str, Any]:
             _pause(delay)
+            if log:
+                _append_line(str(log), f"{job.id} {name}")
             return _step_result(job, name)
 
         job.step(name, work)

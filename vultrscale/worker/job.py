@@ -7,15 +7,23 @@ import inspect
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 from uuid import UUID
 
 from vultrscale.db.queue import LeaseLost
 
 if TYPE_CHECKING:
-    from psycopg_pool import ConnectionPool
+    import psycopg
 
 T = TypeVar("T")
+
+
+class Database(Protocol):
+    """Where a job reads and writes its steps: ``run(fn)`` calls ``fn`` with a connection (the
+    runtime's ``WorkerDatabase`` retries through an outage and waits for the lease re-check)."""
+
+    def run(self, fn: Callable[[psycopg.Connection], T]) -> T: ...
+
 
 __all__ = ["Job", "LeaseLost", "PermanentError"]
 
@@ -42,14 +50,14 @@ class Job:
         token: UUID,
         *,
         worker_id: str,
-        pool: ConnectionPool,
+        database: Database,
     ) -> None:
         self.id = id
         self.payload = payload
         self.attempt = attempt
         self.token = token
         self._worker_id = worker_id
-        self._pool = pool
+        self._database = database
         self._stopping = threading.Event()
         self._lost = threading.Event()
         self.given_back = False
@@ -108,15 +116,15 @@ class Job:
     def _load(self, name: str) -> tuple[bool, Any]:
         from vultrscale.db import queue
 
-        with self._pool.connection() as conn:
-            return queue.load_step(conn, self.id, name)
+        return self._database.run(lambda conn: queue.load_step(conn, self.id, name))
 
     def _save(self, name: str, result: Any) -> None:
         from vultrscale.db import queue
 
         self._check_lease(name)
-        with self._pool.connection() as conn:
-            ok = queue.save_step(conn, self.id, self._worker_id, self.token, name, result)
+        ok = self._database.run(
+            lambda conn: queue.save_step(conn, self.id, self._worker_id, self.token, name, result)
+        )
         if not ok:
             self._lost.set()
             self._check_lease(name)

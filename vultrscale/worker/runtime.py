@@ -19,6 +19,10 @@ Every connection has TCP keepalives, ``tcp_user_timeout`` and a ``statement_time
 from the lease, so a silent network partition is an error in seconds, not a 15-minute hang.
 The main loop checks that the slot, loop and heartbeat threads are alive: a dead one is fatal
 (what can be given back is, then exit 1).
+
+A database outage (``outage.py``) is ridden out for the outage budget: every thread's
+statements are retried, the main loop claims nothing, and writes wait until the heartbeat has
+re-checked the leases after the database came back; only an outage past the budget is fatal.
 """
 
 from __future__ import annotations
@@ -42,17 +46,29 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from vultrscale.config import mask_url
-from vultrscale.db import queue
+from vultrscale.config import mask_url, outage_budget
+from vultrscale.db import pg, queue
 from vultrscale.db.queue import DEFAULT_BACKOFF_CAP_SECONDS, DEFAULT_BACKOFF_SECONDS
 from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError, first_line
 from vultrscale.worker.job import Job, LeaseLost, PermanentError
+from vultrscale.worker.outage import (
+    RETRY_MAX_SECONDS,
+    Outage,
+    OutageTooLong,
+    WorkerDatabase,
+    is_transient,
+    retrying,
+)
 
 Handler = Callable[[Job], Any]
 T = TypeVar("T")
 
 POLL_MIN_SECONDS = 0.05
 POLL_MAX_SECONDS = 1.0
+# The pool's own reconnect backoff grows to 16 s and more: after a 30 s outage it would leave
+# the pool empty long after the database is back. Giving up after 1 s lets the next request
+# start a fresh attempt at once (our retries pace those requests).
+POOL_RECONNECT_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,12 @@ class WorkerSettings:
     instance_label: str = ""
     backoff_seconds: float = DEFAULT_BACKOFF_SECONDS
     backoff_cap_seconds: float = DEFAULT_BACKOFF_CAP_SECONDS
+    outage_seconds: float = 0.0  # 0: the lease time
+
+    @property
+    def outage_budget_seconds(self) -> float:
+        """How long the database may stay unreachable before the worker exits 1."""
+        return outage_budget(self.outage_seconds, self.lease_seconds)
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -194,7 +216,12 @@ def connect_kwargs(
 
 
 def _database_error(
-    exc: BaseException, conninfo: str, lease_seconds: float, *, starting: bool = False
+    exc: BaseException,
+    conninfo: str,
+    lease_seconds: float,
+    *,
+    starting: bool = False,
+    waited: float = 0.0,
 ) -> DatabaseError:
     # libpq echoes parts of a malformed address (a bad percent-escape in the password, say):
     # the password is redacted here, where the message is built.
@@ -202,12 +229,13 @@ def _database_error(
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return DatabaseError(
             f"the queue tables are missing in {mask_url(conninfo)}: {text}",
-            hint="Run `vultrscale db init` with the same DATABASE_URL first.",
+            hint=pg.HINT_NO_TABLES,
         )
     if starting:
+        after = f" after waiting {waited:.0f} s" if waited else ""
         return DatabaseError(
-            f"cannot reach the database at {mask_url(conninfo)}: {text}",
-            hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
+            f"cannot reach the database at {mask_url(conninfo)}{after}: {text}",
+            hint=pg.HINT_UNREACHABLE,
         )
     return DatabaseError(
         f"lost the database at {mask_url(conninfo)}: {text}",
@@ -224,8 +252,8 @@ class _ThreadDied(Exception):
 
 class Worker:
     """One worker process. ``run()`` returns the summary after a drain; DatabaseError if the
-    database goes away (the leases then expire on their own), RuntimeFailure if one of its
-    threads dies (what it held is given back first)."""
+    database stays away longer than the outage budget (the leases then expire on their own),
+    RuntimeFailure if one of its threads dies (what it held is given back first)."""
 
     def __init__(
         self,
@@ -255,12 +283,13 @@ class Worker:
         self._work: queue_mod.SimpleQueue[Job | None] = queue_mod.SimpleQueue()
         self._done: queue_mod.SimpleQueue[Job] = queue_mod.SimpleQueue()
         self._pool: ConnectionPool | None = None
+        self._db: WorkerDatabase | None = None
+        self.outage = Outage(settings.outage_budget_seconds)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._futures: dict[int, concurrent.futures.Future[Any]] = {}
         self._watched: list[threading.Thread] = []
         self._thread_errors: dict[str, BaseException] = {}
         self._heartbeat_ok = time.monotonic()  # send time of the last successful renewal
-        self._heartbeat_error: BaseException | None = None
 
     # --- public --------------------------------------------------------------------------------
 
@@ -276,30 +305,28 @@ class Worker:
         started = time.monotonic()
         s = self.settings
         self._install_signals()  # first: a SIGTERM during start-up drains an idle worker
+        draining = self._register()
+        if draining is None:  # stopped while waiting for the database
+            self.summary.elapsed = time.monotonic() - started
+            self.say(self.summary.line())
+            return self.summary
         self._pool = ConnectionPool(
             self.conninfo,
             min_size=2,
             max_size=s.concurrency + 1,  # slots + main loop (the heartbeat has its own)
             kwargs=self._kwargs(s.statement_timeout_seconds * 2, "vultrscale-worker"),
             timeout=max(5.0, s.lease_seconds / 3),
+            reconnect_timeout=POOL_RECONNECT_SECONDS,
             open=False,
             name="vultrscale-worker",
         )
-        try:
-            # One direct connection first: a wrong address fails at once with the real reason.
-            psycopg.connect(self.conninfo, connect_timeout=10).close()
-            self._pool.open(wait=True, timeout=10)
-            with self._pool.connection() as conn:
-                queue.register_worker(conn, self.worker_id, self.label)
-                draining = queue.worker_heartbeat(conn, self.worker_id)
-        except (psycopg.Error, PoolTimeout) as exc:
-            self._pool.close(timeout=1)
-            raise _database_error(exc, self.conninfo, s.lease_seconds, starting=True) from exc
+        self._pool.open(wait=False)
+        self._db = WorkerDatabase(self._pool, self.outage, self._announce_outage)
 
         self.say(
             f"Worker {self.worker_id} ({self.label}) started: app {s.app}, "
             f"concurrency {s.concurrency}, queue {s.queue!r}, lease {s.lease_seconds:g} s, "
-            f"drain {s.drain_seconds:g} s."
+            f"drain {s.drain_seconds:g} s, outage budget {s.outage_budget_seconds:g} s."
         )
         if draining:
             self._marked_draining = True
@@ -327,6 +354,53 @@ class Worker:
         self.summary.elapsed = time.monotonic() - started
         self.say(self.summary.line())
         return self.summary
+
+    def _register(self) -> bool | None:
+        """Register this worker on a direct connection (a wrong address fails with the real
+        reason), waiting out a database that is down within the outage budget; return whether
+        it is marked draining, None if a stop was requested while it waited."""
+        s = self.settings
+
+        def register() -> bool:
+            kw = self._kwargs(s.statement_timeout_seconds * 2, "vultrscale-worker")
+            with psycopg.connect(self.conninfo, **kw) as conn:
+                queue.register_worker(conn, self.worker_id, self.label)
+                return queue.worker_heartbeat(conn, self.worker_id)
+
+        def announce(exc: BaseException) -> None:
+            self.say(
+                f"Waiting up to {s.outage_budget_seconds:g} s for the database at "
+                f"{mask_url(self.conninfo)} ({first_line(exc, [self.conninfo])})."
+            )
+
+        try:
+            draining = retrying(
+                self.outage, register, announce=announce, gate=False, stop=self._stop
+            )
+        except psycopg.Error as exc:
+            if self._stop.is_set() and is_transient(exc):
+                self.say("Stopped while waiting for the database.")
+                return None
+            waited = self.outage.seconds if is_transient(exc) else 0.0
+            raise _database_error(
+                exc, self.conninfo, s.lease_seconds, starting=True, waited=waited
+            ) from exc
+        took = self.outage.end()
+        if took:
+            self.say(f"The database answered after {took:.1f} s.")
+        return draining
+
+    def _announce_outage(self, exc: BaseException) -> None:
+        self.say(
+            f"database unreachable ({first_line(exc, [self.conninfo])}): claiming nothing, "
+            f"running jobs go on; waiting up to {self.settings.outage_budget_seconds:g} s "
+            "for it to return."
+        )
+
+    def _database_failed(self, exc: BaseException) -> None:
+        """A transient failure seen outside ``retrying`` (the main loop, the heartbeat)."""
+        if self.outage.begin(exc):
+            self._announce_outage(exc)
 
     # --- threads -------------------------------------------------------------------------------
 
@@ -383,6 +457,7 @@ class Worker:
 
     def _shutdown_threads(self) -> None:
         self._threads_stop.set()
+        self.outage.poke.set()  # the heartbeat waits on it
         for _ in range(self.settings.concurrency):
             self._work.put(None)
         self._heartbeat_thread.join(timeout=5)
@@ -397,17 +472,19 @@ class Worker:
 
     def _listen(self) -> None:
         # A dedicated connection: LISTEN needs one that is not handed around by the pool.
-        try:
-            kw = self._kwargs(self.settings.statement_timeout_seconds, "vultrscale-listen")
-            with psycopg.connect(self.conninfo, **kw) as conn:
-                conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
-                while not self._threads_stop.is_set():
-                    for note in conn.notifies(timeout=0.5):
-                        if note.payload == self.settings.queue:
-                            self._wake.set()
-        except psycopg.Error:
-            # Polling still finds the jobs; the main loop reports a database that is gone.
-            return
+        kw = self._kwargs(self.settings.statement_timeout_seconds, "vultrscale-listen")
+        while not self._threads_stop.is_set():
+            try:
+                with psycopg.connect(self.conninfo, **kw) as conn:
+                    conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
+                    self._wake.set()  # a job enqueued while we were not listening
+                    while not self._threads_stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            if note.payload == self.settings.queue:
+                                self._wake.set()
+            except psycopg.Error:
+                # Polling finds the jobs meanwhile; the others report an outage. Listen again.
+                self._threads_stop.wait(RETRY_MAX_SECONDS)
 
     def _heartbeat(self) -> None:
         s = self.settings
@@ -415,7 +492,12 @@ class Worker:
         failures = 0
         wait = s.heartbeat_seconds
         try:
-            while not self._threads_stop.wait(wait):
+            while True:
+                # Poked when any thread sees the database fail: re-check the leases at once.
+                self.outage.poke.wait(wait)
+                self.outage.poke.clear()
+                if self._threads_stop.is_set():
+                    return
                 with self._lock:
                     held = [j for j in self._running.values() if not j.given_back and not j.lost]
                 sent = time.monotonic()
@@ -428,37 +510,51 @@ class Worker:
                             conn, self.worker_id, [(j.id, j.token) for j in held], s.lease_seconds
                         )
                         draining = queue.worker_heartbeat(conn, self.worker_id)
-                except Exception as exc:  # noqa: BLE001 - the heartbeat outlives any error; the main loop judges how long it failed
+                except Exception as exc:  # noqa: BLE001 - the heartbeat outlives any error; the outage budget bounds how long
                     failures += 1
-                    self._heartbeat_error = exc
                     if conn is not None:
                         conn.close()
                     conn = None
-                    if failures == 1:
-                        self.say(
-                            f"heartbeat failed ({type(exc).__name__}: "
-                            f"{first_line(exc, [self.conninfo])}); retrying."
-                        )
+                    self._database_failed(exc)
                     self._expire_locally()
                     # Retry soon, and often enough to mark jobs lost before their leases end.
-                    wait = min(0.1 * 2 ** (failures - 1), s.lost_margin_seconds / 2)
+                    wait = min(
+                        0.1 * 2 ** min(failures - 1, 10),
+                        RETRY_MAX_SECONDS,
+                        s.lost_margin_seconds / 2,
+                    )
                     continue
-                if failures:
-                    self.say(f"heartbeat recovered after {failures} failed attempt(s).")
                 failures = 0
                 wait = s.heartbeat_seconds
                 self._heartbeat_ok = sent
+                lost = []
                 for job in held:
                     if job.id in kept:
                         job._renewed_at = max(job._renewed_at, sent)
-                    else:
+                    elif not job.lost:
                         job._mark_lost()
+                        lost.append(job)
+                if not self.outage.checked.is_set():
+                    self._recovered(held, lost)
                 if draining and not self._marked_draining:
                     self._marked_draining = True
                     self.say("Marked draining in the database: claiming no more jobs.")
         finally:
             if conn is not None:
                 conn.close()
+
+    def _recovered(self, held: list[Job], lost: list[Job]) -> None:
+        """The database answered the heartbeat after an outage and the leases were re-checked
+        (jobs that lost theirs are marked): drop dead pooled connections, open the gate."""
+        assert self._pool is not None
+        self._pool.check()
+        took = self.outage.end()
+        self.say(
+            f"database back after {took:.1f} s: {len(held) - len(lost)} lease(s) kept, "
+            f"{len(lost)} lost; claiming again."
+        )
+        for job in lost:
+            self.say(f"job {job.id}: lease lost during the outage; abandoning it.")
 
     def _expire_locally(self) -> None:
         """Mark held jobs lost once their lease is nearly out without a renewal we know of."""
@@ -493,9 +589,10 @@ class Worker:
             handed_on = False
             try:
                 handed_on = self._execute(job)
-            except (psycopg.Error, PoolTimeout) as exc:
-                # One failed write drops this job's result only: its lease (no longer renewed)
-                # runs out and the job runs again. Losing the database is the heartbeat's call.
+            except (psycopg.Error, PoolTimeout, OutageTooLong) as exc:
+                # A failed write (retried through an outage) drops this job's result only: its
+                # lease (no longer renewed) runs out and the job runs again. Whether the worker
+                # goes on is the main loop's call.
                 job._mark_lost()
                 if not job.given_back:
                     self.summary.add("lost")
@@ -515,7 +612,7 @@ class Worker:
         """Run the handler and record a failure; True if a success waits for the batch
         completion in the main thread (the job stays running, and heartbeated, until then)."""
         s = self.settings
-        assert self._pool is not None
+        assert self._db is not None
         error: BaseException | None = None
         try:
             if self._loop is not None:
@@ -541,8 +638,8 @@ class Worker:
             if error is None:
                 self._done.put(job)
                 return True
-        with self._pool.connection() as conn:
-            new_state = queue.fail(
+        new_state = self._db.run(
+            lambda conn: queue.fail(
                 conn,
                 job.id,
                 self.worker_id,
@@ -552,6 +649,7 @@ class Worker:
                 backoff_seconds=s.backoff_seconds,
                 backoff_cap_seconds=s.backoff_cap_seconds,
             )
+        )
         if new_state is None:
             if not job.given_back:
                 self.summary.add("lost")
@@ -576,8 +674,16 @@ class Worker:
                 done.append(job)
 
     def _flush_done(self, conn: psycopg.Connection) -> None:
-        """Complete every finished job in one fenced statement (main thread only)."""
-        self._complete(conn, self._take_done())
+        """Complete every finished job in one fenced statement (main thread only); if the
+        statement fails they wait for the next try (a second try of a write that did commit
+        finds the leases gone and drops nothing twice: the jobs are already succeeded)."""
+        done = self._take_done()
+        try:
+            self._complete(conn, done)
+        except BaseException:
+            for job in done:
+                self._done.put(job)
+            raise
 
     def _complete(self, conn: psycopg.Connection, done: list[Job]) -> None:
         if not done:
@@ -595,8 +701,9 @@ class Worker:
     # --- main thread ---------------------------------------------------------------------------
 
     def _check_health(self) -> None:
-        """Raise if the worker cannot go on: a fatal database error, a heartbeat failing for a
-        whole lease, or a dead thread."""
+        """Raise if the worker cannot go on: a fatal database error, an outage longer than the
+        budget, a heartbeat silent for longer than lease and budget together, or a dead
+        thread."""
         s = self.settings
         if self._fatal is not None:
             raise self._fatal
@@ -605,11 +712,13 @@ class Worker:
                 err = self._thread_errors.get(t.name)
                 why = f"{type(err).__name__}: {err}" if err is not None else "it returned"
                 raise _ThreadDied(f"thread {t.name} died ({why}).")
+        if self.outage.over_budget():
+            raise self.outage.too_long(self.conninfo)
         silent = time.monotonic() - self._heartbeat_ok
-        if silent > s.lease_seconds:
-            # Every lease this worker holds has run out: stop rather than work as a zombie
-            # whose results would all be refused.
-            err = self._heartbeat_error or TimeoutError(f"no heartbeat for {silent:.1f} s")
+        if silent > s.lease_seconds + s.outage_budget_seconds:
+            # A heartbeat hung without an error (every wait it makes is bounded, so a bug):
+            # every lease has run out; stop rather than work as a zombie.
+            err = TimeoutError(f"no heartbeat for {silent:.1f} s")
             raise _database_error(err, self.conninfo, s.lease_seconds)
         self._expire_locally()
 
@@ -618,24 +727,38 @@ class Worker:
         assert self._pool is not None
         next_reap = 0.0
         poll = POLL_MIN_SECONDS
+        assert self._db is not None
         while not self._stop.is_set():
             self._check_health()
+            if not self.outage.checked.is_set():
+                # An outage: claim nothing and save nothing until the heartbeat has re-checked
+                # the leases; running jobs go on (their own writes wait at the same gate).
+                self._wake.wait(POLL_MIN_SECONDS * 2)
+                self._wake.clear()
+                continue
             now = time.monotonic()
-            with self._pool.connection() as conn:
-                self._flush_done(conn)
-                if now >= next_reap:
-                    next_reap = now + s.reap_seconds
-                    if queue.reap_expired(conn):
-                        poll = POLL_MIN_SECONDS
-                with self._lock:
-                    free = s.concurrency - len(self._running)
-                claimed: list[queue.Claimed] = []
-                sent = time.monotonic()
-                if free > 0 and not self._marked_draining:
-                    claimed = queue.claim(conn, self.worker_id, s.queue, free, s.lease_seconds)
+            claimed: list[queue.Claimed] = []
+            try:
+                with self._pool.connection() as conn:
+                    self._flush_done(conn)
+                    if now >= next_reap:
+                        next_reap = now + s.reap_seconds
+                        if queue.reap_expired(conn):
+                            poll = POLL_MIN_SECONDS
+                    with self._lock:
+                        free = s.concurrency - len(self._running)
+                    sent = time.monotonic()
+                    if free > 0 and not self._marked_draining:
+                        claimed = queue.claim(conn, self.worker_id, s.queue, free, s.lease_seconds)
+            except (psycopg.Error, PoolTimeout) as exc:
+                if not is_transient(exc):
+                    raise
+                # A claim whose answer was lost may have leased jobs: they expire and return.
+                self._database_failed(exc)
+                continue
             for c in claimed:
                 job = Job(
-                    c.id, c.payload, c.attempt, c.token, worker_id=self.worker_id, pool=self._pool
+                    c.id, c.payload, c.attempt, c.token, worker_id=self.worker_id, database=self._db
                 )
                 job._renewed_at = sent
                 with self._lock:
@@ -653,29 +776,15 @@ class Worker:
                 poll = POLL_MIN_SECONDS
             self._wake.clear()
 
-    def _with_db(self, what: str, fn: Callable[[psycopg.Connection], T]) -> T:
-        """Run ``fn`` on a pooled connection; on a database error retry on fresh connections a
-        few times (the drain must give jobs back even after a blip), then raise."""
-        assert self._pool is not None
-        last: BaseException | None = None
-        for attempt in range(4):
-            try:
-                if attempt == 0:
-                    with self._pool.connection() as conn:
-                        return fn(conn)
-                kw = self._kwargs(self.settings.statement_timeout_seconds * 2, "vultrscale-drain")
-                with psycopg.connect(self.conninfo, **kw) as conn:
-                    return fn(conn)
-            except (psycopg.Error, PoolTimeout) as exc:
-                last = exc
-                self.say(f"{what} failed ({first_line(exc, [self.conninfo])}); retrying.")
-                time.sleep(0.2 * 2**attempt)
-        assert last is not None
-        raise last
+    def _with_db(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """Run ``fn`` for the drain: retried through an outage within the budget, without
+        waiting at the gate (every write it makes is fenced by the lease)."""
+        assert self._db is not None
+        return self._db.run(fn, gate=False)
 
     def _give_back_unfinished(self) -> None:
         """Complete what finished, give back the rest in one fenced statement."""
-        self._with_db("completing finished jobs", self._flush_done)
+        self._with_db(self._flush_done)
         with self._lock:
             # Slots put a success on _done under this lock, after checking given_back: what is
             # on _done now finished, everything else running is given back and stays so.
@@ -685,12 +794,10 @@ class Worker:
             for job in leftover:
                 job._mark_given_back()  # first: the slot writes nothing more, steps refuse
         if finished:
-            self._with_db("completing finished jobs", lambda conn: self._complete(conn, finished))
+            self._with_db(lambda conn: self._complete(conn, finished))
         if leftover:
             pairs = [(j.id, j.token) for j in leftover]
-            back = self._with_db(
-                "giving jobs back", lambda conn: queue.give_back_many(conn, self.worker_id, pairs)
-            )
+            back = self._with_db(lambda conn: queue.give_back_many(conn, self.worker_id, pairs))
             self.summary.add("given_back", len(back))
             for job in leftover:
                 if job.id in back:
@@ -722,14 +829,12 @@ class Worker:
         for job in running:
             job._mark_stopping()
         self._marked_draining = True  # our own mark: the heartbeat need not announce it
-        self._with_db(
-            "marking the worker draining", lambda c: queue.set_draining(c, self.worker_id)
-        )
+        self._with_db(lambda c: queue.set_draining(c, self.worker_id))
         deadline = time.monotonic() + s.drain_seconds
         while not self._fast.is_set():
             self._check_health()
             if not self._done.empty():
-                self._with_db("completing finished jobs", self._flush_done)
+                self._with_db(self._flush_done)
             with self._lock:
                 if not self._running:
                     break
@@ -740,5 +845,5 @@ class Worker:
             self._wake.clear()
         self._give_back_unfinished()
         self._shutdown_threads()
-        self._with_db("recording the stop", lambda c: queue.mark_stopped(c, self.worker_id))
+        self._with_db(lambda c: queue.mark_stopped(c, self.worker_id))
         self._pool.close(timeout=2)

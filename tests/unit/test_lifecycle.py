@@ -1,0 +1,350 @@
+"""The lifecycle's decisions as tables: the ledger state machine and the drain verdicts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from vultrscale import lifecycle
+from vultrscale.lifecycle import DrainStep, Verdict
+from vultrscale.model import InstanceState, LedgerRow, ServiceState, WorkerView
+from vultrscale.vultr.models import VInstance
+
+NOW = datetime(2026, 5, 10, 12, 0, tzinfo=UTC)
+S = InstanceState
+
+
+def row(state: InstanceState, age: float = 0, **kw: object) -> LedgerRow:
+    """A ledger row in ``state`` whose create intent is ``age`` seconds old."""
+    created = NOW - timedelta(seconds=age)
+    base = LedgerRow(
+        label="w-1",
+        fleet="workers",
+        state=state,
+        instance_id=None if state is S.CREATING else "i-1",
+        plan="vc2-1c-2gb",
+        region="ewr",
+        hourly_rate=0.015,
+        monthly_cost=10.0,
+        host_key="ssh-ed25519 AAAA",
+        main_ip=None,
+        internal_ip=None,
+        created_at=created,
+        posted_at=None if state is S.CREATING else created,
+        active_at=None,
+        running_at=None,
+        draining_at=None,
+        deleting_at=None,
+        gone_at=None,
+        state_since=created,
+        delete_attempts=0,
+        last_error=None,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def listed(status: str = "active", server: str = "ok", iid: str = "i-1") -> VInstance:
+    return VInstance(iid, label="w-1", status=status, server_status=server, main_ip="10.0.0.1")
+
+
+# (row, listed instance or None, worker seen, own workers) -> (next state, error note?)
+STATE_MACHINE = [
+    pytest.param(row(S.CREATING, 60), None, False, True, S.CREATING, None, id="intent-young-waits"),
+    pytest.param(
+        row(S.CREATING, 301),
+        None,
+        False,
+        True,
+        S.GONE,
+        "create never became an instance",
+        id="intent-past-visibility-grace-is-dead",
+    ),
+    pytest.param(
+        row(S.CREATING, 10),
+        listed("pending", "none"),
+        False,
+        True,
+        S.PENDING,
+        None,
+        id="intent-found-by-label-pending",
+    ),  # fmt: skip
+    pytest.param(
+        row(S.PENDING, 60), None, False, True, S.PENDING, None, id="fresh-post-not-listed-yet-waits"
+    ),  # fmt: skip
+    pytest.param(
+        row(S.PENDING, 200), None, False, True, S.GONE, None, id="post-missing-past-grace-is-gone"
+    ),  # fmt: skip
+    pytest.param(
+        row(S.PENDING, 60),
+        listed(),
+        False,
+        True,
+        S.BOOTING,
+        None,
+        id="active-without-worker-is-booting",
+    ),  # fmt: skip
+    pytest.param(
+        row(S.BOOTING, 60), listed(), True, True, S.RUNNING, None, id="worker-seen-is-running"
+    ),  # fmt: skip
+    pytest.param(
+        row(S.BOOTING, 60),
+        listed(),
+        False,
+        False,
+        S.RUNNING,
+        None,
+        id="foreign-queue-active-ok-is-running",
+    ),  # fmt: skip
+    pytest.param(
+        row(S.BOOTING, 60),
+        listed("pending", "none"),
+        False,
+        True,
+        S.BOOTING,
+        None,
+        id="never-moves-back-down-the-boot-order",
+    ),  # fmt: skip
+    pytest.param(
+        row(S.RUNNING, 600),
+        listed(),
+        False,
+        True,
+        S.BOOTING,
+        "worker not seen; waiting for it to come back",
+        id="running-whose-worker-vanished-goes-back-to-booting",
+    ),
+    pytest.param(
+        row(S.RUNNING, 600),
+        listed(),
+        False,
+        False,
+        S.RUNNING,
+        None,
+        id="foreign-queue-running-stays",
+    ),  # fmt: skip
+    pytest.param(
+        row(S.DRAINING, 600), listed(), False, True, S.DRAINING, None, id="draining-stays-draining"
+    ),  # fmt: skip
+    pytest.param(
+        row(S.DRAINING, 600),
+        None,
+        False,
+        True,
+        S.GONE,
+        None,
+        id="draining-confirmed-missing-is-gone",
+    ),  # fmt: skip
+    pytest.param(
+        row(S.DELETING, 600),
+        None,
+        False,
+        True,
+        S.GONE,
+        None,
+        id="deleting-confirmed-missing-is-gone",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("r", "v", "seen", "own", "state", "error"), STATE_MACHINE)
+def test_next_state(
+    r: LedgerRow,
+    v: VInstance | None,
+    seen: bool,
+    own: bool,
+    state: InstanceState,
+    error: str | None,
+) -> None:
+    new, _, note = lifecycle.next_state(r, v, NOW, seen=seen, own_workers=own)
+    assert (new, note) == (state, error)
+
+
+LOOKUPS = [
+    pytest.param(row(S.CREATING, 600), False, id="intent-has-no-id-to-get"),
+    pytest.param(row(S.PENDING, 60), False, id="fresh-post-is-judged-by-age"),
+    pytest.param(row(S.PENDING, 600), True, id="old-pending-is-looked-up"),
+    pytest.param(row(S.RUNNING, 600), True, id="running-is-looked-up"),
+    pytest.param(row(S.DRAINING, 600), True, id="draining-is-looked-up"),
+]
+
+
+@pytest.mark.parametrize(("r", "needed"), LOOKUPS)
+def test_a_missing_instance_is_looked_up_before_it_is_called_gone(
+    r: LedgerRow, needed: bool
+) -> None:
+    assert lifecycle.needs_lookup(r, NOW) is needed
+
+
+def test_sync_follows_boots_notes_addresses_and_adopts_strangers() -> None:
+    rows = [row(S.BOOTING, 60), row(S.RUNNING, 60, label="w-2", instance_id="i-2", main_ip="1")]
+    cloud = {
+        "w-1": listed(),
+        "w-2": VInstance("i-2", label="w-2", status="active", server_status="ok", main_ip="2"),
+        "stray": VInstance("i-9", label="stray", status="active", server_status="ok"),
+    }
+    seen = {"w-2": WorkerView("w-2", NOW, False, 0, True)}
+    out = {t.label: t for t in lifecycle.sync(rows, cloud, seen, NOW, own_workers=True)}
+    assert out["w-1"].state is S.BOOTING and out["w-1"].note == ""  # address only
+    assert out["w-1"].address_only and out["w-1"].main_ip == "10.0.0.1"
+    assert out["w-2"].address_only and out["w-2"].main_ip == "2"
+    assert out["stray"].adopt and out["stray"].state is S.BOOTING
+    after = lifecycle.applied({r.label: r for r in rows}, out.values(), cloud, "workers", NOW)
+    assert after["stray"].instance_id == "i-9" and after["w-2"].main_ip == "2"
+
+
+TIMEOUT = timedelta(minutes=10)
+GRACE = timedelta(minutes=3)
+LONG = TIMEOUT + lifecycle.DRAIN_MARGIN + timedelta(seconds=1)
+SHORT = timedelta(seconds=30)
+
+# (what is-active said or why it was not asked, waited, live leases) -> the step
+DRAIN_VERDICTS = [
+    pytest.param(
+        ServiceState.INACTIVE,
+        SHORT,
+        0,
+        Verdict.DELETE,
+        False,
+        "worker inactive",
+        id="stopped-no-lease-delete",
+    ),  # fmt: skip
+    pytest.param(
+        ServiceState.FAILED,
+        SHORT,
+        0,
+        Verdict.DELETE,
+        False,
+        "worker failed",
+        id="failed-counts-as-stopped",
+    ),  # fmt: skip
+    pytest.param(
+        ServiceState.INACTIVE,
+        SHORT,
+        2,
+        Verdict.WAIT,
+        False,
+        "2 live lease(s)",
+        id="stopped-with-live-lease-waits",
+    ),  # fmt: skip
+    pytest.param(
+        ServiceState.INACTIVE,
+        SHORT,
+        None,
+        Verdict.WAIT,
+        False,
+        "queue unreadable",
+        id="stopped-queue-unreadable-waits",
+    ),  # fmt: skip
+    pytest.param(
+        ServiceState.DEACTIVATING,
+        SHORT,
+        1,
+        Verdict.WAIT,
+        False,
+        "draining",
+        id="stop-in-progress-waits",
+    ),  # fmt: skip
+    pytest.param(
+        ServiceState.ACTIVE,
+        SHORT,
+        0,
+        Verdict.WAIT,
+        True,
+        "draining: worker active",
+        id="still-active-sends-the-stop-again",
+    ),  # fmt: skip
+    pytest.param(
+        ServiceState.ACTIVE,
+        LONG,
+        0,
+        Verdict.DELETE,
+        True,
+        "past its deadline",
+        id="past-deadline-no-lease-delete",
+    ),  # fmt: skip
+    pytest.param(
+        ServiceState.DEACTIVATING,
+        LONG,
+        1,
+        Verdict.WAIT,
+        False,
+        "still holds 1",
+        id="past-deadline-live-lease-waits",
+    ),  # fmt: skip
+    pytest.param(
+        ServiceState.DEACTIVATING,
+        LONG,
+        None,
+        Verdict.WAIT,
+        False,
+        "unreadable",
+        id="past-deadline-queue-unreadable-waits",
+    ),  # fmt: skip
+    pytest.param(
+        "host key mismatch",
+        SHORT,
+        0,
+        Verdict.ERROR,
+        False,
+        "host key mismatch",
+        id="unreachable-within-grace-is-an-error",
+    ),  # fmt: skip
+    pytest.param(
+        "timed out",
+        GRACE + SHORT,
+        0,
+        Verdict.DELETE,
+        False,
+        "unreachable past",
+        id="unreachable-past-grace-delete",
+    ),  # fmt: skip
+    pytest.param(
+        "timed out",
+        GRACE + SHORT,
+        3,
+        Verdict.WAIT,
+        False,
+        "still holds 3",
+        id="unreachable-past-grace-live-lease-waits",
+    ),  # fmt: skip
+    pytest.param(
+        lifecycle.NO_TARGET,
+        SHORT,
+        0,
+        Verdict.ERROR,
+        False,
+        "no address",
+        id="no-target-within-grace-is-an-error",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("service", "waited", "live", "verdict", "restop", "why"), DRAIN_VERDICTS)
+def test_drain_verdict(
+    service: ServiceState | str,
+    waited: timedelta,
+    live: int | None,
+    verdict: Verdict,
+    restop: bool,
+    why: str,
+) -> None:
+    step = lifecycle.drain_step(
+        "w-1", service, waited, live, timeout=TIMEOUT, unreachable_grace=GRACE
+    )
+    assert isinstance(step, DrainStep)
+    assert (step.verdict, step.restop) == (verdict, restop)
+    assert why in step.why
+
+
+@pytest.mark.parametrize(
+    ("live", "allowed"),
+    [
+        pytest.param(0, True, id="no-lease-replaced"),
+        pytest.param(1, False, id="live-lease-kept"),
+        pytest.param(None, False, id="queue-unreadable-kept"),
+    ],
+)
+def test_replacement_needs_no_live_lease(live: int | None, allowed: bool) -> None:
+    assert lifecycle.may_replace(live) is allowed

@@ -1,0 +1,353 @@
+"""The reconcile pass on in-memory ports: no Postgres, no sockets, a fake clock."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vultrscale import config as config_mod
+from vultrscale import metrics, ssh
+from vultrscale.clock import FakeClock
+from vultrscale.errors import EXIT_USAGE, HostKeyMismatch, UsageError
+from vultrscale.memory import (
+    MemoryCloud,
+    MemoryDrain,
+    MemoryLedger,
+    MemorySignals,
+    MemoryStore,
+    memory_parts,
+)
+from vultrscale.model import InstanceState, ServiceState, Signals, WorkerView
+from vultrscale.reconcile import Parts, PassResult, run_pass
+
+START = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
+S = InstanceState
+
+
+class Fleet:
+    """One fleet on in-memory ports, with the scaler's key file checked before each pass."""
+
+    def __init__(self, tmp_path: Path, **sections: dict[str, Any]) -> None:
+        self.clock = FakeClock(START)
+        self.cloud = MemoryCloud(self.clock)
+        self.ledger = MemoryLedger("workers")
+        self.signals = MemorySignals()
+        self.drain = MemoryDrain()
+        self.key = tmp_path / "id_ed25519"
+        self.key.write_text("not read: only its mode and presence are checked\n")
+        self.key.chmod(0o600)
+        body = {
+            "fleet": {"snapshot_id": "snap-1", "ssh_key": str(self.key)},
+            "policy": {"max_instances": 5, "billing_hour_aware": False},
+            "budget": {"monthly_ceiling_usd": 200.0},
+        }
+        for name, values in sections.items():
+            body.setdefault(name, {}).update(values)
+        toml = "".join(
+            f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items())
+            for name, values in body.items()
+        )
+        (tmp_path / "vultrscale.toml").write_text(toml)
+        env = {
+            "VULTR_API_KEY": "k" * 32,
+            "DATABASE_URL": "postgresql://unused@nowhere/db",
+            "WORKER_DATABASE_URL": "postgresql://worker@nowhere/db",
+        }
+        self.cfg = config_mod.load(tmp_path / "vultrscale.toml", env=env)
+        self.parts = memory_parts(
+            self.clock,
+            self.cloud,
+            self.ledger,
+            self.signals,
+            self.drain,
+            preflight=(lambda: ssh.check_key_file(self.key),),
+        )
+
+    def run(self, parts: Parts | None = None) -> PassResult:
+        return run_pass(self.cfg, parts or self.parts)
+
+    def queue(self, ready: int, in_flight: int = 0) -> None:
+        self.signals.signals = Signals(ready=ready, in_flight=in_flight)
+
+    def states(self) -> dict[str, str]:
+        return {r.label: r.state.value for r in self.ledger.rows(START) if r.state is not S.GONE}
+
+    def labels(self, state: InstanceState) -> list[str]:
+        return sorted(label for label, s in self.states().items() if s == state.value)
+
+    def workers_report(self) -> None:
+        """A worker heartbeats on every instance the cloud has booted."""
+        for v in self.cloud.list_instances():
+            if v.status == "active" and v.label not in self.ledger.workers_by_label:
+                view = WorkerView(v.label, self.clock.now(), False, 0, True)
+                self.ledger.workers_by_label[v.label] = view
+
+    def lease(self, label: str, live: int) -> None:
+        w = self.ledger.workers_by_label[label]
+        self.ledger.workers_by_label[label] = dataclasses.replace(w, live_leases=live)
+
+    def bring_up(self, jobs: int) -> list[str]:
+        """Queue ``jobs``, create, boot (61 s) and let the workers report: running labels."""
+        self.queue(jobs)
+        self.run()
+        self.clock.advance(61)
+        self.run()
+        self.workers_report()
+        self.clock.advance(30)
+        assert self.run().exit_code == 0
+        return self.labels(S.RUNNING)
+
+    def drain_now(self, *labels: str) -> None:
+        for label in labels:
+            self.ledger.mark_draining(label, self.clock.now())
+
+    def instance_id(self, label: str) -> str:
+        iid = self.ledger.instances[label].instance_id
+        assert iid is not None
+        return iid
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return str(v)
+
+
+def _results(result: PassResult, label: str) -> list[str]:
+    return [r["result"] for r in result.results if r["label"] == label]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Fleet:
+    return Fleet(tmp_path)
+
+
+def test_a_burst_from_zero_creates_what_the_queue_needs_and_they_boot_to_running(
+    fleet: Fleet,
+) -> None:
+    fleet.queue(12)
+    first = fleet.run()
+    assert first.exit_code == 0, first.errors
+    assert fleet.cloud.posts == 3  # 12 jobs at 4 per instance
+    assert sorted(fleet.states().values()) == ["pending"] * 3
+    assert fleet.ledger.events[-1]["exit_code"] == 0
+    fleet.clock.advance(61)
+    fleet.run()
+    assert sorted(fleet.states().values()) == ["booting"] * 3
+    fleet.workers_report()
+    fleet.clock.advance(30)
+    fleet.run()
+    assert sorted(fleet.states().values()) == ["running"] * 3
+    assert fleet.cloud.posts == 3 and len(fleet.ledger.events) == 3
+
+
+def test_drain_progresses_through_every_verdict(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path, policy={"min_instances": 2, "max_instances": 2})
+    a, b = fleet.bring_up(8)
+    fleet.drain_now(a)
+
+    fleet.clock.advance(30)  # still active: the stop never arrived, send it again
+    fleet.drain.stop_to = ServiceState.DEACTIVATING
+    result = fleet.run()
+    assert fleet.drain.stops == [a] and fleet.states()[a] == "draining"
+    assert _results(result, a) == ["draining: worker active"]
+
+    fleet.clock.advance(30)  # stopping: wait
+    assert _results(fleet.run(), a) == ["draining: worker deactivating"]
+
+    fleet.drain.services[a] = ServiceState.INACTIVE  # stopped, but a lease is still live: wait
+    fleet.lease(a, 1)
+    fleet.clock.advance(30)
+    assert _results(fleet.run(), a) == ["worker inactive; waiting for 1 live lease(s) to expire"]
+    assert fleet.cloud.deletes == 0
+
+    fleet.lease(a, 0)  # lease gone; Vultr has the instance locked: retried next pass
+    fleet.cloud.locked.add(fleet.instance_id(a))
+    fleet.clock.advance(30)
+    result = fleet.run()
+    assert "delete refused: instance locked at Vultr; retrying next pass" in _results(result, a)
+    assert fleet.states()[a] == "deleting" and fleet.cloud.deletes == 0
+
+    fleet.cloud.locked.clear()
+    fleet.clock.advance(30)
+    assert _results(fleet.run(), a) == ["deleted"]
+    assert a not in fleet.states() and fleet.cloud.deletes == 1
+
+    # b: its host key changed. Within the grace that is an error; past it, deleted.
+    fleet.drain_now(b)
+    fleet.drain.refuse[b] = HostKeyMismatch(f"{b}: host key does not match the pinned one")
+    fleet.clock.advance(30)
+    result = fleet.run()
+    assert result.exit_code == 1
+    assert any(e.startswith(f"{b}: drain check failed") for e in result.errors)
+    fleet.clock.advance(fleet.cfg.drain.unreachable_grace)
+    result = fleet.run()
+    assert any("unreachable past its grace" in r for r in _results(result, b))
+    assert b not in fleet.states() and fleet.cloud.deletes == 2
+
+
+def test_a_host_key_refused_on_one_of_three_drains_stops_nothing_else(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path, policy={"max_instances": 6})
+    a, b, c = fleet.bring_up(12)
+    fleet.drain_now(a, b, c)
+    fleet.drain.services.update({a: ServiceState.INACTIVE, b: ServiceState.INACTIVE})
+    fleet.drain.refuse[c] = HostKeyMismatch(f"{c}: host key does not match the pinned one")
+    fleet.queue(24)  # the queue grows meanwhile
+    fleet.clock.advance(60)
+    result = fleet.run()
+    assert result.exit_code == 1
+    assert fleet.cloud.deletes == 2 and a not in fleet.states() and b not in fleet.states()
+    assert fleet.states()[c] == "draining"
+    assert fleet.cloud.posts > 3, "new instances are created for the grown queue"
+    event = fleet.ledger.events[-1]
+    assert any(
+        e.startswith(f"{c}: drain check failed") and "host key" in e for e in event["errors"]
+    )
+    assert event["exit_code"] == 1
+
+
+@pytest.mark.parametrize("damage", ["mode-0644", "missing"])
+def test_a_key_that_turns_unusable_refuses_the_pass_and_changes_nothing(
+    fleet: Fleet, damage: str
+) -> None:
+    a, _b = fleet.bring_up(8)
+    fleet.drain_now(a)
+    fleet.drain.services[a] = ServiceState.INACTIVE  # would be deleted
+    fleet.queue(40)  # would create
+    before = (dict(fleet.ledger.instances), fleet.cloud.posts, fleet.cloud.deletes)
+    stops = list(fleet.drain.stops)
+    if damage == "missing":
+        fleet.key.unlink()
+    else:
+        fleet.key.chmod(0o644)
+    fleet.clock.advance(60)
+    with pytest.raises(UsageError) as refused:
+        fleet.run()
+    assert refused.value.exit_code == EXIT_USAGE
+    assert (dict(fleet.ledger.instances), fleet.cloud.posts, fleet.cloud.deletes) == before
+    assert fleet.drain.stops == stops
+    event = fleet.ledger.events[-1]
+    assert event["exit_code"] == EXIT_USAGE
+    assert any("SSH private key" in e for e in event["errors"])
+    assert event["plan"] is None and event["results"] == []
+
+
+def test_a_metrics_target_that_cannot_be_written_refuses_the_pass(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    target = str(tmp_path / "missing-dir" / "vultrscale.prom")
+    parts = dataclasses.replace(
+        fleet.parts, preflight=(*fleet.parts.preflight, lambda: metrics.check_textfile(target))
+    )
+    fleet.queue(12)
+    with pytest.raises(UsageError) as refused:
+        fleet.run(parts)
+    assert "missing-dir" in refused.value.message
+    assert fleet.cloud.posts == 0 and fleet.ledger.instances == {}
+    assert [e["exit_code"] for e in fleet.ledger.events] == [EXIT_USAGE]
+
+
+def test_a_missing_snapshot_is_refused_before_a_drain_deletes_anything(fleet: Fleet) -> None:
+    a, _b = fleet.bring_up(8)
+    fleet.drain_now(a)
+    fleet.drain.services[a] = ServiceState.INACTIVE
+    fleet.queue(40)
+    fleet.cloud.snapshots.clear()  # deleted at Vultr; a new process has not checked it yet
+    fleet.clock.advance(60)
+    with pytest.raises(UsageError, match="snapshot snap-1 does not exist"):
+        fleet.run(dataclasses.replace(fleet.parts, cache={}))
+    assert fleet.cloud.deletes == 0 and fleet.states()[a] == "draining"
+    assert fleet.ledger.events[-1]["exit_code"] == EXIT_USAGE
+
+
+# --- a crash between any two outside calls ------------------------------------------------------
+
+
+class Crash(BaseException):
+    """A kill -9 at a call point: nothing catches it, nothing after it runs."""
+
+
+class Calls:
+    """Counts every call through the ports; at call ``crash_at`` the process dies."""
+
+    def __init__(self, crash_at: int | None = None) -> None:
+        self.crash_at = crash_at
+        self.names: list[str] = []
+
+    def wrap(self, port: Any, name: str) -> Any:
+        calls = self
+
+        class Crashing:
+            def __getattr__(self, attr: str) -> Any:
+                value = getattr(port, attr)
+                if not callable(value):
+                    return value
+
+                def call(*args: Any, **kwargs: Any) -> Any:
+                    if calls.crash_at is not None and len(calls.names) >= calls.crash_at:
+                        raise Crash(f"{name}.{attr}")
+                    calls.names.append(f"{name}.{attr}")
+                    return value(*args, **kwargs)
+
+                return call
+
+        return Crashing()
+
+
+def _crash_scene(tmp_path: Path) -> tuple[Fleet, str]:
+    """Two running instances, one of them drained (its delete is due) and a queue that grows:
+    the pass deletes, creates and records."""
+    fleet = Fleet(tmp_path, policy={"max_instances": 4})
+    a, _b = fleet.bring_up(8)
+    fleet.drain_now(a)
+    fleet.drain.services[a] = ServiceState.INACTIVE
+    fleet.queue(16)
+    fleet.clock.advance(60)
+    return fleet, a
+
+
+def _crashing_parts(fleet: Fleet, calls: Calls) -> Parts:
+    store = MemoryStore(calls.wrap(fleet.ledger, "ledger"), calls.wrap(fleet.signals, "signals"))
+    return dataclasses.replace(
+        fleet.parts,
+        cloud=calls.wrap(fleet.cloud, "cloud"),
+        store=store,
+        drain=calls.wrap(fleet.drain, "drain"),
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "crash_at" in metafunc.fixturenames:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            fleet, _ = _crash_scene(Path(d))
+            calls = Calls()
+            fleet.run(_crashing_parts(fleet, calls))
+        ids = [f"{i:02d}-before-{name}" for i, name in enumerate(calls.names)]
+        metafunc.parametrize("crash_at", range(len(calls.names)), ids=ids)
+
+
+def test_a_crash_between_any_two_outside_calls_is_mended_by_the_next_passes(
+    tmp_path: Path, crash_at: int
+) -> None:
+    fleet, drained = _crash_scene(tmp_path)
+    with pytest.raises(Crash):
+        fleet.run(_crashing_parts(fleet, Calls(crash_at)))
+    for _ in range(6):
+        result = fleet.run()
+        assert result.exit_code == 0, result.errors
+        fleet.clock.advance(61)
+        fleet.workers_report()
+    fleet.run()
+    at_vultr = sorted(v.label for v in fleet.cloud.list_instances())
+    assert at_vultr == sorted(fleet.states()), "every paid instance is in the ledger (no leak)"
+    assert len(at_vultr) == 4 and fleet.cloud.posts == 2 + 3, "no duplicate create"
+    assert drained not in at_vultr
+    assert set(fleet.states().values()) == {"running"}

@@ -1,0 +1,65 @@
+"""The one Postgres edge: connect with the project's timeouts, translate psycopg errors.
+
+Every part that talks to Postgres (the reconcile pass, the ledger, the signals, the snapshots,
+the schema, the CLI commands and the demo) connects here and lets ``translated`` turn a psycopg
+error into a ``DatabaseError`` with one of the hints below, passwords removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from vultrscale.errors import DatabaseError, first_line, mask_url
+
+# A connect that has not succeeded in 10 s will not: the host is down or a firewall drops us.
+# Long enough for a cold TLS handshake over a slow link, short enough for a 30 s pass interval.
+CONNECT_TIMEOUT_S = 10
+
+HINT_UNREACHABLE = "Check DATABASE_URL (host, port, user, database) and that Postgres is running."
+HINT_NO_TABLES = "Run `vultrscale db init` against this DATABASE_URL first."
+HINT_PRIVILEGE = "Check that this database user may read and write the vultrscale tables."
+
+
+def translate(exc: psycopg.Error, doing: str, url: str = "") -> DatabaseError:
+    """The project's error for a psycopg error met while ``doing`` something."""
+    line = first_line(exc, [url])
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return DatabaseError(
+            f"{doing}: the vultrscale tables are missing ({line})", hint=HINT_NO_TABLES
+        )
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return DatabaseError(f"{doing}: {line}", hint=HINT_PRIVILEGE)
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseError(f"{doing}: {line}", hint=HINT_UNREACHABLE)
+    return DatabaseError(f"{doing}: {line}")
+
+
+@contextmanager
+def translated(doing: str, url: str = "") -> Iterator[None]:
+    """Run the block; a psycopg error leaves it as a ``DatabaseError``."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate(exc, doing, url) from None
+
+
+def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A connection to ``url`` with the project's connect timeout (``kwargs`` go to psycopg)."""
+    kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    with translated(f"cannot reach the database at {mask_url(url)}", url):
+        return psycopg.connect(url, autocommit=autocommit, **kwargs)
+
+
+@contextmanager
+def session(url: str, doing: str, *, autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    """Connect, run the block, close; psycopg errors inside become ``DatabaseError``s."""
+    conn = connect(url, autocommit=autocommit)
+    try:
+        with translated(doing, url), conn:
+            yield conn
+    finally:
+        conn.close()

@@ -1,0 +1,244 @@
+"""The workers' own database role: least privilege by default.
+
+User-data is readable by any process on an instance, so the database login it carries must
+be able to do what the worker runtime does and nothing more. ``vultrscale db init`` creates
+(or updates) the role named by ``worker.db_role`` and grants it exactly ``WORKER_GRANTS``,
+revoking anything else it holds on the schema's tables, on every run: an upgrade that adds a
+statement to the runtime adds a line to ``WORKER_GRANTS`` and the next ``db init`` applies it.
+The scaler's tables (``SCALER_TABLES``) are never granted.
+
+The role's password comes from the environment like every secret: the password inside
+``WORKER_DATABASE_URL`` when that URL logs in as the role. It is hashed on this side (libpq's
+``PQencryptPasswordConn``) before it is sent, so not even the server's statement log sees it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from vultrscale.config import Config, worker_login
+from vultrscale.db import schema
+from vultrscale.errors import DatabaseError, UsageError, first_line, url_password, url_user
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Privileges on one table or view; ``columns`` limits them to those columns."""
+
+    on: str
+    privileges: tuple[str, ...]
+    columns: tuple[str, ...] = ()
+
+
+# What the worker runtime's statements need (vultrscale/db/queue.py, used by vultrscale/worker/):
+# claim, lease renewal, complete, fail and dead-lettering, give back, reaping expired leases,
+# steps, and registering/heartbeating in `workers`. Extend it here when the runtime gains a
+# statement. FOR UPDATE / FOR SHARE need UPDATE on some column, which each locked table has.
+WORKER_GRANTS: tuple[Grant, ...] = (
+    Grant("jobs", ("SELECT",)),
+    Grant("jobs", ("UPDATE",), ("state", "attempts", "run_at", "finished_at", "last_error")),
+    Grant("job_leases", ("SELECT", "INSERT", "DELETE")),
+    Grant("job_leases", ("UPDATE",), ("worker_id", "token", "leased_at", "expires_at")),
+    Grant("job_steps", ("SELECT", "INSERT")),
+    # save_step's ON CONFLICT DO UPDATE keeps the saved result (result = job_steps.result).
+    Grant("job_steps", ("UPDATE",), ("result",)),
+    Grant("workers", ("SELECT", "INSERT")),
+    Grant(
+        "workers",
+        ("UPDATE",),
+        ("instance_label", "started_at", "last_seen", "stopped_at", "draining"),
+    ),
+    # register_worker: is the scaler draining my instance? (schema v5; not fleet_instances)
+    Grant("draining_instance_labels", ("SELECT",)),
+)
+
+SCALER_TABLES = (
+    "fleet_instances",
+    "fleet_events",
+    "fleet_state",
+    "fleet_snapshots",
+    "vultrscale_schema",
+)
+"""The scaler's own tables: the workers' role gets no privilege on them."""
+
+_ROLE_HINT = (
+    "The DATABASE_URL user must own the schema and have CREATEROLE; or set "
+    'worker.db_role = "" and manage the workers\' role yourself.'
+)
+
+
+def _check_role(conn: psycopg.Connection, role: str) -> bool:
+    """Whether ``role`` exists; UsageError if it is the scaler's own or a superuser."""
+    row = conn.execute("SELECT current_user").fetchone()
+    if row and row[0] == role:
+        raise UsageError(
+            f"worker.db_role = {role} is the role DATABASE_URL logs in as (the scaler's own)",
+            hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
+        )
+    row = conn.execute(
+        "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = %s", (role,)
+    ).fetchone()
+    if row and row[0]:
+        raise UsageError(
+            f"worker.db_role = {role} is a superuser (or bypasses row security): no grant "
+            "could limit it",
+            hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
+        )
+    owns = conn.execute(
+        "SELECT 1 FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner"
+        " WHERE r.rolname = %s AND c.relnamespace = current_schema()::regnamespace LIMIT 1",
+        (role,),
+    ).fetchone()
+    if owns:
+        raise UsageError(
+            f"worker.db_role = {role} owns tables in this schema: revoking its grants would "
+            "strip the owner",
+            hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
+        )
+    return row is not None
+
+
+def apply_worker_role(conn: psycopg.Connection, role: str, password: str | None) -> bool:
+    """Create or update ``role`` with exactly ``WORKER_GRANTS``; True if it was created.
+
+    Runs in the caller's transaction (``db init`` holds the schema lock): all or nothing.
+    """
+    exists = _check_role(conn, role)
+    ident = sql.Identifier(role)
+    verb = sql.SQL("ALTER" if exists else "CREATE")
+    conn.execute(sql.SQL("{} ROLE {} LOGIN").format(verb, ident))
+    if password:
+        hashed = conn.pgconn.encrypt_password(password.encode(), role.encode())
+        conn.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(ident, sql.Literal(hashed.decode()))
+        )
+    row = conn.execute("SELECT current_schema(), current_database()").fetchone()
+    assert row is not None
+    nsp, db = sql.Identifier(row[0]), sql.Identifier(row[1])
+    # Usually PUBLIC has both already; granting only when missing needs no ownership.
+    can = conn.execute(
+        "SELECT has_database_privilege(%(r)s, current_database(), 'CONNECT'),"
+        " has_schema_privilege(%(r)s, current_schema(), 'USAGE')",
+        {"r": role},
+    ).fetchone()
+    assert can is not None
+    if not can[0]:
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, ident))
+    if not can[1]:
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(nsp, ident))
+    for stmt in (
+        # Exactly the list: whatever an earlier version (or a person) granted goes first.
+        # Revoking a table's privileges revokes its column privileges too.
+        "REVOKE ALL ON ALL TABLES IN SCHEMA {nsp} FROM {role}",
+        "REVOKE ALL ON ALL SEQUENCES IN SCHEMA {nsp} FROM {role}",
+        "REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {nsp} FROM {role}",
+    ):
+        conn.execute(sql.SQL(stmt).format(db=db, nsp=nsp, role=ident))
+    for g in WORKER_GRANTS:
+        privileges = sql.SQL(", ").join(
+            sql.SQL(p + " ({})").format(sql.SQL(", ").join(map(sql.Identifier, g.columns)))
+            if g.columns
+            else sql.SQL(p)
+            for p in g.privileges
+        )
+        conn.execute(
+            sql.SQL("GRANT {} ON {} TO {}").format(privileges, sql.Identifier(g.on), ident)
+        )
+    return not exists
+
+
+def init_database(database_url: str, cfg: Config) -> list[str]:
+    """``vultrscale db init``: migrate the schema, then create or update the workers' role.
+
+    Returns the lines to print; the password is never among them.
+    """
+    lines = [f"Schema is at version {schema.migrate(database_url)}."]
+    role = cfg.worker.db_role
+    if not role:
+        return [
+            *lines,
+            'worker.db_role is "": no role managed for the workers. Grant theirs only what '
+            "vultrscale.db.roles.WORKER_GRANTS lists.",
+        ]
+    worker_url = cfg.secrets.worker_database_url.reveal()
+    password = url_password(worker_url) if url_user(worker_url) == role else None
+    with schema.locked(database_url, f"setting up the workers' role {role}", _ROLE_HINT) as conn:
+        created = apply_worker_role(conn, role, password)
+    lines.append(
+        f"Workers' role {role} {'created' if created else 'updated'}: it may claim, heartbeat, "
+        "finish and give back jobs, save steps and register workers; it has no privilege on "
+        f"{', '.join(SCALER_TABLES)}."
+    )
+    if password:
+        lines.append(f"Its password was set from WORKER_DATABASE_URL (which logs in as {role}).")
+    else:
+        lines.append(
+            f"To set its password: put it in WORKER_DATABASE_URL=postgresql://{role}:PASSWORD@"
+            "HOST:5432/DB (an address the instances reach; in .env or the environment) and run "
+            f"`vultrscale db init` again, or run \\password {role} in psql."
+        )
+    return lines
+
+
+@dataclass(frozen=True)
+class WorkerAccess:
+    """What ``config check`` reports about the workers' database login."""
+
+    role: str | None
+    source: str
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+def worker_access(cfg: Config) -> WorkerAccess:
+    """Which role the workers use; warnings when it can write the scaler's tables (asked of
+    the database at DATABASE_URL when it is set and reachable)."""
+    login = worker_login(cfg)
+    scaler_url = cfg.secrets.database_url.reveal()
+    if not login.role or not scaler_url or login.role == url_user(scaler_url):
+        return WorkerAccess(login.role, login.source, login.warnings)
+    try:
+        writable = scaler_tables_writable(scaler_url, login.role)
+    except DatabaseError as exc:
+        note = f"could not check what {login.role} may do: {exc.message}"
+        return WorkerAccess(login.role, login.source, login.warnings, (note,))
+    if writable is None:
+        return WorkerAccess(
+            login.role,
+            login.source,
+            (*login.warnings, f"role {login.role} does not exist yet: run `vultrscale db init`"),
+        )
+    extra = (
+        (
+            f"role {login.role} can write the scaler's tables ({', '.join(writable)}): run "
+            "`vultrscale db init` to limit a role it manages, or revoke those grants",
+        )
+        if writable
+        else ()
+    )
+    return WorkerAccess(login.role, login.source, (*login.warnings, *extra))
+
+
+def scaler_tables_writable(database_url: str, role: str) -> list[str] | None:
+    """The scaler's tables ``role`` may change (INSERT, UPDATE, DELETE or TRUNCATE) at
+    ``database_url``; None if the role does not exist there."""
+    try:
+        with psycopg.connect(database_url, connect_timeout=5) as conn:
+            found = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+            if found is None:
+                return None
+            rows = conn.execute(
+                """
+                SELECT t FROM unnest(%(tables)s::text[]) AS t
+                WHERE to_regclass(t) IS NOT NULL
+                  AND (has_table_privilege(%(role)s, t, 'DELETE, TRUNCATE')
+                       OR has_any_column_privilege(%(role)s, t, 'INSERT, UPDATE'))
+                """,
+                {"tables": list(SCALER_TABLES), "role": role},
+            ).fetchall()
+    except psycopg.Error as exc:
+        raise DatabaseError(first_line(exc, [database_url])) from exc
+    return [str(r[0]) for r in rows]

@@ -1,0 +1,306 @@
+"""The life of one fleet instance, decided. Pure: values and ``now`` in, values out.
+
+Three decisions live here, beside ``policy.decide`` (which sizes the fleet):
+
+- the ledger state machine: a ledger row, what Vultr lists, whether its worker was seen and
+  how long ago things happened -> the row's next state (``sync``);
+- the drain verdicts: what `systemctl is-active` said (or why it could not be asked), how long
+  the drain has run and the leases its worker holds -> delete, wait, send the stop again, or
+  report an error (``drain_step``);
+- replacement: a stuck instance is deleted only when its worker holds no live lease
+  (``may_replace``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from vultrscale.model import InstanceState, LedgerRow, ServiceState, WorkerView
+
+# A create intent whose instance never shows up in the tagged list within this time is dead:
+# the POST failed before Vultr acted (or never happened).
+CREATE_VISIBILITY_GRACE = timedelta(minutes=5)
+# Vultr sometimes answers 404 / omits an instance from lists just after a create.
+POST_VISIBILITY_GRACE = timedelta(minutes=3)
+# Past drain.timeout, wait this much more before deleting a drain that never reported stopped.
+DRAIN_MARGIN = timedelta(seconds=30)
+# A worker heartbeat older than this (on the database's clock) does not count as "seen":
+# booting -> running needs one, and a running instance without one is no longer capacity.
+WORKER_SEEN_WITHIN = timedelta(minutes=5)
+
+_BOOT_ORDER = {
+    InstanceState.CREATING: 0,
+    InstanceState.PENDING: 1,
+    InstanceState.BOOTING: 2,
+    InstanceState.RUNNING: 3,
+}
+NO_TARGET = "no address or pinned host key"
+
+
+class Listed(Protocol):
+    """An instance as the cloud lists it (``vultr.models.VInstance`` is one)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def server_status(self) -> str: ...
+    @property
+    def main_ip(self) -> str: ...
+    @property
+    def internal_ip(self) -> str: ...
+    @property
+    def plan(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def date_created(self) -> datetime | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A ledger change: ``row`` moves to ``state`` (or, with ``adopt``, is inserted)."""
+
+    label: str
+    state: InstanceState
+    note: str
+    instance_id: str | None = None  # learnt from the cloud; None: unchanged
+    main_ip: str | None = None
+    internal_ip: str | None = None
+    error: str | None = None
+    adopt: bool = False
+    address_only: bool = False  # same state, a new address
+
+
+def worker_seen(workers: Mapping[str, WorkerView], label: str) -> bool:
+    """The instance's worker heartbeated within WORKER_SEEN_WITHIN (the database's clock)."""
+    w = workers.get(label)
+    return w is not None and w.seen
+
+
+def boot_state(v: Listed, seen: bool, own_workers: bool) -> InstanceState:
+    """Where a booting instance stands: running once its worker reported in (or, for a queue
+    whose workers do not report to us, once Vultr says it is up)."""
+    if seen:
+        return InstanceState.RUNNING
+    if not own_workers and v.status == "active" and v.server_status == "ok":
+        return InstanceState.RUNNING  # no worker table to watch: the instance is up
+    return InstanceState.BOOTING if v.status == "active" else InstanceState.PENDING
+
+
+def needs_lookup(row: LedgerRow, now: datetime) -> bool:
+    """The list did not show this row's instance: must the pass GET it before calling it gone?
+    Only "not found" means gone; an intent or a fresh POST is judged by its age instead."""
+    if row.state is InstanceState.CREATING or not row.instance_id:
+        return False
+    posted = row.posted_at or row.created_at
+    return not (row.state is InstanceState.PENDING and now - posted < POST_VISIBILITY_GRACE)
+
+
+def next_state(
+    row: LedgerRow, v: Listed | None, now: datetime, *, seen: bool, own_workers: bool
+) -> tuple[InstanceState, str | None, str | None]:
+    """(new state, instance id learnt, error note) for one ledger row. ``v`` is the instance as
+    listed, or as found by a GET when the list missed it; None: not at Vultr."""
+    s = row.state
+    if v is None:
+        if s is InstanceState.CREATING:
+            if now - row.created_at > CREATE_VISIBILITY_GRACE:
+                return InstanceState.GONE, None, "create never became an instance"
+            return s, None, None
+        posted = row.posted_at or row.created_at
+        if s is InstanceState.PENDING and now - posted < POST_VISIBILITY_GRACE:
+            return s, None, None  # 404 just after create: not visible yet
+        return InstanceState.GONE, None, None
+    iid = v.id if row.instance_id != v.id else None
+    if s is InstanceState.RUNNING and own_workers and not seen:
+        # Its worker stopped heartbeating: it is no longer capacity. Back to booting, where
+        # boot_timeout replaces it if the worker does not come back (and holds no lease).
+        return InstanceState.BOOTING, iid, "worker not seen; waiting for it to come back"
+    if s in _BOOT_ORDER:
+        new = boot_state(v, seen, own_workers)
+        if _BOOT_ORDER[new] < _BOOT_ORDER[s]:
+            new = s
+        return new, iid, None
+    return s, iid, None
+
+
+def _address(v: Listed | None) -> tuple[str | None, str | None]:
+    if v is None:
+        return None, None
+    ip = v.main_ip if v.main_ip not in ("", "0.0.0.0") else None
+    return ip, v.internal_ip or None
+
+
+def sync(
+    rows: Iterable[LedgerRow],
+    listed: Mapping[str, Listed],
+    workers: Mapping[str, WorkerView],
+    now: datetime,
+    *,
+    own_workers: bool,
+) -> list[Transition]:
+    """Bring the ledger in line with the cloud: follow boots, mark gone, adopt strangers.
+
+    ``listed`` is by label: the tagged list, plus the instances a GET found that the list
+    missed (``needs_lookup``). Rows with no change give no transition."""
+    by_id = {v.id: v for v in listed.values()}
+    known: set[str] = set()
+    labels: set[str] = set()
+    out: list[Transition] = []
+    for row in rows:
+        labels.add(row.label)
+        v = by_id.get(row.instance_id) if row.instance_id else listed.get(row.label)
+        if v is not None:
+            known.add(v.id)
+        ip, internal = _address(v)
+        seen = worker_seen(workers, row.label)
+        new, iid, error = next_state(row, v, now, seen=seen, own_workers=own_workers)
+        if new is row.state and iid is None and error is None:
+            if ip and ip != row.main_ip:
+                out.append(Transition(row.label, new, "", None, ip, internal, address_only=True))
+            continue
+        note = f"{row.state.value} -> {new.value}" + (f" ({error})" if error else "")
+        out.append(Transition(row.label, new, note, iid, ip, internal, error))
+    for v in listed.values():
+        if v.id in known or v.label in labels:
+            continue
+        state = boot_state(v, worker_seen(workers, v.label), own_workers)
+        ip, internal = _address(v)
+        note = f"adopted ({state.value}): tagged at Vultr, missing from the ledger"
+        out.append(Transition(v.label, state, note, v.id, ip, internal, adopt=True))
+    return out
+
+
+def applied(
+    rows: Mapping[str, LedgerRow],
+    transitions: Iterable[Transition],
+    listed: Mapping[str, Listed],
+    fleet: str,
+    now: datetime,
+) -> dict[str, LedgerRow]:
+    """The ledger rows as they are once ``transitions`` are written (gone rows dropped)."""
+    out = dict(rows)
+    for t in transitions:
+        row = out.get(t.label)
+        if t.adopt:
+            v = listed[t.label]
+            out[t.label] = adopted_row(fleet, v, t.state, v.date_created or now, now)
+        elif row is not None:
+            out[t.label] = replace(
+                row,
+                state=t.state,
+                instance_id=t.instance_id or row.instance_id,
+                main_ip=t.main_ip or row.main_ip,
+                internal_ip=t.internal_ip or row.internal_ip,
+            )
+        if out[t.label].state is InstanceState.GONE:
+            del out[t.label]
+    return out
+
+
+def adopted_row(
+    fleet: str, v: Listed, state: InstanceState, created: datetime, now: datetime
+) -> LedgerRow:
+    """The row ``sync`` adopts for a tagged instance the ledger did not know."""
+    return LedgerRow(
+        label=v.label,
+        fleet=fleet,
+        state=state,
+        instance_id=v.id,
+        plan=v.plan,
+        region=v.region,
+        hourly_rate=None,
+        monthly_cost=None,
+        host_key=None,
+        main_ip=v.main_ip,
+        internal_ip=v.internal_ip,
+        created_at=created,
+        posted_at=created,
+        active_at=None,
+        running_at=None,
+        draining_at=None,
+        deleting_at=None,
+        gone_at=None,
+        state_since=now,
+        delete_attempts=0,
+        last_error=None,
+    )
+
+
+# --- drains ------------------------------------------------------------------------------------
+
+
+class Verdict(enum.StrEnum):
+    DELETE = "delete"  # drained (or past its deadline with no live lease): delete it now
+    WAIT = "wait"  # not yet: look again next pass
+    ERROR = "error"  # the worker could not be asked and the grace has not run out
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStep:
+    """What to do with one draining instance this pass, and why. ``restop``: send the stop
+    again (the worker is still active: the first one never arrived)."""
+
+    label: str
+    verdict: Verdict
+    why: str
+    restop: bool = False
+
+
+def drain_step(
+    label: str,
+    service: ServiceState | str,
+    waited: timedelta,
+    live: int | None,
+    *,
+    timeout: timedelta,
+    unreachable_grace: timedelta,
+) -> DrainStep:
+    """The verdict for one draining instance. ``service`` is what `systemctl is-active` said,
+    or why it could not be asked (an SSH error, or NO_TARGET); ``live`` the live leases of its
+    worker, None when the queue could not be read."""
+    deadline = timeout + DRAIN_MARGIN
+    if isinstance(service, ServiceState):
+        if service.stopped:
+            if live is None:
+                return DrainStep(
+                    label, Verdict.WAIT, f"worker {service}; queue unreadable, not deleting yet"
+                )
+            if live:
+                why = f"worker {service}; waiting for {live} live lease(s) to expire"
+                return DrainStep(label, Verdict.WAIT, why)
+            return DrainStep(label, Verdict.DELETE, f"worker {service}")
+        restop = service is ServiceState.ACTIVE
+        if waited > deadline:
+            why = f"drain past its deadline (worker {service})"
+            return _past_deadline(label, live, why, restop)
+        return DrainStep(label, Verdict.WAIT, f"draining: worker {service}", restop)
+    if waited > unreachable_grace or waited > deadline:
+        return _past_deadline(label, live, f"unreachable past its grace ({service})", False)
+    return DrainStep(label, Verdict.ERROR, f"drain check failed: {service}")
+
+
+def _past_deadline(label: str, live: int | None, why: str, restop: bool) -> DrainStep:
+    if live is None:
+        return DrainStep(label, Verdict.WAIT, f"{why}; queue unreadable, not deleting", restop)
+    if live > 0:
+        # Past the deadline the promise allows a delete; the lease will be recovered by
+        # expiry. We still wait for the lease to lapse: a live lease means a worker that
+        # heartbeats, and an instance that heartbeats is not dead.
+        why = f"{why}; worker still holds {live} live lease(s), waiting"
+        return DrainStep(label, Verdict.WAIT, why, restop)
+    return DrainStep(label, Verdict.DELETE, why, restop)
+
+
+def may_replace(live: int | None) -> bool:
+    """A stuck instance is deleted for a replacement only if its worker holds no live lease
+    (None: the queue could not be read, so nothing is known: keep it)."""
+    return live == 0

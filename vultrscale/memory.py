@@ -1,0 +1,419 @@
+"""In-memory adapters of the pass's ports: a pass with no Postgres, no HTTP and no SSH.
+
+The unit tier drives ``reconcile.run_pass`` on these with a ``FakeClock``, and the what-if
+simulator replays days of workload through them. Build a pass like this::
+
+    clock = FakeClock(start)
+    cloud = MemoryCloud(clock)                      # plan, region and snapshot preset
+    ledger = MemoryLedger("workers")                # cfg.fleet.name
+    signals = MemorySignals(Signals(ready=12, in_flight=0))
+    drain = MemoryDrain()
+    parts = memory_parts(clock, cloud, ledger, signals, drain)
+    run_pass(cfg, parts)
+
+They keep the real adapters' promises that the pass relies on (``NotFound`` for an unknown
+id, ``InstanceLocked`` while an instance is locked, the ledger's first-time transition stamps,
+an SSH failure as that host's value) and nothing more. Cheap per call: no copies of the fleet
+beyond the lists a port returns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from vultrscale.clock import Clock
+from vultrscale.errors import DatabaseError, SSHError
+from vultrscale.model import (
+    FleetState,
+    HostTarget,
+    InstanceState,
+    LedgerRow,
+    ServiceState,
+    Signals,
+    WorkerView,
+)
+from vultrscale.ports import Session
+from vultrscale.vultr.errors import InstanceLocked, NotFound
+from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
+
+if TYPE_CHECKING:
+    from vultrscale.config import Config
+    from vultrscale.reconcile import Parts
+
+PLAN = VPlan("vc2-1c-2gb", vcpu_count=1, ram=2048, monthly_cost=10.0, hourly_cost=0.015)
+
+
+class MemoryCloud:
+    """The Cloud port: instances boot ``boot_after`` after their POST (pending -> active)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        plans: Sequence[VPlan] = (PLAN,),
+        regions: dict[str, set[str]] | None = None,
+        snapshots: dict[str, str] | None = None,
+        boot_after: timedelta = timedelta(seconds=60),
+    ) -> None:
+        self.clock = clock
+        self.plans = {p.id: p for p in plans}
+        self.regions = regions if regions is not None else {"ewr": set(self.plans)}
+        self.snapshots = snapshots if snapshots is not None else {"snap-1": "complete"}
+        self.boot_after = boot_after
+        self.instances: dict[str, VInstance] = {}  # by id
+        self.locked: set[str] = set()  # ids whose DELETE answers "locked"
+        self._booting: dict[str, datetime] = {}  # id -> when it becomes active
+        self._ids = itertools.count(1)
+        self.posts = 0
+        self.deletes = 0
+
+    def _tick(self) -> None:
+        if not self._booting:
+            return
+        now = self.clock.now()
+        for iid, due in list(self._booting.items()):
+            if due <= now and iid in self.instances:
+                n = int(iid.rsplit("-", 1)[1])
+                self.instances[iid] = replace(
+                    self.instances[iid],
+                    status="active",
+                    power_status="running",
+                    server_status="ok",
+                    main_ip=f"10.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}",
+                )
+                del self._booting[iid]
+
+    def list_instances(self, tag: str | None = None) -> list[VInstance]:
+        self._tick()
+        return [v for v in self.instances.values() if tag is None or tag in v.tags]
+
+    def get_instance(self, instance_id: str) -> VInstance:
+        self._tick()
+        try:
+            return self.instances[instance_id]
+        except KeyError:
+            raise NotFound(f"instance {instance_id} not found", status=404) from None
+
+    def create_instance(
+        self,
+        *,
+        region: str,
+        plan: str,
+        label: str,
+        tags: Sequence[str],
+        snapshot_id: str | None = None,
+        user_data: str | None = None,
+        hostname: str | None = None,
+        attach_vpc: Sequence[str] = (),
+        firewall_group_id: str | None = None,
+    ) -> VInstance:
+        self.posts += 1
+        iid = f"inst-{next(self._ids)}"
+        now = self.clock.now()
+        v = VInstance(
+            id=iid,
+            label=label,
+            status="pending",
+            power_status="stopped",
+            server_status="none",
+            main_ip="0.0.0.0",
+            region=region,
+            plan=plan,
+            date_created=now,
+            tags=tuple(tags),
+            hostname=hostname or label,
+        )
+        self.instances[iid] = v
+        self._booting[iid] = now + self.boot_after
+        return v
+
+    def delete_instance(self, instance_id: str) -> None:
+        if instance_id not in self.instances:
+            raise NotFound(f"instance {instance_id} not found", status=404)
+        if instance_id in self.locked:
+            raise InstanceLocked(f"instance {instance_id} is locked", status=500)
+        self.deletes += 1
+        del self.instances[instance_id]
+
+    def get_plan(self, plan_id: str) -> VPlan:
+        try:
+            return self.plans[plan_id]
+        except KeyError:
+            raise NotFound(f"plan {plan_id} not found", status=404) from None
+
+    def region_availability(self, region: str) -> set[str]:
+        return self.regions.get(region, set())
+
+    def get_snapshot(self, snapshot_id: str) -> VSnapshot:
+        try:
+            return VSnapshot(snapshot_id, status=self.snapshots[snapshot_id])
+        except KeyError:
+            raise NotFound(f"snapshot {snapshot_id} not found", status=404) from None
+
+    def close(self) -> None:
+        pass
+
+
+_STAMP = {
+    InstanceState.PENDING: "posted_at",
+    InstanceState.BOOTING: "active_at",
+    InstanceState.RUNNING: "running_at",
+    InstanceState.DRAINING: "draining_at",
+    InstanceState.DELETING: "deleting_at",
+    InstanceState.GONE: "gone_at",
+}
+
+
+@dataclass
+class MemoryLedger:
+    """The FleetLedger port for one fleet. ``workers`` is what the ``workers`` table would say
+    (the caller keeps ``seen`` and ``live_leases`` current); ``events`` holds every recorded
+    pass; ``held_elsewhere`` makes ``lock`` answer that another pass holds it."""
+
+    fleet: str
+    instances: dict[str, LedgerRow] = field(default_factory=dict)
+    workers_by_label: dict[str, WorkerView] = field(default_factory=dict)
+    state: FleetState = field(default_factory=FleetState)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    snapshot: str | None = None
+    held_elsewhere: bool = False
+
+    def lock(self) -> bool:
+        return not self.held_elsewhere
+
+    def rows(self, since: datetime) -> list[LedgerRow]:
+        out = [
+            r
+            for r in self.instances.values()
+            if r.state is not InstanceState.GONE or (r.gone_at is not None and r.gone_at >= since)
+        ]
+        out.sort(key=lambda r: (r.created_at, r.label))
+        return out
+
+    def workers(self, labels: Sequence[str], seen_within: timedelta) -> dict[str, WorkerView]:
+        w = self.workers_by_label
+        return {label: w[label] for label in labels if label in w}
+
+    def fleet_state(self) -> FleetState:
+        return self.state
+
+    def recorded_snapshot(self) -> str | None:
+        return self.snapshot
+
+    def insert_intent(
+        self,
+        *,
+        label: str,
+        plan: str,
+        region: str,
+        hourly_rate: float,
+        monthly_cost: float,
+        host_key: str,
+        now: datetime,
+    ) -> None:
+        if label in self.instances:
+            raise DatabaseError(f"fleet ledger: label {label} exists")
+        self.instances[label] = LedgerRow(
+            label=label,
+            fleet=self.fleet,
+            state=InstanceState.CREATING,
+            instance_id=None,
+            plan=plan,
+            region=region,
+            hourly_rate=hourly_rate,
+            monthly_cost=monthly_cost,
+            host_key=host_key,
+            main_ip=None,
+            internal_ip=None,
+            created_at=now,
+            posted_at=None,
+            active_at=None,
+            running_at=None,
+            draining_at=None,
+            deleting_at=None,
+            gone_at=None,
+            state_since=now,
+            delete_attempts=0,
+            last_error=None,
+        )
+
+    def transition(
+        self,
+        label: str,
+        state: InstanceState,
+        now: datetime,
+        *,
+        instance_id: str | None = None,
+        main_ip: str | None = None,
+        internal_ip: str | None = None,
+        last_error: str | None = None,
+    ) -> None:
+        row = self.instances.get(label)
+        if row is None:
+            return  # an UPDATE of no row
+        changes: dict[str, Any] = {
+            "state": state,
+            "state_since": row.state_since if row.state is state else now,
+            "instance_id": instance_id or row.instance_id,
+            "main_ip": main_ip or row.main_ip,
+            "internal_ip": internal_ip or row.internal_ip,
+            "last_error": last_error,
+        }
+        column = _STAMP.get(state)
+        if column and getattr(row, column) is None:
+            changes[column] = now
+        self.instances[label] = replace(row, **changes)
+
+    def adopt(
+        self,
+        *,
+        label: str,
+        instance_id: str,
+        state: InstanceState,
+        plan: str,
+        region: str,
+        created_at: datetime,
+        now: datetime,
+        hourly_rate: float | None,
+        monthly_cost: float | None,
+    ) -> None:
+        from vultrscale.lifecycle import adopted_row
+
+        v = VInstance(id=instance_id, label=label, plan=plan, region=region)
+        row = adopted_row(self.fleet, v, state, created_at, now)
+        self.instances[label] = replace(
+            row,
+            hourly_rate=hourly_rate,
+            monthly_cost=monthly_cost,
+            main_ip=None,
+            internal_ip=None,
+            last_error="adopted: tagged at Vultr but missing from the ledger",
+        )
+
+    def note_error(self, label: str, error: str, *, delete: bool = False) -> None:
+        row = self.instances[label]
+        attempts = row.delete_attempts + (1 if delete else 0)
+        self.instances[label] = replace(row, last_error=error, delete_attempts=attempts)
+
+    def update_address(self, label: str, main_ip: str | None, internal_ip: str | None) -> None:
+        row = self.instances[label]
+        self.instances[label] = replace(
+            row, main_ip=main_ip or row.main_ip, internal_ip=internal_ip or row.internal_ip
+        )
+
+    def mark_workers_draining(self, labels: Iterable[str]) -> None:
+        for label in labels:
+            w = self.workers_by_label.get(label)
+            if w is not None and not w.draining:
+                self.workers_by_label[label] = replace(w, draining=True)
+
+    def mark_draining(self, label: str, now: datetime) -> None:
+        self.transition(label, InstanceState.DRAINING, now)
+        self.mark_workers_draining([label])
+
+    def save_fleet_state(
+        self,
+        now: datetime,
+        *,
+        last_scale_up: datetime | None,
+        last_scale_down: datetime | None,
+        idle_since: datetime | None,
+    ) -> None:
+        self.state = FleetState(self.state.snapshot_id, last_scale_up, last_scale_down, idle_since)
+
+    def record_event(self, **event: Any) -> None:
+        self.events.append(event)
+
+
+@dataclass
+class MemorySignals:
+    """The QueueSignals port: ``signals`` as the queue reads now; ``error`` makes them
+    unreadable (a ``DatabaseError`` with that text)."""
+
+    signals: Signals = field(default_factory=lambda: Signals(ready=0, in_flight=0))
+    error: str | None = None
+
+    def read(self) -> Signals:
+        if self.error is not None:
+            raise DatabaseError(self.error)
+        return self.signals
+
+
+@dataclass
+class MemoryStore:
+    """The Store port over a MemoryLedger and MemorySignals (one session, reused)."""
+
+    ledger: MemoryLedger
+    signals: MemorySignals
+
+    @contextmanager
+    def session(self, cfg: Config) -> Iterator[Session]:
+        yield Session(self.ledger, self.signals)
+
+
+@dataclass
+class MemoryDrain:
+    """The DrainTransport port: ``services`` is each host's `systemctl is-active` answer
+    (ACTIVE when absent); a stop makes it INACTIVE (``stop_to`` changes that). A host in
+    ``refuse`` answers every call with that SSHError, like a changed host key would."""
+
+    services: dict[str, ServiceState] = field(default_factory=dict)
+    refuse: dict[str, SSHError] = field(default_factory=dict)
+    stop_to: ServiceState = ServiceState.INACTIVE
+    stops: list[str] = field(default_factory=list)  # every label a stop was sent to
+
+    def stop_many(self, targets: list[HostTarget]) -> dict[str, SSHError | None]:
+        out: dict[str, SSHError | None] = {}
+        for t in targets:
+            err = self.refuse.get(t.label)
+            if err is None:
+                self.stops.append(t.label)
+                self.services[t.label] = self.stop_to
+            out[t.label] = err
+        return out
+
+    def is_active_many(self, targets: list[HostTarget]) -> dict[str, ServiceState | SSHError]:
+        return {
+            t.label: self.refuse.get(t.label) or self.services.get(t.label, ServiceState.ACTIVE)
+            for t in targets
+        }
+
+    def close(self) -> None:
+        pass
+
+
+def host_keys() -> Callable[[], tuple[str, str]]:
+    """A keygen that numbers its keys: no cryptography in the unit tier or the simulator."""
+    n = itertools.count(1)
+    return lambda: ("PRIVATE-KEY", f"ssh-ed25519 AAAAmemory{next(n)}")
+
+
+def memory_parts(
+    clock: Clock,
+    cloud: MemoryCloud,
+    ledger: MemoryLedger,
+    signals: MemorySignals,
+    drain: MemoryDrain,
+    *,
+    preflight: Sequence[Callable[[], object]] = (),
+    seed: int = 0,
+) -> Parts:
+    """The Parts of a pass wholly in memory."""
+    from vultrscale.reconcile import Parts
+
+    return Parts(
+        cloud=cloud,
+        store=MemoryStore(ledger, signals),
+        drain=drain,
+        clock=clock,
+        keygen=host_keys(),
+        render_user_data=lambda label, private, public: f"#cloud-config\nhostname: {label}\n",
+        preflight=preflight,
+        rng=random.Random(seed),
+    )

@@ -1,0 +1,168 @@
+"""The ports of a reconcile pass: the narrow interfaces it acts through.
+
+The pass (``vultrscale.reconcile``) knows nothing of HTTP, SQL or SSH; it talks to these.
+The adapters are ``vultr.client.VultrClient`` (Cloud), ``db.ledger.PgStore`` (Store: the
+FleetLedger and QueueSignals of one Postgres session), ``ssh.SSHDrain`` (DrainTransport) and
+``clock.SystemClock`` (Clock). ``vultrscale.memory`` holds in-memory ones for the unit tests
+and the what-if simulator.
+
+Every port raises only the project's errors: the cloud ``vultr.errors.VultrError`` (and its
+kinds), the ledger and the signals ``DatabaseError``, the drain transport returns an
+``SSHError`` per host rather than raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from vultrscale.clock import Clock as Clock  # the clock port (re-exported)
+from vultrscale.model import (
+    FleetState,
+    HostTarget,
+    InstanceState,
+    LedgerRow,
+    ServiceState,
+    Signals,
+    WorkerView,
+)
+
+if TYPE_CHECKING:
+    from vultrscale.config import Config
+    from vultrscale.errors import SSHError
+    from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
+
+
+class Cloud(Protocol):
+    """The part of the Vultr API a pass uses (``VultrClient`` is the real one)."""
+
+    def list_instances(self, tag: str | None = None) -> list[VInstance]: ...
+    def get_instance(self, instance_id: str) -> VInstance: ...
+    def create_instance(
+        self,
+        *,
+        region: str,
+        plan: str,
+        label: str,
+        tags: Sequence[str],
+        snapshot_id: str | None = None,
+        user_data: str | None = None,
+        hostname: str | None = None,
+        attach_vpc: Sequence[str] = (),
+        firewall_group_id: str | None = None,
+    ) -> VInstance: ...
+    def delete_instance(self, instance_id: str) -> None: ...
+    def get_plan(self, plan_id: str) -> VPlan: ...
+    def region_availability(self, region: str) -> set[str]: ...
+    def get_snapshot(self, snapshot_id: str) -> VSnapshot: ...
+    def close(self) -> None:
+        """Release connections; the pass's owner calls it (the CLI, the demo), never a pass."""
+        ...
+
+
+class FleetLedger(Protocol):
+    """The fleet's own records (``fleet_instances``, ``fleet_state``, ``fleet_events``, the
+    pass lock and the workers' draining flags), bound to one fleet."""
+
+    def lock(self) -> bool:
+        """Take the fleet's pass lock for this session; False if another pass holds it."""
+        ...
+
+    def rows(self, since: datetime) -> list[LedgerRow]:
+        """Every row not gone, plus the rows gone at or after ``since``."""
+        ...
+
+    def workers(self, labels: Sequence[str], seen_within: timedelta) -> dict[str, WorkerView]: ...
+    def fleet_state(self) -> FleetState: ...
+    def recorded_snapshot(self) -> str | None: ...
+    def insert_intent(
+        self,
+        *,
+        label: str,
+        plan: str,
+        region: str,
+        hourly_rate: float,
+        monthly_cost: float,
+        host_key: str,
+        now: datetime,
+    ) -> None: ...
+    def transition(
+        self,
+        label: str,
+        state: InstanceState,
+        now: datetime,
+        *,
+        instance_id: str | None = None,
+        main_ip: str | None = None,
+        internal_ip: str | None = None,
+        last_error: str | None = None,
+    ) -> None: ...
+    def adopt(
+        self,
+        *,
+        label: str,
+        instance_id: str,
+        state: InstanceState,
+        plan: str,
+        region: str,
+        created_at: datetime,
+        now: datetime,
+        hourly_rate: float | None,
+        monthly_cost: float | None,
+    ) -> None: ...
+    def note_error(self, label: str, error: str, *, delete: bool = False) -> None: ...
+    def update_address(self, label: str, main_ip: str | None, internal_ip: str | None) -> None: ...
+    def mark_workers_draining(self, labels: Iterable[str]) -> None: ...
+    def mark_draining(self, label: str, now: datetime) -> None: ...
+    def save_fleet_state(
+        self,
+        now: datetime,
+        *,
+        last_scale_up: datetime | None,
+        last_scale_down: datetime | None,
+        idle_since: datetime | None,
+    ) -> None: ...
+    def record_event(
+        self,
+        *,
+        at: datetime,
+        dry_run: bool,
+        inputs: dict[str, Any] | None,
+        plan: dict[str, Any] | None,
+        actions: list[dict[str, Any]],
+        results: list[dict[str, Any]],
+        errors: list[str],
+        exit_code: int,
+    ) -> None: ...
+
+
+class QueueSignals(Protocol):
+    """The queue's numbers; raises ``DatabaseError`` when they cannot be read (never guesses)."""
+
+    def read(self) -> Signals: ...
+
+
+class Session(NamedTuple):
+    """What a pass holds open while it runs: the ledger and the queue signals."""
+
+    ledger: FleetLedger
+    signals: QueueSignals
+
+
+class Store(Protocol):
+    """Opens one session per pass (one Postgres connection for the real store)."""
+
+    def session(self, cfg: Config) -> AbstractContextManager[Session]: ...
+
+
+class DrainTransport(Protocol):
+    """The SSH side of scale-in (``vultrscale.ssh.SSHDrain`` is the real one). A failure on one
+    host is that host's value in the answer, never an exception."""
+
+    def stop_many(self, targets: list[HostTarget]) -> dict[str, SSHError | None]: ...
+
+    def is_active_many(self, targets: list[HostTarget]) -> dict[str, ServiceState | SSHError]: ...
+
+    def close(self) -> None: ...
