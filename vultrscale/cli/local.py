@@ -43,7 +43,9 @@ def demo_cmd(
     no_live: Annotated[
         bool,
         typer.Option(
-            "--no-live", help="Plain log lines instead of the live fleet view.", show_default=False
+            "--no-live",
+            help="Timestamped log lines even on a terminal (elsewhere they are the default).",
+            show_default=False,
         ),
     ] = False,
     as_json: JsonFlag = False,
@@ -58,9 +60,12 @@ def demo_cmd(
     """The whole system on this machine: Postgres, the Vultr simulator, instances running real
     workers behind SSH, a bursty workload and the reconcile loop. Exit 0 when no job was lost
     and the fleet came back down."""
+    import contextlib
     import signal
     import threading
     from pathlib import Path
+
+    from rich.live import Live
 
     from vultrscale import demo
     from vultrscale.cli import views
@@ -74,6 +79,9 @@ def demo_cmd(
     # with --json, stdout carries only the summary
     out = views.console(stderr=as_json)
     stop = threading.Event()
+    # The live view only on a terminal: elsewhere rich would hold every frame back to the end.
+    live = None if no_live or not out.is_terminal else Live(console=out, auto_refresh=False)
+    view = views.DemoView(live) if live is not None else views.DemoLog(out)
 
     def _stop(signum: int, frame: object) -> None:
         # The first signal ends the run after the current pass, cleanly; a second one hurries
@@ -81,25 +89,17 @@ def demo_cmd(
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        out.print("Stopping: cleaning up; press Ctrl-C again to stop at once.", style="yellow")
+        view.say(views.STOPPING)
 
     # also SIGINT: a shell starts a background job with SIGINT ignored
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _stop)
     url = os.environ.get("DATABASE_URL", "").strip() or None
-    say = views.say_plain(out)
-    if no_live:
-        summary = demo.run(
-            settings, database_url=url, on_tick=views.demo_log(say), say=say, stop=stop
-        )
-    else:
-        from rich.live import Live
-
-        with Live(console=out, auto_refresh=False, transient=False) as live:
-            view = views.DemoView(live)
-            summary = demo.run(
-                settings, database_url=url, on_tick=view.update, say=view.say, stop=stop
-            )
+    with contextlib.ExitStack() as drawing:
+        if live is not None:
+            drawing.enter_context(views.keys_not_echoed())
+            drawing.enter_context(live)
+        summary = demo.run(settings, database_url=url, on_tick=view.update, say=view.say, stop=stop)
     if as_json:
         print_json(summary.to_json())
     else:
