@@ -319,7 +319,7 @@ def phrase_lines(head: str, phrases: list[str], width: int) -> list[str]:
 def print_demo_summary(out: Console, s: Summary) -> None:
     width = min(out.width, 80)
     verdict = Text("OK", style="green") if s.ok else Text("FAILED", style="red")
-    out.print(Text("\nDemo summary", style="bold") + Text(f" ({s.wall_seconds:.0f}s): ") + verdict)
+    out.print(Text.assemble(("\nDemo summary", "bold"), f" ({s.wall_seconds:.0f}s): ", verdict))
     blocks = [
         (
             "  jobs: ",
