@@ -109,7 +109,90 @@ def demo_cmd(
     return 0 if summary.ok else EXIT_RUNTIME
 
 
-# `simulate` and `init` are registered here by the branches that build them.
+# `simulate` is registered here by the branch that builds it.
+
+
+@app.command(
+    "init",
+    epilog=examples(
+        "vultrscale init",
+        "vultrscale init --defaults --region fra --plan vc2-2c-4gb",
+        "vultrscale --config prod/vultrscale.toml init --force",
+    ),
+)
+def init_cmd(
+    defaults: Annotated[
+        bool,
+        typer.Option(
+            "--defaults",
+            help="Ask nothing (for scripts): the defaults or the options below.",
+            show_default=False,
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Overwrite the files when they exist.", show_default=False),
+    ] = False,
+    region: Annotated[
+        str | None,
+        typer.Option(
+            "--region", metavar="ID", help=shown("Vultr region.", "ewr"), show_default=False
+        ),
+    ] = None,
+    plan: Annotated[
+        str | None,
+        typer.Option(
+            "--plan", metavar="ID", help=shown("Vultr plan.", "vc2-1c-2gb"), show_default=False
+        ),
+    ] = None,
+    snapshot: Annotated[
+        str | None,
+        typer.Option(
+            "--snapshot",
+            metavar="ID",
+            help=shown(
+                "Snapshot new instances boot from.", "the one `vultrscale snapshot` records"
+            ),
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Write a commented vultrscale.toml and a .env template (mode 0600, placeholders for the
+    secrets) for a real fleet, where --config points (default ./vultrscale.toml). On a terminal
+    it asks for the region, plan and snapshot, listing Vultr's choices when VULTR_API_KEY is
+    set. It never asks for secrets: fill them into the .env."""
+    from dataclasses import replace
+
+    from vultrscale import scaffold
+    from vultrscale.cli._common import state
+    from vultrscale.config import DEFAULT_API_URL, resolve_config_path
+
+    path, _ = resolve_config_path(state.config_path, os.environ)
+    scaffold.refuse_existing(path, force=force)
+    given = {"region": region, "plan": plan, "snapshot_id": snapshot}
+    answers = replace(scaffold.Answers(), **{k: v for k, v in given.items() if v is not None})
+    if not defaults and sys.stdin.isatty() and sys.stdout.isatty():
+        key = os.environ.get("VULTR_API_KEY", "").strip()
+        catalog = None
+        if key:
+            from vultrscale.vultr.client import VultrClient
+
+            url = os.environ.get("VULTR_API_URL", "").strip() or DEFAULT_API_URL
+            client = VultrClient(key, url, max_attempts=2)
+            catalog = scaffold.ApiCatalog(client)
+        else:
+            typer.echo("VULTR_API_KEY is not set: type the values (set it to pick from lists).")
+        try:
+            answers = scaffold.ask(
+                lambda q, d: str(typer.prompt(q, default=d)), typer.echo, catalog, answers
+            )
+        finally:
+            if catalog is not None:
+                catalog.client.close()
+    elif not defaults:
+        typer.echo("No terminal to ask on: writing the defaults and the options given.")
+    for line in scaffold.next_steps(scaffold.write(path, answers, force=force)):
+        typer.echo(line)
 
 
 @sim_app.command(
