@@ -64,6 +64,7 @@ def test_demo_scales_up_and_back_down_without_losing_a_job(pg_url: str, tmp_path
     )
     why = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-4000:]}\n{worker_logs}"
     assert proc.returncode == 0, why
+    assert proc.stderr.endswith("\n"), why  # the timestamped lines, each ended
     doc = json.loads(proc.stdout)
     assert doc["ok"] and doc["finished"] and doc["problems"] == [], why
 

@@ -235,3 +235,13 @@ def test_the_live_view_turns_key_echo_off_and_restores_it() -> None:
 def test_off_a_terminal_key_echo_is_left_alone() -> None:
     with views.keys_not_echoed(io.StringIO()):
         pass
+
+
+def test_the_summary_paints_nothing_of_its_own_accord() -> None:
+    """rich's highlighter would colour ``up`` in ``scale-up(s)`` and the numbers."""
+    buffer = io.StringIO()
+    out = Console(file=buffer, width=80, force_terminal=True, color_system="truecolor")
+    views.print_demo_summary(out, _summary())
+    for line in buffer.getvalue().splitlines():
+        if line.startswith(("  jobs:", "  fleet:", "  instance time:", "  workers:", "  SSH:")):
+            assert "\x1b" not in line, repr(line)

@@ -369,7 +369,7 @@ def print_demo_summary(out: Console, s: Summary) -> None:
     ]
     for head, phrases in blocks:
         for line in phrase_lines(head, phrases, width):
-            out.print(line, markup=False)
+            out.print(line, markup=False, highlight=False)
     for problem in s.problems:
         out.print(Text("  problem: ", style="red") + plain(problem))
 
