@@ -89,7 +89,8 @@ def demo_cmd(
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        view.say(views.STOPPING)
+        # Said from a thread: this handler may have interrupted a redraw holding the console.
+        threading.Thread(target=view.say, args=(views.STOPPING,), daemon=True).start()
 
     # also SIGINT: a shell starts a background job with SIGINT ignored
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -184,7 +185,10 @@ def init_cmd(
             typer.echo("VULTR_API_KEY is not set: type the values (set it to pick from lists).")
         try:
             answers = scaffold.ask(
-                lambda q, d: str(typer.prompt(q, default=d)), typer.echo, catalog, answers
+                lambda q, d: str(typer.prompt(q, default=d, show_default=bool(d))),
+                typer.echo,
+                catalog,
+                answers,
             )
         finally:
             if catalog is not None:
