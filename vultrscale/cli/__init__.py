@@ -53,6 +53,11 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("enqueue", "vultrscale.cli.queue", "Put jobs on the queue."),
     Entry("init", "vultrscale.cli.local", "Write a vultrscale.toml and .env for a real fleet."),
     Entry("sim", "vultrscale.cli.local", "The Vultr API simulator."),
+    Entry(
+        "simulate",
+        "vultrscale.cli.local",
+        "Replay a workload through the real pass; compare policies and tune.",
+    ),
     Entry("config", "vultrscale.cli.local", "Check the configuration."),
 )
 
