@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,6 +64,7 @@ def test_demo_scales_up_and_back_down_without_losing_a_job(pg_url: str, tmp_path
     )
     why = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-4000:]}\n{worker_logs}"
     assert proc.returncode == 0, why
+    assert proc.stderr.endswith("\n"), why  # the timestamped lines, each ended
     doc = json.loads(proc.stdout)
     assert doc["ok"] and doc["finished"] and doc["problems"] == [], why
 
@@ -120,11 +122,12 @@ def test_demo_scales_up_and_back_down_without_losing_a_job(pg_url: str, tmp_path
 
 def test_an_interrupted_demo_cleans_up_and_exits_130(pg_url: str, tmp_path: Path) -> None:
     """Ctrl-C while instances run: the run ends after the pass, every worker and the SSH
-    servers stop, the summary says what was left, and the exit code is 130."""
+    servers stop, the summary says what was left, and the exit code is 130. Its stdout is a
+    pipe, so the demo writes timestamped lines as they happen (read here while it runs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VULTRSCALE_")}
     env["DATABASE_URL"] = pg_url
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vultrscale.cli", "demo", "--no-live", "--bursts", "0:8"],
+        [sys.executable, "-m", "vultrscale.cli", "demo", "--bursts", "0:8"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -140,6 +143,8 @@ def test_an_interrupted_demo_cleans_up_and_exits_130(pg_url: str, tmp_path: Path
     try:
         wait_for(lambda: any("-> running" in line for line in lines), "a worker up", timeout=60)
         workers = wait_for(lambda: _processes_using(pg_url), "worker processes", timeout=10)
+        assert proc.poll() is None, "".join(lines)  # the lines came while the demo ran
+        assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in list(lines)), lines
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
     finally:
@@ -149,6 +154,7 @@ def test_an_interrupted_demo_cleans_up_and_exits_130(pg_url: str, tmp_path: Path
     reader.join(timeout=5)
     text = "".join(lines)
     assert code == 130, text
+    assert "press Ctrl-C again to stop at once" in text, text
     assert "Stopping: cleaning up" in text and "problem: interrupted" in text, text
     assert _processes_using(pg_url) == [], f"left running (were {workers}):\n{text}"
 
