@@ -238,7 +238,9 @@ def print_demo_summary(out: Console, s: Summary) -> None:
     out.print(f"\n[bold]Demo summary[/bold] ({s.wall_seconds:.0f}s): {verdict}")
     out.print(
         f"  jobs: {s.enqueued} enqueued, {s.succeeded} succeeded, {s.failed} failed, "
-        f"{s.dead} dead, [bold]{s.lost} lost[/bold] ({s.retried} needed a retry)"
+        f"{s.dead} dead, [bold]{s.lost} lost[/bold] ({s.retried} needed a retry); "
+        f"{s.waiting} still queued, {s.given_back} given back by stopping workers; "
+        f"[bold]{s.steps_run_twice} step(s) run twice[/bold]"
     )
     out.print(
         f"  fleet: peak {s.peak} of max {s.max_instances}, {s.created} created, "
@@ -255,6 +257,10 @@ def print_demo_summary(out: Console, s: Summary) -> None:
         f"SSH: {s.ssh['stop']} stop, {s.ssh['is_active']} is-active, "
         f"{s.ssh['refused_commands'] + s.ssh['refused_logins']} refused"
     )
+    if s.chaos:
+        out.print(f"  faults injected: {len(s.faults)}")
+        for f in s.faults:
+            out.print(plain(f"    {f.at:6.1f}s  {f.kind}: {f.target}"))
     for problem in s.problems:
         out.print(Text("  problem: ", style="red") + plain(problem))
 
