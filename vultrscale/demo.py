@@ -498,7 +498,8 @@ class _Run:
             snapshot = self.bake(sim, client)
             cfg = replace(cfg, fleet=replace(cfg.fleet, snapshot_id=snapshot))
 
-            self.execution_log = tmp / "executions.log"
+            logs.mkdir(parents=True, exist_ok=True)
+            self.execution_log = logs / "executions.log"  # kept with the logs: `--logs`
             self.queue_name = queue_name
             parts = Parts(
                 cloud=client,
