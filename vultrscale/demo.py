@@ -55,6 +55,9 @@ TAG = "vultrscale-demo"
 PLAN, REGION = "vc2-1c-2gb", "ewr"
 APP = "vultrscale.worker.examples:three_steps"  # three saved steps per job
 TERMINAL = ("succeeded", "failed", "dead")
+# How often the chaos thread looks for faults that are due: often enough to catch a worker
+# in a job of a second or two.
+FAULT_CHECK_SECONDS = 0.25
 # The line a worker logs for each job it gives back when it stops (worker/runtime.py).
 GIVEN_BACK = re.compile(r"^.*job \d+: given back to the queue", re.MULTILINE)
 
@@ -534,7 +537,16 @@ class _Run:
                 chaos = Chaos(schedule(s.seed), sim, hosts, s.seed)
                 chaos.arm(0.0)
                 self.note_faults(chaos)
-                self.pass_processes(conn, cfg, chaos, self.pass_command(cfg, tmp, api_key, db_url))
+                injector = threading.Thread(
+                    target=self.inject_faults, args=(chaos, db_url), name="chaos", daemon=True
+                )
+                injector.start()
+                try:
+                    command = self.pass_command(cfg, tmp, api_key, db_url)
+                    self.pass_processes(conn, cfg, chaos, command)
+                finally:
+                    self.stop.set()
+                    injector.join(timeout=10)
             else:
                 run_forever(
                     cfg,
@@ -574,16 +586,10 @@ class _Run:
         chaos: Any,
         command: tuple[list[str], dict[str, str]],
     ) -> None:
-        """The reconcile loop of a chaos run: each pass a process, some SIGKILLed, faults
-        injected before each pass."""
-        from vultrscale.db import pg
-
+        """The reconcile loop of a chaos run: each pass a process, some SIGKILLed."""
         argv, env = command
         while not self.stop.is_set():
             began = time.monotonic()
-            with pg.translated("the demo lost its database"):
-                busy = self.busy_workers(conn)
-            chaos.inject_due(began - self.started, busy)
             run = chaos.run_pass(argv, env, began - self.started)
             seen, error = None, None
             if run.code is not None:
@@ -601,18 +607,28 @@ class _Run:
                 self.stop.wait(remaining)
 
     def note_faults(self, chaos: Any) -> None:
-        for fault in chaos.faults[self.faults_noted :]:
+        faults = chaos.injected()
+        for fault in faults[self.faults_noted :]:
             self.note(f"chaos: {fault.kind}: {fault.target}")
-        self.faults_noted = len(chaos.faults)
+        self.faults_noted = len(faults)
 
-    def busy_workers(self, conn: Any) -> set[str]:
-        """The workers (by id, the instance label) holding a lease on this run's jobs."""
-        rows = conn.execute(
-            "SELECT DISTINCT l.worker_id FROM job_leases l JOIN jobs j ON j.id = l.job_id "
-            "WHERE j.queue = %s",
-            (self.queue_name,),
-        ).fetchall()
-        return {str(r[0]) for r in rows}
+    def inject_faults(self, chaos: Any, db_url: str) -> None:
+        """The chaos thread: the faults whose time has come, checked a few times a second
+        (on a connection of its own), so that a worker is killed while it holds a job."""
+        from vultrscale.db import pg
+
+        try:
+            with pg.session(db_url, "the chaos thread lost its database") as conn:
+                while not self.stop.wait(FAULT_CHECK_SECONDS):
+                    # the workers (by id: the instance label) holding a lease on this run's jobs
+                    rows = conn.execute(
+                        "SELECT DISTINCT l.worker_id FROM job_leases l JOIN jobs j "
+                        "ON j.id = l.job_id WHERE j.queue = %s",
+                        (self.queue_name,),
+                    ).fetchall()
+                    chaos.inject_due(time.monotonic() - self.started, {str(r[0]) for r in rows})
+        except VultrscaleError as exc:  # the main loop meets the same database and says so
+            self.note(f"chaos: stopped injecting: {exc.message}")
 
     def bake(self, sim: Any, client: Any) -> str:
         """The fleet's base image: a snapshot of a (simulated) Debian instance."""
@@ -777,7 +793,7 @@ class _Run:
             ended_by=ended_by,
             problems=problems,
             chaos=chaos is not None,
-            faults=list(chaos.faults) if chaos is not None else [],
+            faults=chaos.injected() if chaos is not None else [],
         )
 
 

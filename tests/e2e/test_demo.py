@@ -191,13 +191,13 @@ def test_demo_chaos_injects_every_fault_and_still_loses_nothing(
     the fleet comes back to zero."""
     from vultrscale.sim.chaos import KINDS
 
-    doc, why = _run_demo(pg_url, tmp_path, "--chaos", "--seed", "1", "--bursts", "0:12")
+    doc, why = _run_demo(pg_url, tmp_path, "--chaos", "--seed", "1", "--bursts", "0:16")
     assert doc["exit_code"] == 0 and doc["ok"] and doc["finished"], why
     kinds = {f["kind"] for f in doc["faults"]}
     assert kinds == set(KINDS), why
     assert all(f["target"] and f["at"] >= 0 for f in doc["faults"]), why
     jobs = doc["jobs"]
-    assert jobs == {**jobs, "enqueued": 12, "succeeded": 12, "lost": 0, "steps_run_twice": 0}
+    assert jobs == {**jobs, "enqueued": 16, "succeeded": 16, "lost": 0, "steps_run_twice": 0}
     assert doc["fleet"]["final"] == 0, why
     # a worker killed mid-job left its jobs to lease expiry: they ran again, on some worker
     assert jobs["retried"] >= 1, why
@@ -205,7 +205,7 @@ def test_demo_chaos_injects_every_fault_and_still_loses_nothing(
     # The execution log (each step appends when its work is done) and the database agree:
     # every step of every job ran exactly once, and the ledger saw every instance go.
     lines = (tmp_path / "logs" / "executions.log").read_text().splitlines()
-    assert len(lines) == len(set(lines)) == 12 * 3, why
+    assert len(lines) == len(set(lines)) == 16 * 3, why
     with psycopg.connect(pg_url) as conn:
         states = dict(
             conn.execute(
@@ -218,7 +218,7 @@ def test_demo_chaos_injects_every_fault_and_still_loses_nothing(
                 "GROUP BY state"
             ).fetchall()
         )
-    assert states == {"succeeded": 12}
+    assert states == {"succeeded": 16}
     assert set(ledger) <= {"gone"}, ledger
     assert _processes_using(pg_url) == []
 

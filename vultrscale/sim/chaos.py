@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,7 @@ class Schedule:
 def schedule(seed: int) -> Schedule:
     """The faults of a run with this seed."""
     rng = random.Random(f"{seed}:chaos")
-    kills = sorted(round(rng.uniform(4.0, 14.0), 1) for _ in range(2))
+    kills = sorted(round(rng.uniform(2.0, 9.0), 1) for _ in range(2))  # then: the first busy one
     bursts = (
         (round(rng.uniform(2.0, 8.0), 1), 429, rng.randint(3, 6)),
         (round(rng.uniform(8.0, 16.0), 1), 500, rng.randint(2, 4)),
@@ -97,9 +98,10 @@ class PassRun:
 class Chaos:
     """Carries out a :class:`Schedule` against a run's simulator, hosts and pass processes.
 
-    The demo calls :meth:`arm` once before its first pass, :meth:`inject_due` before every
-    pass, :meth:`on_drains` after a pass that began draining, and runs each pass with
-    :meth:`run_pass`. ``faults`` lists what was injected, in order.
+    The demo calls :meth:`arm` once before its first pass, :meth:`inject_due` a few times a
+    second (from a thread of its own), :meth:`on_drains` after a pass that began draining, and
+    runs each pass with :meth:`run_pass`. ``faults`` lists what was injected, in order
+    (appended under a lock; read it as a whole).
     """
 
     def __init__(self, plan: Schedule, sim: Simulator, hosts: Hosts, seed: int) -> None:
@@ -112,9 +114,16 @@ class Chaos:
         self._bursts = list(plan.api_bursts)
         self._silenced = False
         self._passes = 0
+        self._lock = threading.Lock()
 
     def _record(self, kind: str, at: float, target: str) -> None:
-        self.faults.append(Fault(kind, at, target))
+        with self._lock:
+            self.faults.append(Fault(kind, at, target))
+
+    def injected(self) -> list[Fault]:
+        """The faults injected so far, in order."""
+        with self._lock:
+            return list(self.faults)
 
     def arm(self, elapsed: float) -> None:
         """The next create acts, then loses its answer."""
@@ -147,7 +156,7 @@ class Chaos:
                 return
             self._kills.pop(0)
             self._record(WORKER_KILLED, elapsed, f"{host.label}: worker pid {pid} mid-job")
-            return  # one kill per pass: the next waits for a worker busy after this one
+            return  # one kill per call: the next finds the workers busy after this one
 
     def on_drains(self, elapsed: float, labels: Sequence[str]) -> None:
         """At the first scale-in, one of the hosts being drained stops answering SSH."""
@@ -166,7 +175,7 @@ class Chaos:
         """Run one pass process to its end, or SIGKILL it at a random point. The first pass is
         never killed and the third is if none was before, so every run kills at least one."""
         self._passes += 1
-        killed_before = any(f.kind == PASS_KILLED for f in self.faults)
+        killed_before = any(f.kind == PASS_KILLED for f in self.injected())
         forced = self._passes == 3 and not killed_before
         draw = self.rng.random()
         delay = self.rng.uniform(*self.plan.pass_kill_after)
