@@ -793,7 +793,7 @@ class _Run:
             ended_by=ended_by,
             problems=problems,
             chaos=chaos is not None,
-            faults=chaos.injected() if chaos is not None else [],
+            faults=sorted(chaos.injected(), key=lambda f: f.at) if chaos is not None else [],
         )
 
 

@@ -147,9 +147,13 @@ class Chaos:
                 f"the next {count} API requests answer {status}",
             )
         while self._kills and self._kills[0] <= elapsed:
-            hosts = [h for h in self.hosts.running() if h.label in busy]
+            # A worker killed before is passed over: its dead self's leases still name it
+            # until they expire, so "busy" would not mean it is in a job.
+            hosts = [
+                h for h in self.hosts.running() if h.label in busy and not h.unit.injected_kills
+            ]
             if not hosts:
-                return  # no worker is in a job now: try again before the next pass
+                return  # no worker is in a job now: try again soon
             host = self.rng.choice(hosts)
             pid = host.unit.kill_worker()
             if pid is None:
@@ -198,7 +202,9 @@ class Chaos:
             if kill_after is None:
                 return PassRun(1, out, err + f"\nthe pass ran over {PASS_TIMEOUT:g}s: killed")
             self._record(
-                PASS_KILLED, elapsed, f"pass {self._passes} (pid {proc.pid}) after {delay:.1f}s"
+                PASS_KILLED,
+                elapsed + delay,
+                f"pass {self._passes} (pid {proc.pid}) after {delay:.1f}s",
             )
             return PassRun(None, out, err)
         return PassRun(proc.returncode, out, err)
