@@ -25,6 +25,7 @@ app.add_typer(sim_app, name="sim")
     epilog=examples(
         "vultrscale demo",
         "vultrscale demo --duration 60 --bursts 0:12 --no-live",
+        "vultrscale demo --chaos --seed 7",
     ),
 )
 def demo_cmd(
@@ -46,6 +47,14 @@ def demo_cmd(
             help="Workload: JOBS enqueued SECONDS into the run.",
         ),
     ] = "0:24,40:12",
+    job_seconds: Annotated[
+        str,
+        typer.Option(
+            "--job-seconds",
+            metavar="LOW:HIGH",
+            help="Each job lasts LOW to HIGH seconds (longer than the 5 s drain: given back).",
+        ),
+    ] = "1:4",
     no_live: Annotated[
         bool,
         typer.Option(
@@ -56,8 +65,18 @@ def demo_cmd(
     ] = False,
     as_json: JsonFlag = False,
     seed: Annotated[
-        int, typer.Option("--seed", metavar="N", help="Seed for job lengths and ids.")
+        int,
+        typer.Option("--seed", metavar="N", help="Seed for job lengths, ids and --chaos faults."),
     ] = 0,
+    chaos: Annotated[
+        bool,
+        typer.Option(
+            "--chaos",
+            help="Inject faults on the seed: workers and passes SIGKILLed, API 429/500 bursts, "
+            "a lost create answer, a host whose SSH stops answering.",
+            show_default=False,
+        ),
+    ] = False,
     logs: Annotated[
         str | None,
         typer.Option("--logs", metavar="PATH", help="Keep each instance's worker log here."),
@@ -79,7 +98,9 @@ def demo_cmd(
     settings = demo.Settings(
         duration=duration.total_seconds(),
         bursts=demo.parse_bursts(bursts),
+        job_seconds=demo.parse_job_seconds(job_seconds),
         seed=seed,
+        chaos=chaos,
         logs_dir=Path(logs).expanduser().resolve() if logs else None,
     )
     # with --json, stdout carries only the summary

@@ -329,6 +329,9 @@ def print_demo_summary(out: Console, s: Summary) -> None:
                 f"{s.failed} failed",
                 f"{s.dead} dead",
                 f"{s.lost} lost ({s.retried} needed a retry)",
+                f"{s.waiting} still queued",
+                f"{s.given_back} given back by stopping workers",
+                f"{s.steps_run_twice} step(s) run twice",
             ],
         ),
         (
@@ -370,6 +373,10 @@ def print_demo_summary(out: Console, s: Summary) -> None:
     for head, phrases in blocks:
         for line in phrase_lines(head, phrases, width):
             out.print(line, markup=False, highlight=False)
+    if s.chaos:
+        out.print(f"  faults injected: {len(s.faults)}", markup=False, highlight=False)
+        for f in s.faults:
+            out.print(plain(f"    {f.at:6.1f}s  {f.kind}: {f.target}"))
     for problem in s.problems:
         out.print(Text("  problem: ", style="red") + plain(problem))
 
