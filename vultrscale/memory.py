@@ -34,6 +34,7 @@ from vultrscale.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
+    PlanPrice,
     ServiceState,
     Signals,
     WorkerView,
@@ -183,6 +184,8 @@ class MemoryLedger:
     events: list[dict[str, Any]] = field(default_factory=list)
     snapshot: str | None = None
     held_elsewhere: bool = False
+    # (plan, region) -> (price, checked at): the plan checks every pass shares.
+    plan_checks: dict[tuple[str, str], tuple[PlanPrice, datetime]] = field(default_factory=dict)
 
     def lock(self) -> bool:
         return not self.held_elsewhere
@@ -205,6 +208,15 @@ class MemoryLedger:
 
     def recorded_snapshot(self) -> str | None:
         return self.snapshot
+
+    def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
+        found = self.plan_checks.get((plan, region))
+        if found is None or not now - ttl < found[1] <= now:
+            return None
+        return found[0]
+
+    def save_plan_check(self, price: PlanPrice, region: str, now: datetime) -> None:
+        self.plan_checks[(price.plan, region)] = (price, now)
 
     def insert_intent(
         self,

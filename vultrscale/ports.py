@@ -24,6 +24,7 @@ from vultrscale.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
+    PlanPrice,
     ServiceState,
     Signals,
     WorkerView,
@@ -77,6 +78,15 @@ class FleetLedger(Protocol):
     def workers(self, labels: Sequence[str], seen_within: timedelta) -> dict[str, WorkerView]: ...
     def fleet_state(self) -> FleetState: ...
     def recorded_snapshot(self) -> str | None: ...
+    def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
+        """The plan's price as a check made within ``ttl`` before ``now`` found it (offered in
+        ``region``), shared by every pass of every process; None: ask the cloud."""
+        ...
+
+    def save_plan_check(self, price: PlanPrice, region: str, now: datetime) -> None:
+        """Remember a check that passed (never a refused one)."""
+        ...
+
     def insert_intent(
         self,
         *,

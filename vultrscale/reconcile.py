@@ -68,7 +68,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vultrscale.reconcile")
 
-# How long a process trusts the plan's price and region check before asking again.
+# How long a plan check (its price, and that the fleet's region offers it) is trusted before
+# Vultr is asked again. Shared through the ledger by every pass of every process, so a steady
+# one-shot pass (cron) makes one request, the list; a price change is seen within it.
 PRICE_TTL = timedelta(minutes=10)
 
 
@@ -85,7 +87,7 @@ class Parts:
     # Local preconditions, each raising UsageError: run before anything is changed.
     preflight: Sequence[Callable[[], object]] = ()
     rng: random.Random = field(default_factory=random.Random)
-    cache: dict[str, Any] = field(default_factory=dict)  # per-process: plan price, snapshot
+    cache: dict[str, Any] = field(default_factory=dict)  # per-process: the checked snapshot
 
 
 @dataclass
@@ -186,7 +188,7 @@ def _checked_pass(
             check()
         price, api_error = None, None
         try:
-            price = _price(cfg, parts)
+            price = _price(cfg, parts, ledger, result.at, save=not result.dry_run)
         except AuthError:
             raise
         except VultrError as exc:
@@ -246,14 +248,32 @@ def _record(ledger: FleetLedger, result: PassResult, *, quiet: bool) -> None:
 # --- check -------------------------------------------------------------------------------------
 
 
-def _price(cfg: Config, parts: Parts) -> PlanPrice:
-    """The plan's price, checked at most every PRICE_TTL per process: an unknown plan, a plan
-    not in the region and a ceiling below one instance-month are refused (exit 2) before
-    anything is touched. A loop sees a price change within PRICE_TTL."""
-    cached = parts.cache.get("price")
-    if cached is not None and parts.clock.monotonic() < cached[1]:
-        return cached[0]  # type: ignore[no-any-return]
-    cloud, fleet = parts.cloud, cfg.fleet
+def _price(
+    cfg: Config, parts: Parts, ledger: FleetLedger, now: datetime, *, save: bool
+) -> PlanPrice:
+    """The plan's price, checked with Vultr at most every PRICE_TTL (the check is shared
+    through the ledger by every pass of every process): an unknown plan, a plan not in the
+    region and a ceiling below one instance-month are refused (exit 2) before anything is
+    touched. ``save``: remember a check that passed (a dry run writes nothing)."""
+    fleet = cfg.fleet
+    price = ledger.plan_check(fleet.plan, fleet.region, now, PRICE_TTL)
+    if price is None:
+        price = _check_plan(cfg, parts.cloud)
+        if save:
+            ledger.save_plan_check(price, fleet.region, now)
+    ceiling = cfg.budget.monthly_ceiling_usd
+    if cfg.policy.max_instances > 0 and ceiling < price.monthly:
+        raise UsageError(
+            f"budget.monthly_ceiling_usd ({ceiling:g}) is lower than one instance-month of "
+            f"{fleet.plan} (${price.monthly:g})",
+            hint="Raise the ceiling or pick a cheaper plan.",
+        )
+    return price
+
+
+def _check_plan(cfg: Config, cloud: Cloud) -> PlanPrice:
+    """Ask Vultr for the plan's price and whether the fleet's region offers it."""
+    fleet = cfg.fleet
     try:
         plan = cloud.get_plan(fleet.plan)
     except NotFound:
@@ -266,16 +286,7 @@ def _price(cfg: Config, parts: Parts) -> PlanPrice:
             f"plan {fleet.plan!r} is not offered in region {fleet.region!r}",
             hint="Choose another plan or region; GET /v2/regions/<id>/availability lists them.",
         )
-    price = PlanPrice(plan.id, float(plan.monthly_cost), plan.hourly_cost)
-    ceiling = cfg.budget.monthly_ceiling_usd
-    if cfg.policy.max_instances > 0 and ceiling < price.monthly:
-        raise UsageError(
-            f"budget.monthly_ceiling_usd ({ceiling:g}) is lower than one instance-month of "
-            f"{fleet.plan} (${price.monthly:g})",
-            hint="Raise the ceiling or pick a cheaper plan.",
-        )
-    parts.cache["price"] = (price, parts.clock.monotonic() + PRICE_TTL.total_seconds())
-    return price
+    return PlanPrice(plan.id, float(plan.monthly_cost), plan.hourly_cost)
 
 
 def _snapshot(cfg: Config, parts: Parts, ledger: FleetLedger) -> str:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from vultrscale.db import pg
-from vultrscale.model import FleetState, InstanceState, LedgerRow, Signals, WorkerView
+from vultrscale.db import pg, plan_checks
+from vultrscale.model import FleetState, InstanceState, LedgerRow, PlanPrice, Signals, WorkerView
 from vultrscale.ports import Session
 
 if TYPE_CHECKING:
@@ -333,6 +333,14 @@ class PgLedger:
         from vultrscale.db.snapshots import recorded_snapshot
 
         return recorded_snapshot(self.conn, self.fleet)
+
+    def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
+        with self._t("reading the plan check"):
+            return plan_checks.get(self.conn, plan, region, now, ttl)
+
+    def save_plan_check(self, price: PlanPrice, region: str, now: datetime) -> None:
+        with self._t("saving the plan check"):
+            plan_checks.put(self.conn, price, region, now)
 
     def insert_intent(self, **kw: Any) -> None:
         with self._t(f"writing the create intent of {kw['label']}"):
