@@ -250,22 +250,29 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
 
 
 def bench_memory(sizes: list[int], passes: int, profile: Path | None) -> None:
-    """The steady pass on the in-memory ports, per fleet size: the core's own cost."""
+    """The steady pass on the in-memory ports, per fleet size: the core's own cost. The sizes'
+    batches alternate, so a load that comes and goes touches each alike."""
     profiler = cProfile.Profile() if profile else None
+    rounds = 20
+    batch = max(passes // rounds, 1)
     print(
         "compares: a steady reconcile pass on the in-memory ports (no Postgres, no HTTP) "
-        f"against nothing: its time per pass, median of 10 batches of {passes // 10}"
+        f"against nothing: time per pass, median of {rounds} alternated batches of {batch}"
     )
-    for n in sizes:
-        per_pass = memory_pass_times(n, passes, profiler)
-        print(f"  {n:4d} instance(s): median {per_pass * 1e3:.3f} ms/pass")
+    worlds = [memory_world(n) for n in sizes]
+    times: list[list[float]] = [[] for _ in sizes]
+    for _ in range(rounds):
+        for world, out in zip(worlds, times, strict=True):
+            out.append(time_batch(*world, batch, profiler))
+    for n, out in zip(sizes, times, strict=True):
+        print(f"  {n:4d} instance(s): median {statistics.median(out) * 1e3:.3f} ms/pass")
     if profiler is not None and profile is not None:
         profiler.dump_stats(profile)
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
 
 
-def memory_pass_times(n: int, passes: int, profiler: cProfile.Profile | None) -> float:
-    """Median seconds per steady pass of a fleet of ``n`` running instances in memory."""
+def memory_world(n: int) -> tuple[config_mod.Config, Parts, FakeClock]:
+    """A steady fleet of ``n`` running instances on the in-memory ports."""
     tmp = Path(tempfile.mkdtemp(prefix="vs-bench-mem-"))
     (tmp / "vultrscale.toml").write_text(
         f'[fleet]\nsnapshot_id = "snap-1"\n[policy]\nmax_instances = {n}\n'
@@ -286,21 +293,30 @@ def memory_pass_times(n: int, passes: int, profiler: cProfile.Profile | None) ->
     clock.advance(30)
     run_pass(cfg, parts)  # running
     assert {r.state for r in ledger.instances.values()} == {InstanceState.RUNNING}
-    batch = max(passes // 10, 1)
-    times = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        if profiler is not None:
-            profiler.enable()
-        for _ in range(batch):
-            clock.advance(1)
-            result = run_pass(cfg, parts)
-        if profiler is not None:
-            profiler.disable()
-        times.append((time.perf_counter() - t0) / batch)
-        assert result.exit_code == 0 and result.plan is not None and not result.plan.actions
-    assert len(ledger.instances) == n, "a steady pass changed the fleet"
-    return statistics.median(times)
+    return cfg, parts, clock
+
+
+def time_batch(
+    cfg: config_mod.Config,
+    parts: Parts,
+    clock: FakeClock,
+    batch: int,
+    profiler: cProfile.Profile | None,
+) -> float:
+    """Seconds per pass over ``batch`` steady passes, a second of fake time apart."""
+    fleet = len(parts.cloud.list_instances())
+    t0 = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    for _ in range(batch):
+        clock.advance(1)
+        result = run_pass(cfg, parts)
+    if profiler is not None:
+        profiler.disable()
+    elapsed = (time.perf_counter() - t0) / batch
+    assert result.exit_code == 0 and result.plan is not None and not result.plan.actions
+    assert len(parts.cloud.list_instances()) == fleet, "a steady pass changed the fleet"
+    return elapsed
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ included) but are not projected to the month's end: they are on their way out.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,8 +37,12 @@ def utc(dt: datetime) -> datetime:
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
 
 
+@functools.lru_cache(maxsize=64)
 def month_bounds(now: datetime) -> tuple[datetime, datetime]:
-    """Start of the UTC calendar month holding ``now``, and start of the next one."""
+    """Start of the UTC calendar month holding ``now``, and start of the next one.
+
+    Cached: a pass asks it several times for its one ``now`` (observe, bills, the budget rule,
+    the policy), and a simulated replay asks it for the same few instants over and over."""
     now = utc(now)
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     end = (
@@ -52,8 +57,11 @@ def started_hours(start: datetime, end: datetime) -> int:
     """Hours begun between ``start`` and ``end`` (a second into an hour bills the hour)."""
     if end <= start:
         return 0
-    whole, rest = divmod(end - start, HOUR)
-    return whole + (1 if rest else 0)
+    # Integer arithmetic on the difference's parts: a timedelta divmod costs several times
+    # more, and this runs a few times per instance per pass.
+    d = end - start
+    seconds = d.days * 86400 + d.seconds
+    return seconds // 3600 + (1 if seconds % 3600 or d.microseconds else 0)
 
 
 def billed(

@@ -34,6 +34,7 @@ from vultrscale.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
+    PassEvent,
     PlanPrice,
     ServiceState,
     Signals,
@@ -181,7 +182,7 @@ class MemoryLedger:
     instances: dict[str, LedgerRow] = field(default_factory=dict)
     workers_by_label: dict[str, WorkerView] = field(default_factory=dict)
     state: FleetState = field(default_factory=FleetState)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[PassEvent] = field(default_factory=list)  # read as the fleet_events rows
     snapshot: str | None = None
     held_elsewhere: bool = False
     # (plan, region) -> (price, checked at): the plan checks every pass shares.
@@ -339,8 +340,8 @@ class MemoryLedger:
     ) -> None:
         self.state = FleetState(self.state.snapshot_id, last_scale_up, last_scale_down, idle_since)
 
-    def record_event(self, **event: Any) -> None:
-        self.events.append(event)
+    def record_event(self, event: PassEvent) -> None:
+        self.events.append(event)  # its summaries are built only if a test or a view reads it
 
 
 @dataclass

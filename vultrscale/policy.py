@@ -252,10 +252,10 @@ class _Decision:
     # --- pieces ---------------------------------------------------------------------------
 
     def _describe_capacity(self, capacity: list[Instance]) -> str:
-        counts: dict[str, int] = {}
+        counts: dict[InstanceState, int] = {}
         for i in capacity:
-            counts[i.state.value] = counts.get(i.state.value, 0) + 1
-        parts = ", ".join(f"{n} {s}" for s, n in counts.items())
+            counts[i.state] = counts.get(i.state, 0) + 1
+        parts = ", ".join(f"{n} {s.value}" for s, n in counts.items())
         leaving = sum(
             1
             for i in self.obs.instances

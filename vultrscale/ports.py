@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from vultrscale.clock import Clock as Clock  # the clock port (re-exported)
 from vultrscale.model import (
@@ -24,6 +24,7 @@ from vultrscale.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
+    PassEvent,
     PlanPrice,
     ServiceState,
     Signals,
@@ -134,18 +135,9 @@ class FleetLedger(Protocol):
         last_scale_down: datetime | None,
         idle_since: datetime | None,
     ) -> None: ...
-    def record_event(
-        self,
-        *,
-        at: datetime,
-        dry_run: bool,
-        inputs: dict[str, Any] | None,
-        plan: dict[str, Any] | None,
-        actions: list[dict[str, Any]],
-        results: list[dict[str, Any]],
-        errors: list[str],
-        exit_code: int,
-    ) -> None: ...
+    def record_event(self, event: PassEvent) -> None:
+        """Write the pass's ``fleet_events`` row."""
+        ...
 
 
 class QueueSignals(Protocol):

@@ -48,11 +48,13 @@ from vultrscale.model import (
     InstanceState,
     LedgerRow,
     Observation,
+    PassEvent,
     Plan,
     PlanPrice,
     ServiceState,
     Signals,
     WorkerView,
+    frozen_from,
 )
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, QueueSignals, Store
 from vultrscale.vultr.errors import (
@@ -112,7 +114,7 @@ class PassResult:
             "exit_code": self.exit_code,
             "dry_run": self.dry_run,
             "lock_held": self.lock_held,
-            "inputs": observation_summary(obs) if obs else None,
+            "inputs": obs.summary() if obs else None,
             "plan": self.plan.summary() if self.plan else None,
             "actions": self.actions,
             "results": self.results,
@@ -122,27 +124,6 @@ class PassResult:
 
     def note(self, label: str, what: str) -> None:
         self.results.append({"label": label, "result": what})
-
-
-def observation_summary(obs: Observation) -> dict[str, Any]:
-    sig = obs.signals
-    counts: dict[str, int] = {}
-    for i in obs.instances:
-        counts[i.state.value] = counts.get(i.state.value, 0) + 1
-    return {
-        "signals": None if sig is None else sig.summary(),
-        "signal_error": obs.signal_error,
-        "api_error": obs.api_error,
-        "instances": {s.value: counts[s.value] for s in InstanceState if s.value in counts},
-        "month_to_date_usd": round(obs.month_to_date_usd, 4),
-        "price": None
-        if obs.price is None
-        else {
-            "plan": obs.price.plan,
-            "monthly": obs.price.monthly,
-            "hourly": round(obs.price.hourly, 5),
-        },
-    }
 
 
 # --- the pass ----------------------------------------------------------------------------------
@@ -217,9 +198,10 @@ def _checked_pass(
         result.errors.append(exc.message)
         raise
     finally:
-        # Belt and braces: whatever an adapter put in an error, no secret reaches the ledger.
-        secrets = cfg.secrets.values()
-        result.errors = [redact(e, secrets) for e in result.errors]
+        if result.errors:
+            # Belt and braces: whatever an adapter put in an error, no secret reaches the ledger.
+            secrets = cfg.secrets.values()
+            result.errors = [redact(e, secrets) for e in result.errors]
         if not result.dry_run:
             _record(ledger, result, quiet=failed)
 
@@ -227,18 +209,18 @@ def _checked_pass(
 def _record(ledger: FleetLedger, result: PassResult, *, quiet: bool) -> None:
     """Write the pass's fleet_events row. When the pass already failed, a failure to record
     is logged and the pass's own error is the one reported."""
-    obs, plan = result.observation, result.plan
+    event = PassEvent(
+        at=result.at,
+        dry_run=False,
+        observation=result.observation,
+        plan=result.plan,
+        actions=result.actions,
+        results=result.results,
+        errors=result.errors,
+        exit_code=result.exit_code,
+    )
     try:
-        ledger.record_event(
-            at=result.at,
-            dry_run=False,
-            inputs=observation_summary(obs) if obs else None,
-            plan=plan.summary() if plan else None,
-            actions=result.actions,
-            results=result.results,
-            errors=result.errors,
-            exit_code=result.exit_code,
-        )
+        ledger.record_event(event)
     except DatabaseError as exc:
         if not quiet:
             raise
@@ -523,23 +505,26 @@ def _not_after(when: datetime | None, now: datetime) -> datetime | None:
 def _instance(obs: Observed, row: LedgerRow, billed: float) -> Instance:
     v = obs.listed.get(row.label)
     w = obs.workers.get(row.label)
-    return Instance(
-        label=row.label,
-        state=row.state,
-        id=row.instance_id,
-        created_at=row.created_at,
-        state_since=row.state_since,
-        vultr_status=v.status if v else "",
-        power_status=v.power_status if v else "",
-        server_status=v.server_status if v else "",
-        main_ip=(v.main_ip if v else row.main_ip) or "",
-        internal_ip=(v.internal_ip if v else row.internal_ip) or "",
-        live_leases=w.live_leases if w is not None and obs.signals is not None else 0,
-        worker_last_seen=w.last_seen if w else None,
-        draining_since=row.draining_at,
-        hourly_rate=row.hourly_rate or 0.0,
-        monthly_cost=row.monthly_cost or 0.0,
-        billed_usd=billed,
+    return frozen_from(  # per instance per pass: every field named, set in one step
+        Instance,
+        {
+            "label": row.label,
+            "state": row.state,
+            "id": row.instance_id,
+            "created_at": row.created_at,
+            "state_since": row.state_since,
+            "vultr_status": v.status if v else "",
+            "power_status": v.power_status if v else "",
+            "server_status": v.server_status if v else "",
+            "main_ip": (v.main_ip if v else row.main_ip) or "",
+            "internal_ip": (v.internal_ip if v else row.internal_ip) or "",
+            "live_leases": w.live_leases if w is not None and obs.signals is not None else 0,
+            "worker_last_seen": w.last_seen if w else None,
+            "draining_since": row.draining_at,
+            "billed_usd": billed,
+            "hourly_rate": row.hourly_rate or 0.0,
+            "monthly_cost": row.monthly_cost or 0.0,
+        },
     )
 
 

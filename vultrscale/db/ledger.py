@@ -17,7 +17,15 @@ import psycopg
 from psycopg.rows import dict_row
 
 from vultrscale.db import pg, plan_checks
-from vultrscale.model import FleetState, InstanceState, LedgerRow, PlanPrice, Signals, WorkerView
+from vultrscale.model import (
+    FleetState,
+    InstanceState,
+    LedgerRow,
+    PassEvent,
+    PlanPrice,
+    Signals,
+    WorkerView,
+)
 from vultrscale.ports import Session
 
 if TYPE_CHECKING:
@@ -374,9 +382,9 @@ class PgLedger:
         with self._t("saving the fleet state"):
             save_fleet_state(self.conn, self.fleet, now, **kw)
 
-    def record_event(self, **kw: Any) -> None:
+    def record_event(self, event: PassEvent) -> None:
         with self._t("recording the pass"):
-            record_event(self.conn, fleet=self.fleet, **kw)
+            record_event(self.conn, fleet=self.fleet, **event.row())
 
 
 class PgSignals:
