@@ -89,7 +89,9 @@ class Parts:
     # Local preconditions, each raising UsageError: run before anything is changed.
     preflight: Sequence[Callable[[], object]] = ()
     rng: random.Random = field(default_factory=random.Random)
-    cache: dict[str, Any] = field(default_factory=dict)  # per-process: the checked snapshot
+    # Per process: the plan check it made (fresh as long as its copy in the ledger), and the
+    # snapshot it found complete.
+    cache: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -238,11 +240,16 @@ def _price(
     region and a ceiling below one instance-month are refused (exit 2) before anything is
     touched. ``save``: remember a check that passed (a dry run writes nothing)."""
     fleet = cfg.fleet
-    price = ledger.plan_check(fleet.plan, fleet.region, now, PRICE_TTL)
-    if price is None:
-        price = _check_plan(cfg, parts.cloud)
-        if save:
-            ledger.save_plan_check(price, fleet.region, now)
+    mine = parts.cache.get("price")  # (price, when): a check this process made and saved
+    if mine is not None and mine[1] <= now < mine[1] + PRICE_TTL:
+        price = mine[0]  # as fresh as its copy in the ledger: the loop need not ask it
+    else:
+        price = ledger.plan_check(fleet.plan, fleet.region, now, PRICE_TTL)
+        if price is None:
+            price = _check_plan(cfg, parts.cloud)
+            if save:
+                ledger.save_plan_check(price, fleet.region, now)
+                parts.cache["price"] = (price, now)
     ceiling = cfg.budget.monthly_ceiling_usd
     if cfg.policy.max_instances > 0 and ceiling < price.monthly:
         raise UsageError(
