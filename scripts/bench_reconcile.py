@@ -92,7 +92,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(n) for n in (args.instances or ("3,50" if args.memory else "500")).split(",")]
     if args.memory:
-        bench_memory(sizes, args.passes or 2000, args.profile)
+        bench_memory(sizes, args.passes or 2000, args.profile, as_json=args.json)
         return
     args.instances, args.passes = sizes[0], args.passes or 15
     with (
@@ -249,7 +249,9 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
         http_server.stop()
 
 
-def bench_memory(sizes: list[int], passes: int, profile: Path | None) -> None:
+def bench_memory(
+    sizes: list[int], passes: int, profile: Path | None, *, as_json: bool = False
+) -> None:
     """The steady pass on the in-memory ports, per fleet size: the core's own cost. The sizes'
     batches alternate, so a load that comes and goes touches each alike."""
     profiler = cProfile.Profile() if profile else None
@@ -264,11 +266,15 @@ def bench_memory(sizes: list[int], passes: int, profile: Path | None) -> None:
     for _ in range(rounds):
         for world, out in zip(worlds, times, strict=True):
             out.append(time_batch(*world, batch, profiler))
+    figures: dict[str, float] = {}
     for n, out in zip(sizes, times, strict=True):
-        print(f"  {n:4d} instance(s): median {statistics.median(out) * 1e3:.3f} ms/pass")
+        figures[f"memory_pass_ms_{n}"] = statistics.median(out) * 1e3
+        print(f"  {n:4d} instance(s): median {figures[f'memory_pass_ms_{n}']:.3f} ms/pass")
     if profiler is not None and profile is not None:
         profiler.dump_stats(profile)
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
+    if as_json:
+        print(json.dumps(figures))
 
 
 def memory_world(n: int) -> tuple[config_mod.Config, Parts, FakeClock]:

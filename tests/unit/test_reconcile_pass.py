@@ -21,7 +21,7 @@ from vultrscale.memory import (
     MemoryStore,
     memory_parts,
 )
-from vultrscale.model import InstanceState, ServiceState, Signals, WorkerView
+from vultrscale.model import Instance, InstanceState, ServiceState, Signals, WorkerView
 from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_pass
 
 START = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
@@ -423,3 +423,16 @@ def test_a_remembered_price_is_still_held_against_the_ceiling(tmp_path: Path) ->
     )
     with pytest.raises(UsageError, match="lower than one instance-month"):
         run_pass(low, fresh_process(fleet)[0])
+
+
+def test_each_observed_instance_has_every_field_a_constructed_one_has(tmp_path: Path) -> None:
+    """The pass builds its Instance values in one step (model.frozen_from), not by __init__:
+    each must equal the one __init__ builds from the same fields, with no field missing."""
+    fleet = Fleet(tmp_path)
+    fleet.bring_up(jobs=8)
+    obs = fleet.run().observation
+    assert obs is not None and len(obs.instances) == 2
+    names = {f.name for f in dataclasses.fields(Instance)}
+    for inst in obs.instances:
+        assert set(vars(inst)) == names
+        assert inst == Instance(**{name: getattr(inst, name) for name in names})
