@@ -41,11 +41,12 @@ class InstanceState(enum.StrEnum):
 
     @property
     def counts_as_capacity(self) -> bool:
-        return self in _CAPACITY
+        return self in CAPACITY_STATES
 
 
-# Asked per instance many times a pass: one set, not a tuple built per call.
-_CAPACITY = frozenset(
+# The states that count as capacity. Asked per instance many times a pass: one set, tested
+# directly in the per-instance loops (``state in CAPACITY_STATES``, no property call).
+CAPACITY_STATES = frozenset(
     {InstanceState.CREATING, InstanceState.PENDING, InstanceState.BOOTING, InstanceState.RUNNING}
 )
 
