@@ -261,11 +261,14 @@ class Plan:
 
 
 class PassEvent(Mapping[str, Any]):
-    """One pass as its ``fleet_events`` row records it (``record_event``). Read as a mapping
-    of the row's columns; the summaries of what it saw and decided are built on first read,
-    so a ledger that keeps events unread (in memory, the simulator) never pays for them."""
+    """One pass as its ``fleet_events`` row records it (``FleetLedger.record_event``), read as
+    a mapping of the row's columns. The summaries of what the pass saw and decided
+    (``inputs``, ``plan``) are built on their first read, so a ledger that only counts passes
+    or looks at their errors (the simulator's) never pays for them."""
 
-    __slots__ = ("_row", "_values")
+    __slots__ = ("_columns", "_observation", "_plan")
+
+    _SUMMARIES = ("inputs", "plan")
 
     def __init__(
         self,
@@ -279,32 +282,32 @@ class PassEvent(Mapping[str, Any]):
         errors: list[str],
         exit_code: int,
     ) -> None:
-        self._values = (at, dry_run, observation, plan, actions, results, errors, exit_code)
-        self._row: dict[str, Any] | None = None
-
-    def row(self) -> dict[str, Any]:
-        if self._row is None:
-            at, dry_run, obs, plan, actions, results, errors, exit_code = self._values
-            self._row = {
-                "at": at,
-                "dry_run": dry_run,
-                "inputs": obs.summary() if obs else None,
-                "plan": plan.summary() if plan else None,
-                "actions": actions,
-                "results": results,
-                "errors": errors,
-                "exit_code": exit_code,
-            }
-        return self._row
+        self._columns: dict[str, Any] = {
+            "at": at,
+            "dry_run": dry_run,
+            "actions": actions,
+            "results": results,
+            "errors": errors,
+            "exit_code": exit_code,
+        }
+        self._observation, self._plan = observation, plan
 
     def __getitem__(self, key: str) -> Any:
-        return self.row()[key]
+        columns = self._columns
+        if key in self._SUMMARIES and key not in columns:
+            obs, plan = self._observation, self._plan
+            columns["inputs"] = obs.summary() if obs else None
+            columns["plan"] = plan.summary() if plan else None
+            self._observation = self._plan = None  # the summaries are all that is kept
+        return columns[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.row())
+        return iter(
+            ("at", "dry_run", "inputs", "plan", "actions", "results", "errors", "exit_code")
+        )
 
     def __len__(self) -> int:
-        return len(self.row())
+        return 8
 
 
 class ServiceState(enum.StrEnum):

@@ -379,7 +379,7 @@ class PgLedger:
 
     def record_event(self, event: PassEvent) -> None:
         with self._t("recording the pass"):
-            record_event(self.conn, fleet=self.fleet, **event.row())
+            record_event(self.conn, fleet=self.fleet, **event)
 
 
 class PgSignals:
