@@ -9,6 +9,7 @@ Settings can also be given in the environment as ``VULTRSCALE_<SECTION>_<KEY>``
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -19,36 +20,70 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from vultrscale.errors import ConfigError, UsageError, secret_values, url_user
+from vultrscale.errors import (
+    ConfigError,
+    UsageError,
+    conninfo_problem,
+    http_userinfo,
+    secret_values,
+    url_user,
+)
 from vultrscale.errors import mask_url as mask_url  # re-exported: part of config's contract
 from vultrscale.errors import url_password as url_password
 
 DEFAULT_API_URL = "https://api.vultr.com"
 DEFAULT_CONFIG_NAME = "vultrscale.toml"
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# The longest duration anything accepts: longer than any wait, cooldown or look-back that
+# makes sense (a year), and far below timedelta's own limit, so no sum with "now" overflows.
+MAX_DURATION = timedelta(days=366)
+DURATION_FORM = "a duration like 90s, 5m, 1h or 2d (a bare number is seconds), at most 366d"
 SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _LABEL_PREFIX = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 _APP = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+# The one rule for queue names: the worker's [worker] queue, `enqueue --queue`, `worker --queue`.
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+QUEUE_NAME_FORM = "1-64 letters, digits, '_', '.', ':' or '-'"
+# Vultr region ids are short lowercase words ("ewr", "fra", "sjc"); the id goes into a URL path.
+_REGION = re.compile(r"^[a-z][a-z0-9-]{1,15}$")
+
+
+def queue_name_problem(name: str) -> str | None:
+    """None if ``name`` is a queue name the worker can take jobs from, else what is allowed."""
+    return None if QUEUE_NAME.match(name) else f"{name!r} must be {QUEUE_NAME_FORM}"
+
+
+def to_duration(value: object) -> timedelta:
+    """``90s``, ``5m``, ``1h``, ``1.5h``, ``250ms`` or a bare number of seconds, as a timedelta.
+
+    Finite, not negative and at most MAX_DURATION, else ValueError saying what is allowed.
+    """
+    seconds: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if seconds is None or not math.isfinite(seconds):
+        raise ValueError(f"expected {DURATION_FORM}, got {value!r}")
+    if not 0 <= seconds <= MAX_DURATION.total_seconds():
+        raise ValueError(f"{value!r} is out of range: expected {DURATION_FORM}")
+    return timedelta(seconds=seconds)
+
+
 # A plain, unquoted Postgres identifier (63 bytes at most), so it needs no quoting anywhere.
 _DB_ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 def parse_duration(value: object, key: str = "duration") -> timedelta:
-    """Parse ``90s``, ``5m``, ``1h``, ``1.5h``, ``250ms``; a bare number means seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"{key}: expected a duration like 90s, 5m or 1h, got {value!r}")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"{key}: a duration cannot be negative ({value})")
-        return timedelta(seconds=float(value))
-    if isinstance(value, str):
-        m = _DURATION.match(value)
-        if m:
-            return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
-    raise ValueError(f"{key}: expected a duration like 90s, 5m or 1h, got {value!r}")
+    """:func:`to_duration`, its ValueError naming ``key``."""
+    try:
+        return to_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 def format_duration(td: timedelta) -> str:
@@ -168,6 +203,8 @@ class Secrets:
     api_key: Secret = field(default_factory=lambda: Secret(""))
     database_url: Secret = field(default_factory=lambda: Secret(""))
     worker_database_url: Secret = field(default_factory=lambda: Secret(""))
+    # user:password of a VULTR_API_URL that carries them (a proxy with basic auth)
+    api_url_userinfo: Secret = field(default_factory=lambda: Secret(""))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Secrets:
@@ -176,13 +213,28 @@ class Secrets:
             api_key=Secret(env.get("VULTR_API_KEY", "").strip()),
             database_url=Secret(env.get("DATABASE_URL", "").strip()),
             worker_database_url=Secret(env.get("WORKER_DATABASE_URL", "").strip()),
+            api_url_userinfo=Secret(http_userinfo(env.get("VULTR_API_URL", "").strip()) or ""),
         )
 
     def values(self) -> list[str]:
         """Every secret string, including the password inside the database URLs."""
         return secret_values(
-            s.reveal() for s in (self.api_key, self.database_url, self.worker_database_url)
+            s.reveal()
+            for s in (
+                self.api_key,
+                self.database_url,
+                self.worker_database_url,
+                self.api_url_userinfo,
+            )
         )
+
+    def problems(self) -> list[str]:
+        """The database URLs libpq cannot read (each message says which form is expected)."""
+        named = (
+            ("DATABASE_URL", self.database_url),
+            ("WORKER_DATABASE_URL", self.worker_database_url),
+        )
+        return [p for name, s in named if s and (p := conninfo_problem(s.reveal(), name))]
 
 
 @dataclass(frozen=True)
@@ -231,7 +283,7 @@ class Config:
         wdb = self.secrets.worker_database_url.reveal()
         scaler_url_ok = self.worker.use_scaler_database_url
         out["environment"] = {
-            "VULTR_API_URL": self.api_url,
+            "VULTR_API_URL": mask_url(self.api_url),
             "VULTR_API_KEY": "*** (set)" if self.secrets.api_key else "(not set)",
             "DATABASE_URL": mask_url(db) if db else "(not set)",
             "WORKER_DATABASE_URL": mask_url(wdb) if wdb else _NO_WORKER_URL[scaler_url_ok],
@@ -426,9 +478,11 @@ def load(
     api_url = merged_env.get("VULTR_API_URL", "") or DEFAULT_API_URL
     if not re.match(r"^https?://[^\s/]+", api_url):
         problems.append(
-            f"VULTR_API_URL: {api_url!r} is not an http(s) URL (example: https://api.vultr.com)"
+            "VULTR_API_URL is not an http(s) URL (example: https://api.vultr.com; "
+            "a proxy with credentials: https://USER:PASSWORD@proxy.example)"
         )
     secrets = Secrets.from_env(merged_env)
+    problems.extend(secrets.problems())
     cfg = None
     if not problems:
         cfg = Config(**built, secrets=secrets, api_url=api_url.rstrip("/"), source=source)
@@ -522,14 +576,41 @@ def _build_floors(value: Any, problems: list[str]) -> tuple[FloorConfig, ...]:
     return tuple(floors)
 
 
+# The range of every number key. The upper bounds are far above any real fleet and only keep
+# absurd values (a typo of a few extra digits) from reaching the API, the database or systemd.
+NUMBER_RANGES: dict[str, tuple[float, float]] = {
+    "fleet.ssh_port": (1, 65535),
+    "worker.concurrency": (1, 1024),
+    "worker.drain_seconds": (0, 86400),
+    "worker.lease_seconds": (3, 86400),
+    "worker.outage_seconds": (0, 86400),
+    "queue.jobs_per_instance": (1, 100_000),
+    "policy.min_instances": (0, 1000),
+    "policy.max_instances": (0, 1000),
+    "policy.max_step_up": (0, 1000),
+    "budget.monthly_ceiling_usd": (0.01, 10_000_000),
+}
+
+
+def number_problems(cfg: Config) -> list[str]:
+    """Every number key that is not finite or outside NUMBER_RANGES, with what is allowed."""
+    p = []
+    for dotted, (low, high) in NUMBER_RANGES.items():
+        section, _, key = dotted.partition(".")
+        value = getattr(getattr(cfg, section), key)
+        if not low <= value <= high:  # also false for NaN
+            p.append(f"{dotted}: {value!r} is out of range: allowed {low:g} to {high:g}")
+    return p
+
+
 def validate(cfg: Config) -> list[str]:
     """Every problem with a built config, each naming its key. Empty list: valid."""
-    p: list[str] = []
-    f, w, q, pol, b, d = cfg.fleet, cfg.worker, cfg.queue, cfg.policy, cfg.budget, cfg.drain
+    p: list[str] = number_problems(cfg)
+    f, w, q, pol, d = cfg.fleet, cfg.worker, cfg.queue, cfg.policy, cfg.drain
     if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", f.name):
         p.append(f"fleet.name: {f.name!r} must be 1-64 letters, digits, '.', '_' or '-'")
-    if not f.region:
-        p.append('fleet.region: required (a Vultr region id such as "ewr")')
+    if not _REGION.match(f.region):
+        p.append(f'fleet.region: {f.region!r} is not a Vultr region id (such as "ewr" or "fra")')
     if not f.plan:
         p.append('fleet.plan: required (a Vultr plan id such as "vc2-1c-2gb")')
     if not f.tag:
@@ -540,22 +621,13 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"fleet.service: {f.service!r} is not a valid systemd unit name")
     if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", f.ssh_user):
         p.append(f"fleet.ssh_user: {f.ssh_user!r} is not a valid user name")
-    if not 1 <= f.ssh_port <= 65535:
-        p.append(f"fleet.ssh_port: {f.ssh_port} must be between 1 and 65535")
     if f.ssh_address not in ("main_ip", "internal_ip"):
         p.append(f"fleet.ssh_address: {f.ssh_address!r} must be main_ip or internal_ip")
     if not _APP.match(w.app):
         p.append(f"worker.app: {w.app!r} must be MODULE:FUNC, e.g. myjobs:handle")
-    if w.concurrency < 1:
-        p.append(f"worker.concurrency: {w.concurrency} must be at least 1")
-    if w.lease_seconds < 3:
-        p.append(f"worker.lease_seconds: {w.lease_seconds:g} must be at least 3")
-    if w.outage_seconds < 0:
-        p.append(f"worker.outage_seconds: {w.outage_seconds:g} must be >= 0 (0: the lease time)")
-    if w.drain_seconds < 0:
-        p.append(f"worker.drain_seconds: {w.drain_seconds:g} must be >= 0")
-    if not _QUEUE_NAME.match(w.queue):
-        p.append(f"worker.queue: {w.queue!r} must be 1-64 letters, digits, '_', '.', ':' or '-'")
+    queue_problem = queue_name_problem(w.queue)
+    if queue_problem:
+        p.append(f"worker.queue: {queue_problem}")
     if w.db_role and not _DB_ROLE.match(w.db_role):
         p.append(
             f"worker.db_role: {w.db_role!r} must be lowercase letters, digits and '_' "
@@ -571,19 +643,11 @@ def validate(cfg: Config) -> list[str]:
                 p.append(
                     f'queue.{key}: required with preset = "custom" (a query returning one number)'
                 )
-    if q.jobs_per_instance < 1:
-        p.append(f"queue.jobs_per_instance: {q.jobs_per_instance} must be at least 1")
-    if pol.min_instances < 0:
-        p.append(f"policy.min_instances: {pol.min_instances} must be >= 0")
-    if pol.max_instances < 0:
-        p.append(f"policy.max_instances: {pol.max_instances} must be >= 0")
     if pol.min_instances > pol.max_instances:
         p.append(
             f"policy.min_instances ({pol.min_instances}) is above policy.max_instances "
             f"({pol.max_instances}): raise the cap or lower the floor"
         )
-    if pol.max_step_up < 0:
-        p.append(f"policy.max_step_up: {pol.max_step_up} must be >= 0 (0 means no limit)")
     if pol.on_signal_error not in ("hold", "floor"):
         p.append(f"policy.on_signal_error: {pol.on_signal_error!r} must be hold or floor")
     if pol.boot_timeout <= timedelta(0):
@@ -602,11 +666,9 @@ def validate(cfg: Config) -> list[str]:
                 f"{where}.min_instances ({fl.min_instances}) is above policy.max_instances "
                 f"({pol.max_instances})"
             )
-    if b.monthly_ceiling_usd <= 0:
-        p.append(f"budget.monthly_ceiling_usd: {b.monthly_ceiling_usd:g} must be above 0")
     if d.poll_interval <= timedelta(0):
         p.append("drain.poll_interval: must be longer than 0s")
-    stop = timeout_stop_seconds(w)
+    stop = timeout_stop_seconds(w) if math.isfinite(w.drain_seconds) else 0
     if d.timeout.total_seconds() < stop:
         p.append(
             f"drain.timeout ({format_duration(d.timeout)}) is shorter than the unit's "

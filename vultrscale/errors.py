@@ -74,25 +74,97 @@ class HostUnreachable(SSHError):
 
 
 def redact(text: str, secrets: Iterable[str | None]) -> str:
-    """Replace every non-empty secret in ``text`` with ``***``."""
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "***")
+    """Replace every secret of 4 characters or more in ``text`` with ``***``, longest first
+    (a password inside a URL that is itself a secret)."""
+    for secret in sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, "***")
     return text
 
 
 # Secret masking lives here (config re-exports it) so that every module can mask without
-# importing config.
+# importing config. Connection strings are read by libpq's own parser (psycopg.conninfo), so
+# what is masked is exactly what libpq would send as the password, in either form libpq takes.
+
+POSTGRES_URL_FORM = (
+    "postgresql://USER:PASSWORD@HOST:5432/DBNAME (percent-encode '@', ':', '/', '?', '#', '%' "
+    "and spaces in the password, e.g. '/' as %2F) or "
+    "'host=HOST user=USER password=PASSWORD dbname=DBNAME'"
+)
+# The userinfo of an http(s) URL is taken to end at the last '@' anywhere: a password with an
+# unencoded '/' or '?' would otherwise be read as the path and printed.
+_HTTP_URL = re.compile(r"^(?P<scheme>https?://)(?P<rest>.*)$", re.I | re.S)
+# Left as a last resort for free text (an error message quoting some URL we were not told about)
+# and for strings libpq cannot parse at all.
 _URL_USERINFO = re.compile(
     r"^(?P<scheme>[A-Za-z][\w+.-]*://)(?P<user>[^:@/]*):(?P<pw>.*)@(?P<rest>[^@]*)$"
 )
 _URL_USERINFO_IN_TEXT = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*://[^:@/\s]*:)\S*@")
 _USER_PARAM = re.compile(r"(?:^|\s)user\s*=\s*('(?:[^'\\]|\\.)*'|\S*)")
 _PASSWORD_PARAM = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)", re.IGNORECASE)
+# A fragment libpq (or another parser) quotes back from a string it could not parse.
+_QUOTED = re.compile(r""""([^"]*)"|'([^']*)'""")
+
+
+def parse_conninfo(text: str) -> dict[str, str] | None:
+    """libpq's reading of a connection string (URL or key=value); None if it is not one.
+
+    A reading with an '@' in the host, port or database name, or a port that is not a number,
+    counts as not one: libpq took part of a password for one of those fields.
+    """
+    if not text.strip():
+        return None
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parsed = {k: str(v) for k, v in conninfo_to_dict(text).items() if v is not None}
+    except psycopg.Error:
+        return None
+    # libpq reads "postgresql://u:p/w@h/db" as host "u", port "p", dbname "w@h/db": an
+    # unencoded '/', '?' or '@' in a password moves it into fields that are printed.
+    if any("@" in parsed.get(k, "") for k in ("host", "port", "dbname")) or not re.fullmatch(
+        r"[\d,]*", parsed.get("port", "")
+    ):
+        return None
+    return parsed
+
+
+def conninfo_problem(text: str, name: str = "DATABASE_URL") -> str | None:
+    """None if libpq can read ``text``, else a message (without any of ``text``) on the form."""
+    if parse_conninfo(text) is not None:
+        return None
+    return (
+        f"{name} is not a Postgres connection string libpq can read; expected {POSTGRES_URL_FORM}"
+    )
+
+
+def checked_conninfo(text: str, name: str = "DATABASE_URL") -> str:
+    """``text`` if libpq can read it, else UsageError (exit 2) saying which form is expected."""
+    problem = conninfo_problem(text, name)
+    if problem:
+        raise UsageError(problem, hint=f"Set {name} again, in one of the forms above.")
+    return text
+
+
+def http_userinfo(url: str) -> str | None:
+    """The ``user:password`` part of an http(s) URL, if it has one."""
+    m = _HTTP_URL.match(url)
+    if m and "@" in m["rest"]:
+        return m["rest"].rpartition("@")[0]
+    return None
 
 
 def url_password(url: str) -> str | None:
-    """The password inside a database URL or conninfo string, if there is one."""
+    """The password inside a database URL or conninfo string (as libpq reads it), if any.
+
+    For an http(s) URL: its userinfo. For a string libpq cannot read: whatever sits where a
+    password would, so that it is still redacted from error text.
+    """
+    if _HTTP_URL.match(url):
+        return http_userinfo(url)
+    parsed = parse_conninfo(url)
+    if parsed is not None:
+        return parsed.get("password") or None
     m = _URL_USERINFO.match(url)
     if m and m["pw"]:
         return m["pw"]
@@ -115,41 +187,95 @@ def url_user(url: str) -> str | None:
 
 
 def mask_url(url: str) -> str:
-    """A database URL or conninfo string with its password replaced by ``***``.
+    """A URL or connection string safe to print.
 
-    Done by pattern, not by a URL parser: a password with an unescaped ``#``, ``/`` or ``?``
-    would end up in the parser's fragment or path and be printed.
+    http(s): the userinfo is dropped. Postgres: libpq's own reading, rebuilt by libpq in the
+    key=value form with the password as ``***``. A string libpq cannot read is not shown at all.
     """
-    m = _URL_USERINFO.match(url)
+    m = _HTTP_URL.match(url)
     if m:
-        url = f"{m['scheme']}{m['user']}:***@{m['rest']}"
-    return _PASSWORD_PARAM.sub(lambda p: p.group(1) + "***", url)
+        after = m["rest"].rpartition("@")[2]
+        return f"{m['scheme']}{'***@' if '@' in m['rest'] else ''}{after}"
+    parsed = parse_conninfo(url)
+    if parsed is None:
+        return "(a connection string libpq cannot read)"
+    if parsed.get("password"):
+        parsed["password"] = "***"
+    if url.lstrip().lower().startswith(("postgresql://", "postgres://")):
+        return _as_url(parsed)
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo("", **parsed)
+
+
+def _as_url(parsed: dict[str, str]) -> str:
+    """libpq's reading of a connection URL written back as a URL (values re-encoded)."""
+    from itertools import zip_longest
+    from urllib.parse import quote, urlencode
+
+    rest = dict(parsed)
+    user, password = rest.pop("user", ""), rest.pop("password", "")
+    userinfo = quote(user, safe="") + (f":{password}" if password else "")
+    hosts = rest.pop("host", "")
+    ports = rest.pop("port", "")
+    netloc = ""
+    if hosts.startswith("/"):  # a socket directory goes in the query
+        rest["host"] = hosts
+    else:
+        netloc = ",".join(
+            (f"[{h}]" if ":" in h else quote(h, safe=".-")) + (f":{p}" if p else "")
+            for h, p in zip_longest(
+                hosts.split(","), ports.split(",") if ports else [], fillvalue=""
+            )
+        )
+    dbname = quote(rest.pop("dbname", ""), safe="")
+    query = urlencode(rest)
+    return (
+        f"postgresql://{userinfo + '@' if userinfo else ''}{netloc}"
+        f"{'/' + dbname if dbname else ''}{'?' + query if query else ''}"
+    )
 
 
 def secret_values(values: Iterable[str | None]) -> list[str]:
-    """Every non-empty value, each followed by the password inside it if it is a database URL."""
+    """Every non-empty value, each followed by the password inside it (as given, as libpq
+    reads it and as a URL spells it) when it is a connection string or an http(s) URL."""
+    from urllib.parse import quote
+
     out: list[str] = []
     for value in values:
         if value:
             out.append(value)
             pw = url_password(value)
             if pw:
-                out.append(pw)
+                out.extend(dict.fromkeys([pw, quote(pw, safe=""), quote(pw)]))
     return out
+
+
+def _quoted_secret(m: re.Match[str], known: list[str]) -> str:
+    fragment = m[1] if m[1] is not None else m[2]
+    if len(fragment) >= 3 and any(fragment in s for s in known):
+        return m[0][0] + "***" + m[0][0]
+    return m[0]
 
 
 def first_line(exc: BaseException | str, secrets: Iterable[str | None] = ()) -> str:
     """The first line of an error (or of a library's message text), safe to show.
 
     Each of ``secrets`` is redacted, and so is the password inside any of them that is a
-    database URL or conninfo string; a URL password or ``password=`` left in the text is
-    masked too. An exception without text gives its class name.
+    database URL or conninfo string; a quoted fragment of a secret (libpq quotes the part of
+    a connection string it could not parse) is redacted too, and a URL password or
+    ``password=`` left in the text is masked. An exception without text gives its class name.
     """
     text = str(exc).strip()
     if text:
         line = text.splitlines()[0]
     else:
         line = type(exc).__name__ if isinstance(exc, BaseException) else "unknown error"
-    line = redact(line, secret_values(secrets))
+    known = secret_values(secrets)
+    line = redact(line, known)
+    # Fragments come back only from strings libpq could not read (a readable one is quoted
+    # back only as its host or database name, which are not secret).
+    unreadable = [s for s in known if parse_conninfo(s) is None]
+    line = _QUOTED.sub(lambda m: _quoted_secret(m, unreadable), line)
     line = _URL_USERINFO_IN_TEXT.sub(lambda m: m["head"] + "***@", line)
     return _PASSWORD_PARAM.sub(lambda p: p.group(1) + "***", line)

@@ -104,17 +104,13 @@ class Metrics:
             ) from None
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Serve /metrics; a port out of range or taken is refused before any pass runs."""
-        if not 1 <= port <= 65535:
-            raise UsageError(
-                f"--metrics-port {port} is not a TCP port", hint="Pick a port in 1..65535."
-            )
+        """Serve /metrics on addr:port; a port in use or refused is a UsageError (exit 2)."""
         try:
             start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
             raise UsageError(
-                f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}",
-                hint="Pick a free port with --metrics-port.",
+                f"--metrics-port {port}: cannot listen on {addr}:{port}: {exc.strerror or exc}",
+                hint="Pick a free port (`ss -ltn` lists those in use) or drop --metrics-port.",
             ) from None
 
 

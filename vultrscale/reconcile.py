@@ -63,6 +63,7 @@ from vultrscale.vultr.errors import (
     InstanceLocked,
     NotFound,
     VultrError,
+    unknown_region,
 )
 
 if TYPE_CHECKING:
@@ -270,7 +271,11 @@ def _check_plan(cfg: Config, cloud: Cloud) -> PlanPrice:
             f"fleet.plan {fleet.plan!r} is not a Vultr plan",
             hint="Pick a plan id from https://api.vultr.com/v2/plans (e.g. vc2-1c-2gb).",
         ) from None
-    if fleet.plan not in cloud.region_availability(fleet.region):
+    try:
+        available = cloud.region_availability(fleet.region)
+    except NotFound:
+        raise unknown_region(fleet.region) from None
+    if fleet.plan not in available:
         raise UsageError(
             f"plan {fleet.plan!r} is not offered in region {fleet.region!r}",
             hint="Choose another plan or region; GET /v2/regions/<id>/availability lists them.",

@@ -110,6 +110,17 @@ class SnapshotTimeout(RuntimeFailure):
         self.snapshot_id = snapshot_id
 
 
+class SnapshotInterrupted(RuntimeFailure):
+    """Ctrl-C while waiting: the snapshot goes on at Vultr; ``--resume`` picks it up."""
+
+    exit_code = 130  # the shell's code for SIGINT, as every interrupted command returns
+
+
+def resume_command(snapshot_id: str) -> str:
+    """The command that waits for ``snapshot_id`` again and records it."""
+    return f"vultrscale snapshot --resume {snapshot_id}"
+
+
 ProgressFn = Callable[[Progress], None]
 
 
@@ -331,7 +342,17 @@ def _finish(
     on_progress: ProgressFn | None,
 ) -> BakeResult:
     fleet = cfg.fleet.name
-    snap, elapsed = _wait_complete(client, database_url, snapshot_id, timeout, clock, on_progress)
+    try:
+        snap, elapsed = _wait_complete(
+            client, database_url, snapshot_id, timeout, clock, on_progress
+        )
+    except KeyboardInterrupt:
+        # Ctrl-C: Vultr goes on making the snapshot, which stays recorded as pending.
+        raise SnapshotInterrupted(
+            f"interrupted while waiting for snapshot {snapshot_id}; Vultr keeps making it, "
+            "but it is not the fleet's snapshot yet",
+            hint=f"Run `{resume_command(snapshot_id)}` to wait for it again and record it.",
+        ) from None
     _record(database_url, fleet, snapshot_id, description, created_at, store.COMPLETE)
     # The previous fleet snapshot too: a reconcile pass that read it before this bake may be
     # creating instances from it right now.
@@ -401,7 +422,7 @@ def _wait_complete(
                 f"{format_duration(timeout)}; it was not made the fleet's snapshot",
                 snapshot_id=snapshot_id,
                 hint="Big disks take a while. Vultr keeps working on it: run "
-                f"`vultrscale snapshot --resume {snapshot_id}` to wait again and record it "
+                f"`{resume_command(snapshot_id)}` to wait again and record it "
                 "(or check it in the Vultr console, Orchestration > Snapshots).",
             )
         pause = min(interval, deadline - now)

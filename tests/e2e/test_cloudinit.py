@@ -26,7 +26,11 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 NASTY_PASSWORD = "p@ss w\"o'rd$HOME`id`\\#: - [x] {y}"
-NASTY_URL = "postgresql://app:" + NASTY_PASSWORD.replace("@", "%40") + "@db.internal:5432/jobs"
+# libpq's key=value form keeps every awkward character (a URL would percent-encode them: libpq
+# refuses a URL with a raw space and would quote the password back in its error)
+NASTY_URL = "host=db.internal port=5432 user=app dbname=jobs password='{}'".format(
+    NASTY_PASSWORD.replace("\\", "\\\\").replace("'", "\\'")
+)
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {

@@ -437,3 +437,41 @@ def test_cli_bad_input_exits_2_before_any_request(
     assert needle in err
     assert KEY not in err
     assert cli_env.request_log == []
+
+
+class _CtrlCAfter(FakeClock):
+    """A FakeClock whose n-th sleep is interrupted, as Ctrl-C interrupts the real wait."""
+
+    def __init__(self, sleeps: int) -> None:
+        super().__init__()
+        self.left = sleeps
+
+    def sleep(self, seconds: float) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise KeyboardInterrupt
+        super().sleep(seconds)
+
+
+def test_ctrl_c_while_waiting_names_the_snapshot_and_the_resume_command(db_url: str) -> None:
+    clock = _CtrlCAfter(sleeps=2)
+    sim = Simulator(
+        KEY, clock=clock, timings=Timings(snapshot_complete=SNAP_SECONDS), rate_limit=None
+    )
+    inst = sim.create_instance(region="ewr", plan="vc2-1c-2gb", os_id=2136, label="b", tags=[])
+    clock.advance(120)
+    with VultrClient(KEY, "http://vultr.sim", transport=SimTransport(sim), sleep=clock.sleep) as c:
+        with pytest.raises(snapshots.SnapshotInterrupted) as err:
+            snapshots.bake(c, db_url, _cfg(), str(inst["id"]), clock=clock)
+        (snap_id,) = sim.snapshots
+        assert err.value.exit_code == 130
+        assert snap_id in err.value.message
+        assert f"`vultrscale snapshot --resume {snap_id}`" in err.value.hint
+        with store.connect(db_url) as conn:  # listed for the fleet, pending, not its snapshot
+            assert [(r.snapshot_id, r.status) for r in store.fleet_snapshots(conn, "workers")] == [
+                (snap_id, "pending")
+            ]
+            assert store.recorded_snapshot(conn, "workers") != snap_id
+        clock.left = 10_000
+        done = snapshots.resume(c, db_url, _cfg(), snap_id, clock=clock)  # the named command
+    assert done.is_complete and done.snapshot_id == snap_id

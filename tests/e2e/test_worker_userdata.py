@@ -114,11 +114,14 @@ def test_a_create_sends_only_the_workers_credentials_unless_opted_in(
         with pytest.raises(UsageError, match="WORKER_DATABASE_URL is not set") as refused:
             world.run(cfg)
         assert SCALER_PW not in str(refused.value) + (refused.value.hint or "")
-        # Refused before any change: no request to create, no intent in the ledger, no event.
+        # Refused before any change: no request to create, no intent in the ledger; the
+        # refused pass's own event, with the reason and no password, is its only write.
         assert world.sim.count("POST", "/v2/instances") == 0 and world.fleet() == []
         assert world.ledger() == {}
         with psycopg.connect(world.db_url) as conn:
-            assert conn.execute("SELECT count(*) FROM fleet_events").fetchone() == (0,)
+            events = conn.execute("SELECT exit_code, errors::text FROM fleet_events").fetchall()
+        assert len(events) == 1 and events[0][0] == 2, events
+        assert "WORKER_DATABASE_URL" in events[0][1] and SCALER_PW not in events[0][1]
         return
     result = world.run(cfg)
     assert result.exit_code == 0, result.errors

@@ -1,5 +1,10 @@
 """The simulator's responses against the official Vultr OpenAPI document (2023-12-07).
 
+The document is read from a trimmed extract kept in the repository,
+``tests/openapi/vultr-v2-extract.json`` (the operations the client calls and the schemas they
+use, without prose); ``scripts/openapi_extract.py`` regenerates it from the full document and
+records the document's version, date and SHA-256 in it.
+
 Every route the client uses is called through the in-process transport with raw httpx, and
 the body is validated with jsonschema against the response schema of that operation. The
 spec's component schemas declare no ``required`` and allow extra fields, so on top of it every
@@ -24,7 +29,7 @@ import pytest
 from vultrscale.clock import FakeClock
 from vultrscale.sim import SimTransport, Simulator, Timings
 
-SPEC_PATH = Path(__file__).parents[2].parent / "shared" / "vultr" / "openapi-v2-2023-12-07.json"
+SPEC_PATH = Path(__file__).parents[1] / "openapi" / "vultr-v2-extract.json"
 KEY = "contract-test-key"
 
 # Documented departures from the 2023 schemas (API-NOTES §3.3, §4, §5).
@@ -53,14 +58,17 @@ ERROR_SCHEMA = {
 
 @pytest.fixture(scope="module")
 def spec() -> dict[str, Any]:
-    if not SPEC_PATH.is_file():
-        pytest.fail(
-            f"The official OpenAPI document is missing: expected it at {SPEC_PATH} "
-            "(the shared folder next to the repository). The contract tests cannot run "
-            "without it."
-        )
     loaded: dict[str, Any] = json.loads(SPEC_PATH.read_text())
     return loaded
+
+
+def test_the_extract_names_the_document_it_was_cut_from(spec: dict[str, Any]) -> None:
+    made = spec["x-extract"]
+    assert (made["version"], made["date"]) == ("2.0", "2023-12-07")
+    assert len(made["sha256"]) == 64
+    # no prose left: the schemas only
+    text = json.dumps(spec)
+    assert '"summary"' not in text and '"example' not in text and '"x-codeSamples"' not in text
 
 
 def _resolve(node: Any, spec: dict[str, Any]) -> Any:

@@ -52,6 +52,11 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("worker", "vultrscale.cli.queue", "Run jobs from the queue; drain on SIGTERM."),
     Entry("enqueue", "vultrscale.cli.queue", "Put jobs on the queue."),
     Entry("sim", "vultrscale.cli.local", "The Vultr API simulator."),
+    Entry(
+        "simulate",
+        "vultrscale.cli.local",
+        "Replay a workload through the real pass; compare policies and tune.",
+    ),
     Entry("config", "vultrscale.cli.local", "Check the configuration."),
 )
 

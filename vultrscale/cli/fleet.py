@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json
+from vultrscale import params
+from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
 from vultrscale.errors import UsageError, VultrscaleError
 from vultrscale.wiring import API_KEY_HINT, DB_HINT, build_parts, require
 
@@ -33,10 +35,16 @@ def reconcile_cmd(
     loop: Annotated[
         bool, typer.Option("--loop", help="Run passes until interrupted.", show_default=False)
     ] = False,
-    interval: Annotated[
-        str,
-        typer.Option("--interval", metavar="DURATION", help="Time between passes with --loop."),
-    ] = "30s",
+    every: Annotated[
+        timedelta,
+        typer.Option(
+            "--interval",
+            parser=params.duration(params.MIN_RECONCILE_INTERVAL),
+            metavar="DURATION",
+            show_default=False,
+            help=shown("Time between passes with --loop (at least 5s).", "30s"),
+        ),
+    ] = timedelta(seconds=30),
     as_json: JsonFlag = False,
     metrics_file: Annotated[
         str | None,
@@ -49,20 +57,18 @@ def reconcile_cmd(
     metrics_port: Annotated[
         int | None,
         typer.Option(
-            "--metrics-port", metavar="PORT", help="With --loop, serve /metrics on 127.0.0.1:PORT."
+            "--metrics-port",
+            parser=params.port,
+            metavar="PORT",
+            help="With --loop, serve /metrics on 127.0.0.1:PORT.",
         ),
     ] = None,
 ) -> int:
     """One reconcile pass (or a loop): observe, progress drains, decide, act, record."""
     from vultrscale.cli import fail
     from vultrscale.cli.views import print_pass
-    from vultrscale.config import parse_duration
     from vultrscale.reconcile import run_forever, run_pass
 
-    try:
-        every = parse_duration(interval, "--interval")
-    except ValueError as exc:
-        raise UsageError(str(exc), hint="Write durations like 30s, 5m or 1h.") from None
     if metrics_port is not None and not loop:
         raise UsageError(
             "--metrics-port needs --loop", hint="Use --metrics-file for single passes."
@@ -122,8 +128,15 @@ def status_cmd(
         bool, typer.Option("--watch", help="Refresh every few seconds.", show_default=False)
     ] = False,
     every: Annotated[
-        float, typer.Option("--every", metavar="SECONDS", help="Seconds between refreshes.")
-    ] = 5.0,
+        timedelta,
+        typer.Option(
+            "--every",
+            parser=params.duration(params.MIN_WATCH_EVERY),
+            metavar="DURATION",
+            show_default=False,
+            help=shown("Time between refreshes with --watch.", "5s"),
+        ),
+    ] = timedelta(seconds=5),
 ) -> int:
     """The fleet: every instance, the queue, desired count and why, budget used."""
     from vultrscale import status
@@ -153,7 +166,7 @@ def status_cmd(
 
         with Live(view(result, now), console=out, auto_refresh=False) as live:
             while True:
-                time.sleep(max(0.5, every))
+                time.sleep(every.total_seconds())
                 result, now = _status_once(cfg, parts)
                 live.update(view(result, now), refresh=True)
     finally:
@@ -165,21 +178,25 @@ def status_cmd(
     epilog=examples("vultrscale events", "vultrscale events --since 2d --json"),
 )
 def events_cmd(
-    since: Annotated[
-        str, typer.Option("--since", metavar="DURATION", help="How far back (e.g. 30m, 2d).")
-    ] = "1h",
+    window: Annotated[
+        timedelta,
+        typer.Option(
+            "--since",
+            parser=params.duration(),
+            metavar="DURATION",
+            show_default=False,
+            help=shown("How far back (e.g. 30m, 2d).", "1h"),
+        ),
+    ] = timedelta(hours=1),
     as_json: JsonFlag = False,
 ) -> None:
     """The decision ledger: every pass, its inputs, the clamps, actions and results."""
     from datetime import UTC, datetime
 
-    from vultrscale.config import parse_duration
+    from vultrscale.config import format_duration
     from vultrscale.db import ledger, pg
 
-    try:
-        window = parse_duration(since, "--since")
-    except ValueError as exc:
-        raise UsageError(str(exc), hint="Write durations like 30m, 1h or 2d.") from None
+    since = format_duration(window)
     cfg = load_config()
     db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", DB_HINT)
     with pg.session(db_url, "cannot read the events") as conn:
@@ -201,6 +218,7 @@ def instances_cmd(as_json: JsonFlag = False) -> None:
     """The fleet's instances as the Vultr API reports them (no database needed)."""
     cfg = load_config()
     api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
+    from vultrscale.config import mask_url
     from vultrscale.vultr.client import VultrClient
 
     with VultrClient(api_key, cfg.api_url) as client:
@@ -213,7 +231,7 @@ def instances_cmd(as_json: JsonFlag = False) -> None:
             {
                 "fleet": cfg.fleet.name,
                 "tag": cfg.fleet.tag,
-                "api_url": cfg.api_url,
+                "api_url": mask_url(cfg.api_url),
                 "count": len(found),
                 "instances": [views.instance_json(i) for i in found],
             }
@@ -223,8 +241,10 @@ def instances_cmd(as_json: JsonFlag = False) -> None:
     where = f"fleet {cfg.fleet.name!r}, tag {cfg.fleet.tag!r}"
     if not found:
         out.print(
-            views.plain(f"No instances carry the tag ({where}) at {cfg.api_url}; the key works.")
+            views.plain(
+                f"No instances carry the tag ({where}) at {mask_url(cfg.api_url)}; the key works."
+            )
         )
         return
     out.print(views.instances_table(found, out.width))
-    out.print(views.plain(f"{len(found)} instance(s): {where}\nAPI: {cfg.api_url}"))
+    out.print(views.plain(f"{len(found)} instance(s): {where}\nAPI: {mask_url(cfg.api_url)}"))

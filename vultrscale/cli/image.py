@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from vultrscale import params
 from vultrscale.cli._common import examples, group, load_config, shown
 from vultrscale.errors import UsageError
 from vultrscale.wiring import API_KEY_HINT, DB_HINT, require
@@ -40,7 +42,13 @@ def snapshot_cmd(
         ),
     ] = None,
     keep: Annotated[
-        int, typer.Option("--keep", metavar="N", help="Fleet snapshots to keep, newest first.")
+        int,
+        typer.Option(
+            "--keep",
+            parser=params.count(),
+            metavar="N",
+            help="Fleet snapshots to keep, newest first.",
+        ),
     ] = 3,
     no_wait: Annotated[
         bool,
@@ -48,10 +56,16 @@ def snapshot_cmd(
             "--no-wait", help="Return after the request; use --resume later.", show_default=False
         ),
     ] = False,
-    timeout: Annotated[
-        str,
-        typer.Option("--timeout", metavar="DURATION", help="How long to wait for `complete`."),
-    ] = "60m",
+    wait_for: Annotated[
+        timedelta,
+        typer.Option(
+            "--timeout",
+            parser=params.duration(timedelta(seconds=1)),
+            metavar="DURATION",
+            show_default=False,
+            help=shown("How long to wait for `complete`.", "60m"),
+        ),
+    ] = timedelta(minutes=60),
     resume: Annotated[
         str | None,
         typer.Option(
@@ -62,10 +76,6 @@ def snapshot_cmd(
     ] = None,
 ) -> None:
     """Bake the base image: snapshot an instance, wait until complete, record it, prune."""
-    from datetime import timedelta
-
-    from vultrscale.config import parse_duration
-
     if bool(from_instance) == bool(resume):
         raise UsageError(
             "give exactly one of --from-instance ID and --resume ID",
@@ -73,15 +83,6 @@ def snapshot_cmd(
         )
     if resume and no_wait:
         raise UsageError("--no-wait has no meaning with --resume", hint="Drop --no-wait.")
-    try:
-        wait_for: timedelta = parse_duration(timeout, "--timeout")
-    except ValueError as exc:
-        raise UsageError(str(exc), hint="Write it like 90s, 30m or 2h.") from None
-    if keep < 1 or wait_for.total_seconds() <= 0:
-        raise UsageError(
-            "--keep must be at least 1 and --timeout positive",
-            hint="The new snapshot is always kept; --keep 1 deletes every older fleet snapshot.",
-        )
     cfg = load_config()
     api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
     db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", DB_HINT)

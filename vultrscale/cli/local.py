@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from typing import Annotated
 
 import typer
 
+from vultrscale import params
 from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
 from vultrscale.errors import EXIT_RUNTIME, UsageError
 
@@ -27,11 +29,15 @@ app.add_typer(sim_app, name="sim")
 )
 def demo_cmd(
     duration: Annotated[
-        float,
+        timedelta,
         typer.Option(
-            "--duration", metavar="SECONDS", min=10, help="Stop after this many seconds at most."
+            "--duration",
+            parser=params.duration(params.MIN_DEMO_DURATION),
+            metavar="DURATION",
+            show_default=False,
+            help=shown("Stop after this long at most (at least 10s).", "2m"),
         ),
-    ] = 120.0,
+    ] = timedelta(minutes=2),
     bursts: Annotated[
         str,
         typer.Option(
@@ -66,7 +72,7 @@ def demo_cmd(
     from vultrscale.cli import views
 
     settings = demo.Settings(
-        duration=duration,
+        duration=duration.total_seconds(),
         bursts=demo.parse_bursts(bursts),
         seed=seed,
         logs_dir=Path(logs).expanduser().resolve() if logs else None,
@@ -109,7 +115,117 @@ def demo_cmd(
     return 0 if summary.ok else EXIT_RUNTIME
 
 
-# `simulate` and `init` are registered here by the branches that build them.
+# `init` is registered here by the branch that builds it.
+
+
+@app.command(
+    "simulate",
+    epilog=examples(
+        "vultrscale simulate",
+        "vultrscale simulate --workload steady --days 3 --boot-time 1m..3m --json",
+        "vultrscale --config prod.toml simulate --from-db --since 14d --plot week.png",
+        "vultrscale simulate --sweep policy.idle_before_scale_down=0s,5m,15m "
+        "--sweep policy.billing_hour_aware=true,false",
+    ),
+)
+def simulate_cmd(
+    workload: Annotated[
+        str,
+        typer.Option(
+            "--workload",
+            metavar="SHAPE|PATH.csv",
+            help="bursty-day, steady, spiky, or a CSV of arrival_seconds,duration_seconds.",
+        ),
+    ] = "bursty-day",
+    from_db: Annotated[
+        bool,
+        typer.Option("--from-db", help="Replay the built-in queue's own history (DATABASE_URL)."),
+    ] = False,
+    since: Annotated[
+        str, typer.Option("--since", metavar="DURATION", help="With --from-db: how far back.")
+    ] = "7d",
+    days: Annotated[int, typer.Option("--days", metavar="N", help="Days of a built-in shape.")] = 7,
+    jobs_per_day: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs-per-day",
+            metavar="N",
+            help="Volume of a built-in shape (bursty-day 600 per weekday, steady 2000, spiky 400).",
+        ),
+    ] = None,
+    policies: Annotated[
+        str,
+        typer.Option(
+            "--policies", metavar="LIST", help="Comma-separated: always-on,naive,keda,vultrscale."
+        ),
+    ] = "always-on,naive,keda,vultrscale",
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed for the workload and boots.")
+    ] = 0,
+    boot_time: Annotated[
+        str,
+        typer.Option(
+            "--boot-time",
+            metavar="DUR|MIN..MAX",
+            help="Create to worker up (snapshot restores: 10-15 min at Vultr).",
+        ),
+    ] = "10m..15m",
+    interval: Annotated[
+        str, typer.Option("--interval", metavar="DURATION", help="Time between passes.")
+    ] = "30s",
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sweep",
+            metavar="KEY=V1,V2",
+            help="Run vultrscale once per combination of config values (repeatable).",
+        ),
+    ] = None,
+    monthly_usd: Annotated[
+        float | None,
+        typer.Option(
+            "--monthly-usd", metavar="USD", help="The plan's monthly price (default: list price)."
+        ),
+    ] = None,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot", metavar="PATH.png", help="Draw queue, fleet and cost (needs [plot])."
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> int:
+    """Replay a workload through the real pass and compare policies (cost, waits, lost work)."""
+    from pathlib import Path
+
+    from vultrscale.cli import views
+    from vultrscale.cli._common import state
+    from vultrscale.simulate import command
+
+    opts = command.Options(
+        workload=workload,
+        from_db=from_db,
+        since=since,
+        days=days,
+        jobs_per_day=jobs_per_day,
+        policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+        seed=seed,
+        boot_time=boot_time,
+        interval=interval,
+        sweeps=tuple(sweep or ()),
+        monthly_usd=monthly_usd,
+        plot=Path(plot) if plot else None,
+        as_json=as_json,
+    )
+    return command.execute(
+        opts,
+        load_config(),
+        config_path=state.config_path,
+        env=os.environ,
+        out=views.console(),
+        err=views.console(stderr=True),
+        print_json=print_json,
+    )
 
 
 @sim_app.command(
@@ -120,7 +236,13 @@ def demo_cmd(
 )
 def sim_serve(
     port: Annotated[
-        int, typer.Option("--port", metavar="PORT", help="TCP port; 0 picks a free one.")
+        int,
+        typer.Option(
+            "--port",
+            parser=params.port_or_zero,
+            metavar="PORT",
+            help="TCP port; 0 picks a free one.",
+        ),
     ] = 8090,
     host: Annotated[
         str,

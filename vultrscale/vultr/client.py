@@ -28,7 +28,7 @@ import tenacity
 
 from vultrscale import __version__
 from vultrscale.config import Secret
-from vultrscale.errors import UsageError, redact
+from vultrscale.errors import UsageError, http_userinfo, mask_url, redact, secret_values
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     ApiUnreachable,
@@ -82,10 +82,12 @@ def _validate_base_url(base_url: str) -> str:
     hint = "Set VULTR_API_URL to an http(s) URL such as https://api.vultr.com (without /v2)."
     try:
         url = httpx.URL(base_url.strip())
-    except (httpx.InvalidURL, TypeError) as exc:
-        raise UsageError(f"Vultr API URL {base_url!r} is not a valid URL.", hint=hint) from exc
+    except (httpx.InvalidURL, TypeError):
+        shown = mask_url(base_url)
+        raise UsageError(f"Vultr API URL {shown!r} is not a valid URL.", hint=hint) from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise UsageError(f"Vultr API URL {base_url!r} is not an http(s) URL.", hint=hint)
+        shown = mask_url(base_url)
+        raise UsageError(f"Vultr API URL {shown!r} is not an http(s) URL.", hint=hint)
     text = str(url).rstrip("/")
     return text[: -len("/v2")] if text.endswith("/v2") else text
 
@@ -185,7 +187,7 @@ class VultrClient:
         )
 
     def __repr__(self) -> str:
-        return f"VultrClient(base_url={self.base_url!r}, api_key='***')"
+        return f"VultrClient(base_url={mask_url(self.base_url)!r}, api_key='***')"
 
     def __enter__(self) -> VultrClient:
         return self
@@ -434,7 +436,9 @@ class VultrClient:
         if isinstance(failure, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
             # The request never left this machine: repeating it is safe, even for a create.
             raise _Retry(
-                ApiUnreachable(f"{method} {path}: cannot connect to {self.base_url} ({detail}).")
+                ApiUnreachable(
+                    f"{method} {path}: cannot connect to {mask_url(self.base_url)} ({detail})."
+                )
             )
         if create_label is not None:
             # Sent, but no answer was read: the server may have acted on it.
@@ -543,7 +547,7 @@ class VultrClient:
         )
 
     def _redact(self, text: str) -> str:
-        return redact(text, [self._key.reveal()])
+        return redact(text, secret_values([self._key.reveal(), http_userinfo(self.base_url)]))
 
 
 _BAD_BODY_HINT = "A proxy or VULTR_API_URL may point at something other than the Vultr API."

@@ -6,7 +6,7 @@ The type decides what a caller does next: ``NotFound`` is an answer, ``InstanceL
 
 from __future__ import annotations
 
-from vultrscale.errors import EXIT_USAGE, RuntimeFailure
+from vultrscale.errors import EXIT_USAGE, RuntimeFailure, UsageError
 
 AUTH_HINT = (
     "check VULTR_API_KEY; if the key has an IP allow-list, add this machine's address "
@@ -99,3 +99,12 @@ class AmbiguousCreate(VultrError):
     ) -> None:
         super().__init__(message, status=status, api_message=api_message, hint=hint)
         self.label = label
+
+
+def unknown_region(region: str) -> UsageError:
+    """The error for a fleet.region Vultr does not know (exit 2, before anything is touched)."""
+    return UsageError(
+        f"fleet.region {region!r} is not a Vultr region",
+        hint="Set fleet.region to a region id from https://api.vultr.com/v2/regions "
+        "(e.g. ewr, fra, sgp).",
+    )

@@ -47,7 +47,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from vultrscale.config import mask_url, outage_budget
-from vultrscale.db import queue
+from vultrscale.db import pg, queue
 from vultrscale.db.queue import DEFAULT_BACKOFF_CAP_SECONDS, DEFAULT_BACKOFF_SECONDS
 from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError, first_line
 from vultrscale.worker.job import Job, LeaseLost, PermanentError
@@ -229,13 +229,13 @@ def _database_error(
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return DatabaseError(
             f"the queue tables are missing in {mask_url(conninfo)}: {text}",
-            hint="Run `vultrscale db init` with the same DATABASE_URL first.",
+            hint=pg.HINT_NO_TABLES,
         )
     if starting:
         after = f" after waiting {waited:.0f} s" if waited else ""
         return DatabaseError(
             f"cannot reach the database at {mask_url(conninfo)}{after}: {text}",
-            hint="Check DATABASE_URL (host, port, user, database) and that Postgres is running.",
+            hint=pg.HINT_UNREACHABLE,
         )
     return DatabaseError(
         f"lost the database at {mask_url(conninfo)}: {text}",

@@ -1,0 +1,81 @@
+"""`vultrscale simulate --from-db` replays what the real worker left in a real Postgres."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from tests.e2e.worker_procs import wait_for
+from vultrscale.cli import main
+from vultrscale.db import history
+from vultrscale.db import queue as q
+from vultrscale.worker import Job
+from vultrscale.worker.runtime import Worker, WorkerSettings
+
+JOB_SECONDS = 0.3
+
+
+def _run_jobs(db_url: str, n: int) -> None:
+    """Enqueue ``n`` jobs and let the reference worker run them all, for real."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        q.enqueue(conn, [{"k": i} for i in range(n)])
+
+    def handle(job: Job) -> None:
+        time.sleep(JOB_SECONDS)  # the job's own work
+
+    worker = Worker(
+        WorkerSettings(app="test:handle", concurrency=2, lease_seconds=10, worker_id="w-sim"),
+        db_url,
+        handle,
+        lambda line: None,
+    )
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+
+    def done() -> bool:
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()
+            return bool(row and row[0] == n)
+
+    try:
+        wait_for(done, f"{n} jobs to succeed", 30)
+    finally:
+        worker.request_stop()
+        t.join(20)
+    assert not t.is_alive()
+
+
+def test_from_db_replays_the_jobs_the_real_worker_finished(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run_jobs(db_url, 6)
+    rows = history.finished_jobs(db_url, timedelta(hours=1))
+    assert len(rows) == 6
+    # duration = finished - due: at least the job's own run time (the queue has no start time)
+    assert all((fin - due).total_seconds() >= JOB_SECONDS for due, fin in rows)
+
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    code = main(
+        ["simulate", "--from-db", "--since", "1h", "--boot-time", "1m", "--json",
+         "--policies", "keda,vultrscale"]
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["workload"]["jobs"] == 6
+    assert "upper bound" in doc["workload"]["note"]
+    ours = next(r for r in doc["results"] if r["policy"] == "vultrscale")
+    assert ours["finished"] == 6 and ours["lost"] == 0 and ours["killed"] == 0
+    assert ours["billed_hours"] == 2  # six jobs at four per instance: two instances, an hour each
+
+
+def test_from_db_with_no_finished_jobs_exits_2(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert main(["simulate", "--from-db"]) == 2
+    assert "no finished jobs" in capsys.readouterr().err

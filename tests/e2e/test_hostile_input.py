@@ -1,0 +1,242 @@
+# ruff: noqa: E501  (the case table keeps one case a line)
+"""The hostile corpus: bad input from the config file, the environment, the flags and the
+outside world (the API, the database), one row per case in CASES.
+
+Each case runs the real CLI entry point in-process against the Vultr simulator over loopback
+HTTP and a real Postgres, and asserts: the exit code; a message naming the problem; no
+traceback; no secret (the API key, the database password); and nothing changed (no request
+that changes anything at the simulator, no row written in any table).
+
+Add a case by adding a row. ``toml`` is appended to a valid base config whose last table is
+[fleet] (so ``ssh_port = 0`` without a header is a fleet key); ``env`` values may name
+``{db}`` (the database URL with a password), ``{api}`` (the simulator), ``{closed}`` (a port
+nothing listens on) or ``{empty_db}`` (a database without the schema); None unsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.e2e.cli_world import World, cli_world
+from vultrscale.cli import main
+from vultrscale.sim.app import Simulator
+
+API_KEY = "VKEY-hostile-0123456789abcdefghijklm"
+DB_PASSWORD = "pw-hostile-never-shown-77"
+PROXY_PASSWORD = "proxy-pw-never-shown-55"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]
+    code: int
+    says: str  # found in the output, case-insensitive: the message names the problem
+    toml: str = ""
+    env: dict[str, str | None] = field(default_factory=dict)
+    xfail: str = ""  # reason, when another helper's pending work is what fails
+
+
+def c(id: str, argv: str | tuple[str, ...], code: int, says: str, **kw: Any) -> Case:
+    return Case(id, tuple(argv.split()) if isinstance(argv, str) else argv, code, says, **kw)
+
+
+CHECK = "config check"
+# fmt: off
+CASES = [
+    # --- the config file ---------------------------------------------------------------------
+    c('cfg-drain-seconds-nan', CHECK, 2, 'worker.drain_seconds', toml='[worker]\ndrain_seconds = nan'),
+    c('cfg-lease-seconds-nan', CHECK, 2, 'worker.lease_seconds', toml='[worker]\nlease_seconds = nan'),
+    c('cfg-lease-seconds-inf', CHECK, 2, 'worker.lease_seconds', toml='[worker]\nlease_seconds = inf'),
+    c('cfg-lease-seconds-too-short', CHECK, 2, 'worker.lease_seconds', toml='[worker]\nlease_seconds = 1'),
+    c('cfg-drain-seconds-negative', CHECK, 2, 'worker.drain_seconds', toml='[worker]\ndrain_seconds = -1'),
+    c('cfg-concurrency-zero', CHECK, 2, 'worker.concurrency', toml='[worker]\nconcurrency = 0'),
+    c('cfg-concurrency-int64', CHECK, 2, 'worker.concurrency', toml='[worker]\nconcurrency = 9223372036854775807'),
+    c('cfg-queue-name-injection', CHECK, 2, 'worker.queue', toml="[worker]\nqueue = 'a b;drop'"),
+    c('cfg-max-instances-negative', CHECK, 2, 'policy.max_instances', toml='[policy]\nmax_instances = -1'),
+    c('cfg-max-instances-huge', CHECK, 2, 'policy.max_instances', toml='[policy]\nmax_instances = 1000000000'),
+    c('cfg-max-instances-string', CHECK, 2, 'policy.max_instances', toml="[policy]\nmax_instances = 'many'"),
+    c('cfg-max-instances-bool', CHECK, 2, 'policy.max_instances', toml='[policy]\nmax_instances = true'),
+    c('cfg-max-step-up-negative', CHECK, 2, 'policy.max_step_up', toml='[policy]\nmax_step_up = -2'),
+    c('cfg-boot-timeout-overflow', CHECK, 2, 'policy.boot_timeout', toml="[policy]\nboot_timeout = '99999999999d'"),
+    c('cfg-cooldown-negative', CHECK, 2, 'policy.scale_up_cooldown', toml="[policy]\nscale_up_cooldown = '-5m'"),
+    c('cfg-cooldown-nan', CHECK, 2, 'policy.scale_down_cooldown', toml='[policy]\nscale_down_cooldown = nan'),
+    c('cfg-cooldown-inf', CHECK, 2, 'policy.idle_before_scale_down', toml='[policy]\nidle_before_scale_down = inf'),
+    c('cfg-duration-words', CHECK, 2, 'policy.boot_timeout', toml="[policy]\nboot_timeout = 'soon'"),
+    c('cfg-floor-negative', CHECK, 2, 'policy.floor[0].min_instances', toml="[[policy.floor]]\ncron = '* * * * *'\nmin_instances = -1"),
+    c('cfg-ceiling-nan', CHECK, 2, 'budget.monthly_ceiling_usd', toml='[budget]\nmonthly_ceiling_usd = nan'),
+    c('cfg-ceiling-inf', CHECK, 2, 'budget.monthly_ceiling_usd', toml='[budget]\nmonthly_ceiling_usd = inf'),
+    c('cfg-ceiling-negative', CHECK, 2, 'budget.monthly_ceiling_usd', toml='[budget]\nmonthly_ceiling_usd = -5'),
+    c('cfg-poll-interval-zero', CHECK, 2, 'drain.poll_interval', toml="[drain]\npoll_interval = '0s'"),
+    c('cfg-drain-timeout-overflow', CHECK, 2, 'drain.timeout', toml='[drain]\ntimeout = 1e300'),
+    c('cfg-jobs-per-instance-zero', CHECK, 2, 'queue.jobs_per_instance', toml='[queue]\njobs_per_instance = 0'),
+    c('cfg-ssh-port-zero', CHECK, 2, 'fleet.ssh_port', toml='ssh_port = 0'),
+    c('cfg-ssh-port-too-big', CHECK, 2, 'fleet.ssh_port', toml='ssh_port = 70000'),
+    c('cfg-region-path', CHECK, 2, 'fleet.region', toml="region = '../../v2/account'"),
+    c('cfg-not-toml', CHECK, 2, 'not valid TOML', toml='[[[ oops'),
+    c('cfg-secret-in-file', CHECK, 2, 'secrets are not read', toml=f"[secrets]\napi_key = '{API_KEY}'"),
+    c('cfg-unknown-key', CHECK, 2, 'fleet.colour: unknown key', toml="colour = 'blue'"),
+    c('cfg-file-missing', '--config /nonexistent/vs.toml config check', 2, 'does not exist'),
+    # --- the environment -----------------------------------------------------------------------
+    c('env-drain-seconds-nan', CHECK, 2, 'worker.drain_seconds', env={'VULTRSCALE_WORKER_DRAIN_SECONDS': 'nan'}),
+    c('env-max-instances-inf', CHECK, 2, 'policy.max_instances', env={'VULTRSCALE_POLICY_MAX_INSTANCES': 'inf'}),
+    c('env-cooldown-overflow', CHECK, 2, 'policy.scale_up_cooldown', env={'VULTRSCALE_POLICY_SCALE_UP_COOLDOWN': '99999999999d'}),
+    c('env-unknown-setting', CHECK, 2, 'policy.bogus: unknown key', env={'VULTRSCALE_POLICY_BOGUS': '1'}),
+    c('env-config-missing', CHECK, 2, 'does not exist', env={'VULTRSCALE_CONFIG': '/nonexistent/vs.toml'}),
+    c('env-api-url-not-http', CHECK, 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'ftp://example.com'}),
+    c('env-api-url-no-scheme-with-password', CHECK, 2, 'VULTR_API_URL', env={'VULTR_API_URL': f'user:{PROXY_PASSWORD}@proxy'}),
+    c('env-database-url-junk', CHECK, 2, 'DATABASE_URL is not a Postgres connection string', env={'DATABASE_URL': 'junk'}),
+    c('env-database-url-http', CHECK, 2, 'postgresql://USER:PASSWORD@HOST', env={'DATABASE_URL': f'https://u:{DB_PASSWORD}@h/db'}),
+    c('env-database-url-unencoded-slash', CHECK, 2, 'percent-encode', env={'DATABASE_URL': f'postgresql://u:{DB_PASSWORD}/x?y@h/db'}),
+    c('env-database-url-unencoded-at', CHECK, 2, 'DATABASE_URL is not', env={'DATABASE_URL': f'postgresql://u:{DB_PASSWORD}@x@h/db'}),
+    c('env-worker-database-url-junk', CHECK, 2, 'WORKER_DATABASE_URL is not', env={'WORKER_DATABASE_URL': 'x y z'}),
+    c('env-database-url-junk-db-init', 'db init', 2, 'DATABASE_URL is not', env={'DATABASE_URL': f'{DB_PASSWORD} junk'}),
+    c('env-database-url-junk-enqueue', 'enqueue', 2, 'DATABASE_URL is not', env={'DATABASE_URL': 'postgresql://h/db?nonsense=1'}),
+    c('env-database-url-missing', 'db init', 2, 'DATABASE_URL is not set', env={'DATABASE_URL': None}),
+    c('env-api-key-missing', 'instances', 2, 'VULTR_API_KEY is not set', env={'VULTR_API_KEY': None}),
+    c('env-api-key-wrong', 'instances', 2, 'VULTR_API_KEY', env={'VULTR_API_KEY': 'WRONG-key-0123456789abcdef'}),
+    c('env-api-url-credentials-unreachable', 'instances', 1, 'cannot connect', env={'VULTR_API_URL': f'http://user:{PROXY_PASSWORD}@127.0.0.1:{{closed}}'}),
+    # --- the flags ---------------------------------------------------------------------------
+    c('flag-timeout-overflow', 'snapshot --from-instance x --timeout 99999999999d', 2, '--timeout'),
+    c('flag-timeout-nan', 'snapshot --from-instance x --timeout nan', 2, '--timeout'),
+    c('flag-timeout-zero', 'snapshot --from-instance x --timeout 0s', 2, '--timeout'),
+    c('flag-keep-zero', 'snapshot --from-instance x --keep 0', 2, '--keep'),
+    c('flag-snapshot-both-ids', 'snapshot --from-instance x --resume y', 2, 'exactly one'),
+    c('flag-interval-zero', 'reconcile --loop --interval 0s', 2, 'at least 5s'),
+    c('flag-interval-words', 'reconcile --loop --interval fast', 2, '--interval'),
+    c('flag-interval-overflow', 'reconcile --loop --interval 1e999s', 2, '--interval'),
+    c('flag-metrics-port-zero', 'reconcile --loop --metrics-port 0', 2, '--metrics-port'),
+    c('flag-metrics-port-too-big', 'reconcile --loop --metrics-port 70000', 2, '--metrics-port'),
+    c('flag-metrics-port-in-use', 'reconcile --loop --metrics-port {busy}', 2, 'cannot listen'),
+    c('flag-metrics-port-without-loop', 'reconcile --metrics-port 9100', 2, 'needs --loop'),
+    c('flag-status-every-zero', 'status --watch --every 0s', 2, '--every'),
+    c('flag-status-every-words', 'status --watch --every often', 2, '--every'),
+    c('flag-events-since-overflow', 'events --since 99999999999d', 2, '--since'),
+    c('flag-events-since-negative', 'events --since -1h', 2, '--since'),
+    c('flag-demo-duration-too-short', 'demo --duration 5s', 2, '--duration'),
+    c('flag-demo-duration-overflow', 'demo --duration 99999999999d', 2, '--duration'),
+    c('flag-demo-bursts-junk', 'demo --duration 2m --bursts nan:x', 2, '--bursts'),
+    c('flag-enqueue-queue-injection', ('enqueue', '--queue', 'a b;drop'), 2, '--queue'),
+    c('flag-enqueue-queue-empty', ('enqueue', '--queue', ''), 2, '--queue'),
+    c('flag-enqueue-count-zero', 'enqueue --count 0', 2, '--count'),
+    c('flag-enqueue-count-huge', 'enqueue --count 99999999999999999999', 2, '--count'),
+    c('flag-enqueue-max-attempts-zero', 'enqueue --max-attempts 0', 2, '--max-attempts'),
+    c('flag-enqueue-payload-not-json', 'enqueue --payload {', 2, '--payload'),
+    c('flag-worker-queue-injection', ('worker', '--queue', 'x y'), 2, '--queue'),
+    c('flag-worker-drain-nan', 'worker --drain-seconds nan', 2, 'worker.drain_seconds'),
+    c('flag-worker-lease-inf', 'worker --lease-seconds inf', 2, 'worker.lease_seconds'),
+    c('flag-worker-concurrency-zero', 'worker --concurrency 0', 2, 'worker.concurrency'),
+    c('flag-worker-backoff-negative', 'worker --backoff-seconds -1', 2, '--backoff-seconds'),
+    c('flag-sim-port-negative', 'sim serve --port -1', 2, '--port'),
+    c('flag-unknown-option', 'reconcile --bogus', 2, '--bogus'),
+    c('flag-unknown-command', 'frobnicate', 2, 'frobnicate'),
+    # --- outside data: the API and the database -----------------------------------------------
+    c('api-unknown-region', 'reconcile --dry-run', 2, "fleet.region 'zzz' is not a Vultr region", env={'VULTRSCALE_FLEET_REGION': 'zzz'}),
+    c('api-unknown-plan', 'reconcile --dry-run', 2, "fleet.plan 'vc9-nope'", env={'VULTRSCALE_FLEET_PLAN': 'vc9-nope'}),
+    c('api-unknown-region-pass', 'reconcile', 2, 'is not a Vultr region', env={'VULTRSCALE_FLEET_REGION': 'zzz'}),
+    c('api-snapshot-unknown-instance', 'snapshot --from-instance no-such-instance', 2, 'no-such-instance'),
+    c('api-resume-unknown-snapshot', 'snapshot --resume no-such-snapshot', 2, 'no snapshot no-such-snapshot'),
+    c('api-unreachable', 'instances', 1, 'cannot connect', env={'VULTR_API_URL': 'http://127.0.0.1:{closed}'}),
+    c('db-unreachable', 'events', 1, 'cannot read the events', env={'DATABASE_URL': f'postgresql://u:{DB_PASSWORD}@127.0.0.1:{{closed}}/db'}),
+    c('db-unreachable-enqueue', 'enqueue', 1, 'cannot enqueue', env={'DATABASE_URL': f"host=127.0.0.1 port={{closed}} password='{DB_PASSWORD} x'"}),
+    c('db-without-schema', 'enqueue', 1, 'db init', env={'DATABASE_URL': '{empty_db}'}),
+]
+# fmt: on
+
+
+@pytest.fixture(scope="module")
+def world(
+    pg_admin_url: str, _migrated_template: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    with cli_world(
+        pg_admin_url, _migrated_template, tmp_path_factory.mktemp("hostile"), API_KEY, DB_PASSWORD
+    ) as w:
+        yield w
+
+
+def _row_counts(db: str) -> dict[str, int]:
+    with psycopg.connect(db, autocommit=True) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT quote_ident(schemaname) || '.' || quote_ident(relname) "
+                "FROM pg_stat_user_tables"
+            )
+        ]
+        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables}  # type: ignore[index]
+
+
+def _changes(sim: Simulator) -> int:
+    return sum(1 for r in sim.request_log if r.method in ("POST", "PUT", "PATCH", "DELETE"))
+
+
+def _fill(text: str, w: World) -> str:
+    return (
+        text.replace("{db}", w.db)
+        .replace("{api}", w.server.url)
+        .replace("{closed}", str(w.closed))
+        .replace("{empty_db}", w.empty_db)
+        .replace("{busy}", str(w.busy.getsockname()[1]))
+    )
+
+
+def _params() -> list[Any]:
+    return [
+        pytest.param(case, id=case.id, marks=[pytest.mark.xfail(strict=True, reason=case.xfail)])
+        if case.xfail
+        else pytest.param(case, id=case.id)
+        for case in CASES
+    ]
+
+
+def test_the_corpus_has_at_least_sixty_distinct_cases() -> None:
+    assert len({case.id for case in CASES}) == len(CASES) >= 60
+
+
+@pytest.mark.parametrize("case", _params())
+def test_hostile_input_is_refused_cleanly(
+    case: Case,
+    world: World,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = tmp_path / "vultrscale.toml"
+    config.write_text(world.config.read_text() + case.toml + "\n")
+    env: dict[str, str | None] = {
+        "VULTRSCALE_CONFIG": str(config),
+        "VULTR_API_KEY": API_KEY,
+        "VULTR_API_URL": world.server.url,
+        "DATABASE_URL": world.db,
+        "WORKER_DATABASE_URL": None,
+        "COLUMNS": "200",
+        **case.env,
+    }
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, _fill(value, world))
+    monkeypatch.chdir(tmp_path)
+    rows_before, changes_before = _row_counts(world.db), _changes(world.sim)
+
+    try:
+        code: int | str = main([_fill(a, world) for a in case.argv])
+    except BaseException as exc:  # noqa: BLE001 - the corpus reports what escaped instead
+        code = f"raised {type(exc).__name__}"
+    out = capsys.readouterr()
+    text = out.out + out.err
+
+    assert code == case.code, text
+    assert case.says.lower() in text.lower(), text
+    assert "Traceback" not in text
+    for secret in (API_KEY, DB_PASSWORD, PROXY_PASSWORD):
+        assert secret not in text
+    assert _changes(world.sim) == changes_before
+    assert _row_counts(world.db) == rows_before

@@ -1,0 +1,356 @@
+"""`vultrscale simulate`: the world, the baselines and the real pass on small traces worked out
+by hand, conservation and determinism, and the command's bad-input paths."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import sys
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from vultrscale import config as config_mod
+from vultrscale.cli import main
+from vultrscale.config import Config, FloorConfig
+from vultrscale.simulate import baselines, compare, workload
+from vultrscale.simulate.fleet import Vultrscale
+from vultrscale.simulate.world import MAX_ATTEMPTS, World
+
+BOOT = 600.0  # a fixed 10-minute boot makes the hand arithmetic exact
+SETUP = compare.Setup(interval=30.0, boot_time=(BOOT, BOOT), seed=0)
+CFG = Config()
+PRICE = compare.plan_price(CFG)
+
+
+def _trace(jobs: list[tuple[float, float]], span: float | None = None) -> workload.Trace:
+    return workload.from_jobs("hand", jobs, span=span)
+
+
+def _play(policy_name: str, trace: workload.Trace, cfg: Config = CFG):
+    pol = compare._policies([policy_name], cfg, trace, PRICE)[0]
+    world, stats = compare.play(pol, trace, cfg, SETUP)
+    result = compare.run_one(
+        compare._policies([policy_name], cfg, trace, PRICE)[0], trace, cfg, SETUP, PRICE
+    )
+    return world, stats, result
+
+
+def _conserved(world: World) -> None:
+    """Every attempt started ends finished, killed or given back, or still runs; every job is
+    finished, dead, or still somewhere in the queue."""
+    c = world.c
+    running = sum(len(i.running) for i in world.live.values())
+    assert c.starts == c.finished + c.killed + c.given_back + running
+    unfinished = len(world.ready) + world.limbo + running
+    assert len(world.trace) == c.finished + c.dead + unfinished
+    assert sum(f is not None for f in world.finished_at) == c.finished
+    assert all(a <= MAX_ATTEMPTS for a in world.attempts)
+
+
+# --- worked out by hand ------------------------------------------------------------------
+
+
+def test_one_job_from_zero_waits_one_boot_and_bills_one_hour() -> None:
+    world, _, r = _play("vultrscale", _trace([(0.0, 60.0)]))
+    assert r.finished == 1 and r.lost == 0 and r.killed == 0
+    # The pass at 0 s creates; the worker is up at 600 s and runs the job to 660 s.
+    assert world.finished_at[0] == BOOT + 60.0
+    assert r.wait_max == BOOT
+    assert r.scale_ups == 1 and r.scale_downs == 1
+    # Kept idle until its paid hour nearly ends (billing_hour_aware), deleted within it.
+    assert r.billed_hours == 1
+    assert r.cost_usd == pytest.approx(PRICE.hourly)
+    inst = world.instances[0]
+    assert inst.gone_at is not None and 3000.0 <= inst.gone_at < 3600.0
+
+
+def test_two_bursts_closer_than_the_cool_down_share_the_same_instances() -> None:
+    first = [(0.0, 60.0)] * 8  # 8 jobs at 4 per instance: 2 instances, busy 600..660 s
+    second = [(900.0, 60.0)] * 8  # 4 min after the first burst ended (cool-down: 5 min)
+    world, _, r = _play("vultrscale", _trace(first + second))
+    assert r.scale_ups == 2  # the second burst is served by the first burst's instances
+    assert r.killed == 0 and r.lost == 0
+    assert all(world.finished_at[j] == 960.0 for j in range(8, 16))  # no wait at all
+    assert r.billed_hours == 2
+
+
+def test_a_burst_straddling_the_end_of_a_floor_window_is_served_then_scaled_to_zero() -> None:
+    cfg = replace(
+        CFG,
+        policy=replace(CFG.policy, floor=(FloorConfig(cron="* 9 * * *", timezone="UTC"),)),
+    )
+    burst = [(9 * 3600.0 + 50 * 60.0 + k, 120.0) for k in range(20)]  # 09:50, 20 jobs
+    world, stats, r = _play("vultrscale", _trace(burst, span=86_400.0), cfg)
+    # Passes before 09:00 on an idle, empty fleet were skipped, yet the floor's instance is
+    # created by the 09:00 pass exactly.
+    assert stats.skipped > 0
+    assert world.instances[0].created == 9 * 3600.0
+    assert world.finished_at[0] == 9 * 3600.0 + 50 * 60.0 + 120.0  # the warm one took it at once
+    assert r.killed == 0 and r.lost == 0 and r.given_back == 0
+    assert not world.live  # after the window and the burst: back to zero
+    assert all(i.gone_at is not None and i.gone_at > 10 * 3600.0 for i in world.instances)
+
+
+def test_a_job_longer_than_the_drain_time_is_given_back_without_spending_an_attempt() -> None:
+    world = World(
+        _trace([(0.0, 3600.0)]),
+        jobs_per_instance=4,
+        drain_seconds=20.0,
+        lease_seconds=60.0,
+        boot_time=(0.0, 0.0),
+        seed=0,
+    )
+    world.warm("w-1")
+    world.arrive(0)
+    world.dispatch()
+    assert world.attempts[0] == 1
+    world.now = 100.0
+    assert world.stop("w-1")
+    assert world.service_active("w-1") is True  # still running its job within the drain time
+    world.now = 120.0  # the drain time is over
+    while world.events and world.events[0][0] <= 120.0:
+        _, kind, _, obj, tok = heapq.heappop(world.events)
+        world.handle(kind, obj, tok)
+    assert world.c.given_back == 1 and world.c.killed == 0
+    assert world.attempts[0] == 0  # refunded
+    assert world.service_active("w-1") is False  # the worker exited: the scaler may delete
+    assert world.ready_count == 1
+    _conserved(world)
+
+
+def test_a_job_longer_than_the_drain_timeout_finishes_under_vultrscale() -> None:
+    long_job = 2 * 3600.0  # far past drain.timeout (5 min) and the worker's drain (20 s)
+    world, _, r = _play("vultrscale", _trace([(0.0, long_job)]))
+    assert r.killed == 0 and r.given_back == 0 and r.lost == 0
+    assert world.finished_at[0] == BOOT + long_job
+    assert r.scale_ups == 1
+
+
+def test_naive_kills_the_job_that_vultrscale_lets_finish() -> None:
+    trace = _trace([(0.0, 600.0)])
+    nworld, _, naive = _play("naive", trace)
+    vworld, _, ours = _play("vultrscale", trace)
+    # naive: the job starts, nothing is ready any more, so the instance is deleted under it;
+    # each retry after the lease expires meets the same fate until the job is dead.
+    assert naive.killed == MAX_ATTEMPTS and naive.lost == 1
+    assert nworld.c.dead == 1
+    assert ours.killed == 0 and ours.lost == 0
+    assert vworld.finished_at[0] == BOOT + 600.0
+
+
+def test_keda_deletes_a_busy_instance_when_its_stabilised_target_drops() -> None:
+    # 8 jobs need 2 instances; the 40-minute job runs on the newer one. When the short jobs
+    # end, demand is 1: 300 s later KEDA removes the newest instance, job and all.
+    jobs = [(0.0, 60.0)] * 7 + [(0.0, 2400.0)]
+    world, _, r = _play("keda", _trace(jobs))
+    _conserved(world)
+    assert r.killed == 1 and r.lost == 0
+    assert world.attempts[7] == 2  # the kill spent an attempt; the rerun finished it
+    ours = _play("vultrscale", _trace(jobs))[2]
+    assert ours.killed == 0
+
+
+# --- properties ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["always-on", "naive", "keda", "vultrscale"])
+def test_every_job_is_accounted_for(name: str) -> None:
+    trace = workload.shape("spiky", days=1, seed=3, jobs_per_day=300)
+    for pol in compare._policies([name], CFG, trace, PRICE):
+        world, _ = compare.play(pol, trace, CFG, SETUP)
+        _conserved(world)
+        assert world.c.finished + world.c.dead <= len(trace)
+
+
+def test_the_same_seed_gives_the_same_results_and_another_seed_does_not() -> None:
+    setup = compare.Setup(seed=7)
+
+    def once(seed: int) -> list[dict[str, object]]:
+        trace = workload.shape("bursty-day", days=1, seed=seed, jobs_per_day=200)
+        names = ("naive", "keda", "vultrscale")
+        cmp = compare.compare(trace, CFG, replace(setup, seed=seed), names, price=PRICE)
+        return [r.to_json() for r in cmp.results]
+
+    assert once(7) == once(7)
+    assert once(7) != once(8)
+
+
+def test_vultrscale_kills_and_loses_nothing_on_a_bursty_week() -> None:
+    trace = workload.shape("bursty-day", days=2, seed=1)
+    cmp = compare.compare(trace, CFG, compare.Setup(), ("keda", "vultrscale"), price=PRICE)
+    keda, ours = cmp.results
+    assert ours.killed == 0 and ours.lost == 0
+    assert ours.cost_usd <= keda.cost_usd
+
+
+def test_the_folded_gone_rows_bill_what_the_rows_themselves_would() -> None:
+    from vultrscale import budget
+
+    trace = workload.shape("bursty-day", days=1, seed=2, jobs_per_day=200)
+    pol = Vultrscale(CFG, PRICE, trace.epoch)
+    folded: list = []
+    orig = pol.ledger._fold
+    pol.ledger._fold = lambda row: (folded.append(row), orig(row))  # type: ignore[method-assign]
+    compare.play(pol, trace, CFG, SETUP)
+    assert folded, "some instance went away"
+    start, end = budget.month_bounds(trace.epoch)
+    expected = sum(budget.ledger_bills(folded, None, trace.epoch + timedelta(days=1)).values())
+    assert pol.ledger.gone_bill[start] == pytest.approx(expected, abs=1e-12)
+    assert pol.ledger.passes > 0 and not pol.ledger.failed
+
+
+# --- workloads ----------------------------------------------------------------------------
+
+
+def test_csv_with_and_without_a_header(tmp_path: Path) -> None:
+    p = tmp_path / "jobs.csv"
+    p.write_text("arrival_seconds,duration_seconds\n10,5\n0,2.5\n")
+    t = workload.load_csv(p)
+    assert t.arrivals == (0.0, 10.0) and t.durations == (2.5, 5.0)
+    p.write_text("0,1\n")
+    assert len(workload.load_csv(p)) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("0,1\n5,abc\n", "line 2: not a number"),
+        ("0,1\n1,2,3\n", "line 2: expected 2 columns"),
+        ("arrival_seconds,duration_seconds\n0,1\n-4,1\n", "line 3: arrival_seconds is negative"),
+        ("0,0\n", "line 1: duration_seconds must be above 0"),
+    ],
+    ids=["not-a-number", "three-columns", "negative-arrival", "zero-duration"],
+)
+def test_a_bad_csv_row_names_its_line_and_exits_2(
+    tmp_path: Path, body: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text(body)
+    assert main(["simulate", "--workload", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_shapes_are_seeded() -> None:
+    a = workload.shape("steady", days=1, seed=1, jobs_per_day=100)
+    assert a == workload.shape("steady", days=1, seed=1, jobs_per_day=100)
+    assert a != workload.shape("steady", days=1, seed=2, jobs_per_day=100)
+    assert 60 <= len(a) <= 140
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def test_json_has_every_policy_and_the_lower_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--days", "1", "--jobs-per-day", "100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    names = [r["policy"] for r in doc["results"]]
+    assert names[-3:] == ["naive", "keda", "vultrscale"] and names[0].startswith("always-on")
+    assert doc["lower_bound_hours"] > 0
+    for r in doc["results"]:
+        assert r["ratio_to_lower_bound"] == pytest.approx(
+            r["instance_hours"] / doc["lower_bound_hours"], rel=0.02
+        )
+
+
+def test_sweep_ranks_the_combinations_by_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "simulate", "--days", "1", "--jobs-per-day", "100", "--json",
+        "--sweep", "policy.billing_hour_aware=true,false",
+        "--sweep", "policy.idle_before_scale_down=0s,15m",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert len(rows) == 4
+    costs = [r["cost_usd"] for r in rows if r["lost"] == 0]
+    assert costs == sorted(costs)
+    assert {r["policy"] for r in rows} >= {
+        "policy.billing_hour_aware=false policy.idle_before_scale_down=15m"
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sweep", "policy.max_instances"], "is not KEY=V1,V2"),
+        (["--sweep", "policy.no_such_key=1,2"], "no_such_key"),
+        (["--sweep", "policy.max_instances=1,many"], "max_instances"),
+        (["--boot-time", "15m..10m"], "ends before it starts"),
+        (["--boot-time", "soon"], "expected a duration"),
+        (["--policies", "always-on,hpa"], "unknown policy: hpa"),
+        (["--workload", "weekly"], "unknown workload 'weekly'"),
+        (["--from-db"], "--from-db needs DATABASE_URL"),
+    ],
+    ids=["sweep-no-values", "sweep-unknown-key", "sweep-bad-value", "boot-reversed",
+         "boot-not-a-duration", "unknown-policy", "unknown-shape", "from-db-without-url"],
+)  # fmt: skip
+def test_bad_options_exit_2_before_any_replay(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.chdir(Path(__file__).parent)  # no vultrscale.toml or .env here
+    assert main(["simulate", "--days", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_plot_without_matplotlib_exits_2_with_the_extra_to_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    out = tmp_path / "p.png"
+    assert main(["simulate", "--days", "1", "--plot", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "matplotlib" in err and "vultrscale[plot]" in err
+    assert not out.exists()
+
+
+def test_plot_draws_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
+    out = tmp_path / "p.png"
+    code = main(
+        [
+            "simulate",
+            "--days",
+            "1",
+            "--jobs-per-day",
+            "100",
+            "--policies",
+            "keda,vultrscale",
+            "--plot",
+            str(out),
+            "--json",
+        ]
+    )
+    assert code == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_parse_boot_time() -> None:
+    assert compare.parse_boot_time("12m") == (720.0, 720.0)
+    assert compare.parse_boot_time("30s..15m") == (30.0, 900.0)
+    assert config_mod.parse_duration("7d").days == 7
+    assert isinstance(baselines.Keda(5, 4), baselines.Baseline)
+
+
+@pytest.mark.parametrize(
+    "policy_changes",
+    [{}, {"max_instances": 3, "billing_hour_aware": False, "idle_before_scale_down": timedelta()}],
+    ids=["defaults", "small-cap-no-billing-hour"],
+)
+def test_skipping_saturated_passes_changes_no_outcome(policy_changes: dict) -> None:
+    cfg = replace(CFG, policy=replace(CFG.policy, **policy_changes))
+    trace = workload.shape("bursty-day", days=2, seed=5, jobs_per_day=6000)
+    setup = compare.Setup(seed=5)
+    every = compare.run_one(
+        Vultrscale(cfg, PRICE, trace.epoch, skip_saturated=False), trace, cfg, setup, PRICE
+    ).to_json()
+    skipping = compare.run_one(Vultrscale(cfg, PRICE, trace.epoch), trace, cfg, setup, PRICE)
+    assert skipping.passes < every["passes"] * 0.8  # the point of it
+    doc = skipping.to_json()
+    for key in ("passes", "passes_skipped"):
+        doc.pop(key), every.pop(key)
+    assert doc == every

@@ -1,0 +1,38 @@
+"""The built-in queue's own history, for `vultrscale simulate --from-db`. Read-only.
+
+The queue keeps, per job, when it was created, when it became due (``run_at``) and when it
+finished; it does not keep when it started (the lease row goes when the job finishes). The
+rows are returned as (due, finished) pairs and the replay says what that means.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from vultrscale.db import pg
+
+_FINISHED = """
+SELECT greatest(created_at, run_at) AS due, finished_at
+FROM jobs
+WHERE finished_at IS NOT NULL
+  AND state IN ('succeeded', 'failed', 'dead')
+  AND created_at >= now() - %(since)s
+ORDER BY due, id
+"""
+
+
+def finished_jobs_in(
+    conn: psycopg.Connection[Any], since: timedelta
+) -> list[tuple[datetime, datetime]]:
+    """(due, finished) of every job created within ``since`` that has finished."""
+    rows = conn.execute(_FINISHED, {"since": since}).fetchall()
+    return [(due, fin) for due, fin in rows]
+
+
+def finished_jobs(url: str, since: timedelta) -> list[tuple[datetime, datetime]]:
+    """The same, over a connection of its own; errors become ``DatabaseError``s."""
+    with pg.session(url, "cannot read the queue's history") as conn:
+        return finished_jobs_in(conn, since)

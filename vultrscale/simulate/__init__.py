@@ -1,0 +1,1 @@
+"""``vultrscale simulate``: replay a workload through the real pass and compare policies."""

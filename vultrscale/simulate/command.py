@@ -1,0 +1,149 @@
+"""`vultrscale simulate` from parsed options to output; the CLI parses and calls ``execute``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from vultrscale import config as config_mod
+from vultrscale.config import Config
+from vultrscale.errors import EXIT_OK, UsageError
+from vultrscale.simulate import compare, render, workload
+from vultrscale.simulate.compare import Comparison, Setup
+
+
+@dataclass(frozen=True)
+class Options:
+    workload: str = "bursty-day"  # a shape name or a CSV path
+    from_db: bool = False
+    since: str = "7d"
+    days: int = 7
+    jobs_per_day: int | None = None
+    policies: Sequence[str] = compare.POLICIES
+    seed: int = 0
+    boot_time: str = "10m..15m"
+    interval: str = "30s"
+    sweeps: Sequence[str] = field(default_factory=tuple)
+    monthly_usd: float | None = None
+    plot: Path | None = None
+    as_json: bool = False
+
+
+def load_trace(opts: Options, database_url: str) -> workload.Trace:
+    if opts.from_db:
+        if not database_url:
+            raise UsageError(
+                "--from-db needs DATABASE_URL",
+                hint="Set DATABASE_URL to the queue's database (in the environment or .env).",
+            )
+        try:
+            since = config_mod.parse_duration(opts.since, "--since")
+        except ValueError as exc:
+            raise UsageError(str(exc), hint="Write --since 7d, 36h or 90m.") from None
+        from vultrscale.db import history
+
+        return workload.from_history(history.finished_jobs(database_url, since), since=since)
+    if opts.workload in workload.SHAPES:
+        return workload.shape(
+            opts.workload, days=opts.days, seed=opts.seed, jobs_per_day=opts.jobs_per_day
+        )
+    if Path(opts.workload).suffix.lower() == ".csv" or Path(opts.workload).exists():
+        return workload.load_csv(opts.workload)
+    return workload.shape(opts.workload, days=opts.days, seed=opts.seed)  # names the choices
+
+
+def _setup(opts: Options) -> Setup:
+    try:
+        interval = config_mod.parse_duration(opts.interval, "--interval").total_seconds()
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="Write --interval 30s.") from None
+    if interval < 1:
+        raise UsageError(f"--interval must be at least 1s, got {opts.interval}")
+    return Setup(
+        interval=interval,
+        boot_time=compare.parse_boot_time(opts.boot_time),
+        seed=opts.seed,
+        plot=opts.plot is not None,
+    )
+
+
+def execute(
+    opts: Options,
+    cfg: Config,
+    *,
+    config_path: str | None,
+    env: Mapping[str, str],
+    out: Console,
+    err: Console,
+    print_json: Callable[[Any], None],
+) -> int:
+    """Run the replay the options describe and print it. Bad input raises UsageError (exit 2)
+    before any simulation runs."""
+    if opts.plot is not None:
+        render.require_matplotlib()
+    unknown = [p for p in opts.policies if p not in compare.POLICIES]
+    if unknown:
+        raise UsageError(
+            f"unknown polic{'y' if len(unknown) == 1 else 'ies'}: {', '.join(unknown)}",
+            hint=f"Choose from {', '.join(compare.POLICIES)} (comma-separated).",
+        )
+    setup = _setup(opts)
+    price = compare.plan_price(cfg, opts.monthly_usd)
+    configs = None
+    if opts.sweeps:
+        configs = compare.sweep_configs(compare.parse_sweeps(opts.sweeps), config_path, env)
+    trace = load_trace(opts, cfg.secrets.database_url.reveal())
+
+    progress, done = _progress(err)
+    try:
+        if configs is not None:
+            result: Comparison = compare.sweep(
+                trace, configs, setup, price=price, progress=progress
+            )
+            title = f"vultrscale with {len(configs)} config variant(s), cheapest first"
+        else:
+            result = compare.compare(
+                trace, cfg, setup, opts.policies, price=price, progress=progress
+            )
+            title = "policies on the same trace"
+    finally:
+        done()
+    if opts.plot is not None:
+        render.plot(result, opts.plot)
+    if opts.as_json:
+        doc = result.to_json()
+        if opts.plot is not None:
+            doc["plot"] = str(opts.plot)
+        print_json(doc)
+    else:
+        if not out.is_terminal:
+            out.width = max(out.width, render.table_width(result))  # a pipe: never squeeze it
+        out.print(render.table(result, title=title))
+        for line in render.footer(result):
+            out.print(line, highlight=False, soft_wrap=True)
+        if opts.plot is not None:
+            out.print(f"plot written to {opts.plot}", highlight=False)
+    return EXIT_OK
+
+
+def _progress(err: Console) -> tuple[Callable[[str, float], None] | None, Callable[[], None]]:
+    """A progress bar on stderr when it is a terminal; nothing otherwise."""
+    if not (err.is_terminal and sys.stderr.isatty()):
+        return None, lambda: None
+    from rich.progress import Progress
+
+    bar = Progress(console=err, transient=True)
+    bar.start()
+    tasks: dict[str, Any] = {}
+
+    def update(name: str, fraction: float) -> None:
+        if name not in tasks:
+            tasks[name] = bar.add_task(name, total=1.0)
+        bar.update(tasks[name], completed=fraction)
+
+    return update, bar.stop

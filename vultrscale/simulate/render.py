@@ -1,0 +1,121 @@
+"""The results as a terminal table and as a PNG. Rendering only: no simulation here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich import box
+from rich.table import Table
+
+from vultrscale.errors import UsageError
+from vultrscale.simulate.compare import Comparison
+
+# The table's columns after the policy name, unsqueezed: a pipe or a file gets this much more.
+_NUMBERS_WIDTH = 100
+PLOT_HINT = "Install the plot extra: pip install 'vultrscale[plot]' (it adds matplotlib)."
+
+
+def _dur(seconds: float) -> str:
+    """Compact: 41s, 11.5m, 2.3h."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def table_width(cmp: Comparison) -> int:
+    """The width the table needs so that no column is cut."""
+    return _NUMBERS_WIDTH + max((len(r.policy) for r in cmp.results), default=10) + 4
+
+
+def table(cmp: Comparison, *, title: str) -> Table:
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    t.add_column("policy", no_wrap=True)
+    for col in (
+        "inst-h",
+        "xLB",
+        "billed h",
+        "cost $",
+        "wait p50",
+        "p95",
+        "max",
+        "killed",
+        "lost",
+        "ups/downs",
+    ):
+        t.add_column(col, justify="right", no_wrap=True, min_width=max(len(col), 5))
+    for r in cmp.results:
+        t.add_row(
+            r.policy,
+            f"{r.instance_hours:.1f}",
+            f"{r.ratio:.1f}",
+            str(r.billed_hours),
+            f"{r.cost_usd:.2f}",
+            _dur(r.wait_p50),
+            _dur(r.wait_p95),
+            _dur(r.wait_max),
+            str(r.killed),
+            str(r.lost),
+            f"{r.scale_ups}/{r.scale_downs}",
+        )
+    return t
+
+
+def footer(cmp: Comparison) -> list[str]:
+    tr = cmp.trace
+    lines = [
+        f"workload: {tr.note}; {len(tr)} job(s), {tr.total_job_seconds / 3600:.1f} job-hours "
+        f"over {tr.span / 3600:.0f} h",
+        f"lower bound: {cmp.lower_bound_hours:.1f} instance-hours (job time / jobs per "
+        "instance: no boot, no idle); xLB is each row's instance-hours over it",
+        f"price: {cmp.price.plan} ${cmp.price.monthly:.2f}/month, ${cmp.price.hourly:.4f}/h "
+        "per started hour; wait = arrival to result less the job's own run time",
+        f"lost = not finished {_dur(cmp.grace)} after the trace's end (a boot, the longest job "
+        "and a drain) or killed at every attempt; killed = runs cut off by a delete",
+    ]
+    return lines + list(cmp.notes)
+
+
+def require_matplotlib() -> None:
+    """Fail before any work is done when --plot cannot be honoured."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "--plot needs matplotlib, which is not installed", hint=PLOT_HINT
+        ) from None
+
+
+def plot(cmp: Comparison, path: Path) -> None:
+    """Queue depth, fleet size and cumulative cost over time per policy, in one PNG."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True, dpi=80)
+    for r in cmp.results:
+        xs = [s.t / 3600 for s in r.samples]
+        axes[1].step(xs, [s.fleet for s in r.samples], where="post", label=r.policy, lw=1)
+        axes[2].plot(
+            [t / 3600 for t, _ in r.cost_curve],
+            [c for _, c in r.cost_curve],
+            lw=1.2,
+            label=r.policy,
+        )
+        axes[0].step(xs, [s.queued for s in r.samples], where="post", label=r.policy, lw=1)
+    axes[0].set_title("jobs queued or running", fontsize=10, loc="left")
+    axes[1].set_title("instances at Vultr", fontsize=10, loc="left")
+    axes[2].set_title("cumulative cost ($)", fontsize=10, loc="left")
+    axes[2].set_xlabel("hours since the trace began")
+    axes[2].legend(fontsize=8, loc="upper left")
+    fig.suptitle(cmp.trace.note, fontsize=10)
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise UsageError(f"cannot write the plot to {path}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)

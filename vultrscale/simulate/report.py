@@ -1,0 +1,162 @@
+"""What a replay measured, per policy: hours, bills, waits, killed and lost work.
+
+Billing is Vultr's (``vultrscale.budget``): each instance pays the hourly rate per started
+hour from its creation, at most the monthly price per calendar month. Instance-hours and bills
+are counted over the trace's span; an instance still alive at its end is billed up to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+
+from vultrscale import budget
+from vultrscale.model import PlanPrice
+from vultrscale.simulate.engine import RunStats, Sample
+from vultrscale.simulate.world import World
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """One policy (or one sweep combination) on one trace."""
+
+    policy: str
+    instance_hours: float  # alive (created to deleted), within the trace's span
+    billed_hours: int  # started hours billed
+    cost_usd: float
+    # Wait: seconds from a job's arrival to its result, less its own run time: queueing,
+    # boots, and any earlier run that was killed or given back.
+    wait_p50: float
+    wait_p95: float
+    wait_max: float
+    jobs: int
+    finished: int
+    killed: int  # runs killed mid-job (an instance deleted under them)
+    given_back: int  # runs handed back by a drain (attempt refunded)
+    lost: int  # never finished by the end of the trace plus its grace, dead ones included
+    scale_ups: int  # instances created
+    scale_downs: int  # instances deleted
+    passes: int
+    passes_skipped: int
+    lower_bound_hours: float
+    samples: tuple[Sample, ...] = ()
+    cost_curve: tuple[tuple[float, float], ...] = ()  # (second, cumulative cost)
+
+    @property
+    def ratio(self) -> float:
+        """Instance-hours against the offline lower bound."""
+        return self.instance_hours / self.lower_bound_hours if self.lower_bound_hours else math.inf
+
+    @property
+    def scale_events(self) -> int:
+        return self.scale_ups + self.scale_downs
+
+    def to_json(self) -> dict[str, object]:
+        d = asdict(self)
+        d.pop("samples")
+        d.pop("cost_curve")
+        d["ratio_to_lower_bound"] = round(self.ratio, 3)
+        d["scale_events"] = self.scale_events
+        for k in ("instance_hours", "lower_bound_hours", "wait_p50", "wait_p95", "wait_max"):
+            d[k] = round(d[k], 2)
+        d["cost_usd"] = round(self.cost_usd, 4)
+        return d
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (0 for an empty one)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def lower_bound_hours(total_job_seconds: float, jobs_per_instance: int) -> float:
+    """No instance ever booting or idle: every slot busy from the first job to the last."""
+    return total_job_seconds / jobs_per_instance / 3600.0
+
+
+def instance_bill(
+    created: float, gone: float, epoch: datetime, price: PlanPrice
+) -> tuple[int, float]:
+    """(started hours, cost) of one instance alive from ``created`` to ``gone`` (seconds)."""
+    start = epoch + timedelta(seconds=created)
+    stop = epoch + timedelta(seconds=gone)
+    hours, cost = 0, 0.0
+    month_start, month_end = budget.month_bounds(start)
+    while month_start < stop:
+        lo, hi = max(start, month_start), min(stop, month_end)
+        hours += budget.started_hours(lo, hi)
+        cost += budget.billed(start, stop, price, month_start, month_end)
+        month_start, month_end = budget.month_bounds(month_end)
+    return hours, cost
+
+
+def measure(
+    name: str,
+    world: World,
+    stats: RunStats,
+    *,
+    price: PlanPrice,
+    span: float,
+    jobs_per_instance: int,
+    curve_points: int = 0,
+) -> PolicyResult:
+    """Read the outcome off a world played past ``span`` (the trace's end plus its grace)."""
+    trace = world.trace
+    alive = 0.0
+    hours = 0
+    cost = 0.0
+    spans: list[tuple[float, float]] = []
+    for inst in world.instances:
+        if inst.created >= span:
+            continue
+        end = min(inst.gone_at if inst.gone_at is not None else span, span)
+        spans.append((inst.created, end))
+        alive += end - inst.created
+        inst_hours, inst_cost = instance_bill(inst.created, end, trace.epoch, price)
+        hours += inst_hours
+        cost += inst_cost
+    waits = sorted(
+        fin - trace.arrivals[j] - trace.durations[j]
+        for j, fin in enumerate(world.finished_at)
+        if fin is not None
+    )
+    curve: list[tuple[float, float]] = []
+    if curve_points:
+        step = span / curve_points
+        for k in range(curve_points + 1):
+            t = k * step
+            curve.append(
+                (
+                    t,
+                    sum(
+                        instance_bill(a, min(b, t), trace.epoch, price)[1]
+                        for a, b in spans
+                        if a < t
+                    ),
+                )
+            )
+    c = world.c
+    return PolicyResult(
+        policy=name,
+        instance_hours=alive / 3600.0,
+        billed_hours=hours,
+        cost_usd=cost,
+        wait_p50=max(0.0, percentile(waits, 0.50)),
+        wait_p95=max(0.0, percentile(waits, 0.95)),
+        wait_max=max(0.0, waits[-1]) if waits else 0.0,
+        jobs=len(trace),
+        finished=c.finished,
+        killed=c.killed,
+        given_back=c.given_back,
+        lost=len(trace) - c.finished,
+        scale_ups=c.creates,
+        scale_downs=c.deletes,
+        passes=stats.passes,
+        passes_skipped=stats.skipped,
+        lower_bound_hours=lower_bound_hours(trace.total_job_seconds, jobs_per_instance),
+        samples=tuple(stats.samples),
+        cost_curve=tuple(curve),
+    )

@@ -1,0 +1,223 @@
+"""Workloads to replay: built-in shapes, a CSV of jobs, or the built-in queue's own history.
+
+A workload is a ``Trace``: one (arrival, duration) pair per job, in seconds from the start of
+the trace, sorted by arrival. The shapes are seeded: the same name, days, rate and seed give
+the same trace on every machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from vultrscale.errors import UsageError
+
+DAY = 86_400.0
+# Every built-in trace starts at midnight UTC on a Monday, at the start of a calendar month, so
+# weekdays, business-hour floors and the monthly price cap fall where a reader expects them.
+TRACE_EPOCH = datetime(2026, 6, 1, tzinfo=UTC)
+SHAPES = ("bursty-day", "steady", "spiky")
+# Default jobs per (week)day of each shape: a small fleet's working day.
+DEFAULT_JOBS_PER_DAY = {"bursty-day": 600, "steady": 2_000, "spiky": 400}
+# Job durations: log-normal with a median of 40 s (mean ~55 s), clipped to 1 s .. 30 min:
+# most jobs are short, a few run for many minutes, as in a typical background queue.
+_MEDIAN_DURATION = 40.0
+_DURATION_SIGMA = 0.8
+_MIN_DURATION, _MAX_DURATION = 1.0, 1_800.0
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Jobs to replay: arrival and duration in seconds, sorted by arrival."""
+
+    name: str
+    arrivals: tuple[float, ...]
+    durations: tuple[float, ...]
+    span: float  # seconds the trace covers; billing and instance-hours are counted over it
+    epoch: datetime = TRACE_EPOCH  # wall-clock time of second 0
+    note: str = ""  # how the trace was made, shown with the results
+
+    def __len__(self) -> int:
+        return len(self.arrivals)
+
+    @property
+    def total_job_seconds(self) -> float:
+        return math.fsum(self.durations)
+
+    @property
+    def longest(self) -> float:
+        return max(self.durations, default=0.0)
+
+
+def from_jobs(
+    name: str,
+    jobs: Iterable[tuple[float, float]],
+    *,
+    span: float | None = None,
+    epoch: datetime = TRACE_EPOCH,
+    note: str = "",
+) -> Trace:
+    """A trace from (arrival, duration) pairs; ``span`` defaults to the last job's end rounded
+    up to a whole hour."""
+    pairs = sorted(jobs)
+    end = max((a + d for a, d in pairs), default=0.0)
+    if span is None:
+        span = max(3600.0, math.ceil(end / 3600.0) * 3600.0)
+    return Trace(
+        name,
+        tuple(a for a, _ in pairs),
+        tuple(d for _, d in pairs),
+        float(span),
+        epoch,
+        note,
+    )
+
+
+def _duration(rng: random.Random) -> float:
+    d = rng.lognormvariate(math.log(_MEDIAN_DURATION), _DURATION_SIGMA)
+    return min(max(d, _MIN_DURATION), _MAX_DURATION)
+
+
+def _burst(rng: random.Random, at: float, n: int, spread: float) -> list[tuple[float, float]]:
+    return [(at + rng.uniform(0.0, spread), _duration(rng)) for _ in range(n)]
+
+
+def _poisson(rng: random.Random, start: float, end: float, n_mean: float) -> list[float]:
+    """Arrival times of a Poisson process with ``n_mean`` events expected in [start, end)."""
+    out: list[float] = []
+    if n_mean <= 0 or end <= start:
+        return out
+    rate = n_mean / (end - start)
+    t = start + rng.expovariate(rate)
+    while t < end:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def shape(name: str, *, days: int, seed: int, jobs_per_day: int | None = None) -> Trace:
+    """A built-in workload: ``bursty-day``, ``steady`` or ``spiky``, seeded."""
+    if name not in SHAPES:
+        raise UsageError(
+            f"unknown workload {name!r}",
+            hint=f"Use one of {', '.join(SHAPES)}, or the path of a CSV file.",
+        )
+    if days < 1:
+        raise UsageError(f"--days must be at least 1, got {days}")
+    per_day = DEFAULT_JOBS_PER_DAY[name] if jobs_per_day is None else jobs_per_day
+    if per_day < 0:
+        raise UsageError(f"--jobs-per-day cannot be negative, got {per_day}")
+    rng = random.Random(f"{name}:{seed}")
+    jobs: list[tuple[float, float]] = []
+    for day in range(days):
+        base = day * DAY
+        weekend = day % 7 >= 5
+        if name == "steady":
+            jobs += [(t, _duration(rng)) for t in _poisson(rng, base, base + DAY, per_day)]
+        elif name == "bursty-day":
+            # Office batches: four bursts on weekdays (09:00, 11:30, 14:00, 16:30, each +- about
+            # 20 min) carry 90% of the day's jobs; a trickle covers 08:00-18:00. Weekends see one
+            # midday burst at a fifth of the volume.
+            volume = per_day * (0.2 if weekend else 1.0)
+            starts = [12.0] if weekend else [9.0, 11.5, 14.0, 16.5]
+            per_burst = volume * 0.9 / len(starts)
+            for hour in starts:
+                at = base + hour * 3600.0 + rng.gauss(0.0, 1200.0)
+                n = max(0, round(rng.gauss(per_burst, per_burst * 0.2)))
+                jobs += _burst(rng, at, n, spread=180.0)
+            trickle = _poisson(rng, base + 8 * 3600.0, base + 18 * 3600.0, volume * 0.1)
+            jobs += [(t, _duration(rng)) for t in trickle]
+        else:  # spiky: a quiet background and two or three sudden spikes a day
+            jobs += [(t, _duration(rng)) for t in _poisson(rng, base, base + DAY, per_day * 0.1)]
+            for _ in range(rng.choice((2, 3))):
+                at = base + rng.uniform(0.0, DAY - 3600.0)
+                n = max(1, round(rng.gauss(per_day * 0.9 / 2.5, per_day * 0.1)))
+                jobs += _burst(rng, at, n, spread=30.0)
+    span = days * DAY
+    jobs = [(a, d) for a, d in jobs if 0.0 <= a < span]
+    per = "weekday" if name == "bursty-day" else "day"
+    note = f"{name}, {days} day(s), {per_day} jobs per {per}, seed {seed}"
+    return from_jobs(name, jobs, span=span, note=note)
+
+
+def load_csv(path: str | Path) -> Trace:
+    """Jobs from a CSV file: ``arrival_seconds,duration_seconds`` per row, header optional.
+
+    Raises UsageError naming the first bad line.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read the workload file {p}: {exc.strerror}",
+            hint="Give a CSV file with arrival_seconds,duration_seconds per row.",
+        ) from None
+    jobs: list[tuple[float, float]] = []
+    for lineno, row in enumerate(csv.reader(text.splitlines()), start=1):
+        if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
+            continue
+        if lineno == 1 and row[0].strip().lower() == "arrival_seconds":
+            continue
+        jobs.append(_csv_row(p, lineno, row))
+    if not jobs:
+        raise UsageError(
+            f"{p}: no jobs found",
+            hint="Each row is arrival_seconds,duration_seconds (e.g. 30,45.5).",
+        )
+    return from_jobs(p.stem, jobs, note=f"{len(jobs)} job(s) from {p.name}")
+
+
+def _csv_row(path: Path, lineno: int, row: list[str]) -> tuple[float, float]:
+    where = f"{path}, line {lineno}"
+    hint = "Each row is arrival_seconds,duration_seconds: two numbers, the second above 0."
+    if len(row) != 2:
+        raise UsageError(
+            f"{where}: expected 2 columns, found {len(row)}: {','.join(row)!r}", hint=hint
+        )
+    try:
+        arrival, duration = float(row[0]), float(row[1])
+    except ValueError:
+        raise UsageError(f"{where}: not a number: {','.join(row)!r}", hint=hint) from None
+    if not (math.isfinite(arrival) and math.isfinite(duration)):
+        raise UsageError(f"{where}: not a finite number: {','.join(row)!r}", hint=hint)
+    if arrival < 0:
+        raise UsageError(f"{where}: arrival_seconds is negative ({arrival:g})", hint=hint)
+    if duration <= 0:
+        raise UsageError(f"{where}: duration_seconds must be above 0 ({duration:g})", hint=hint)
+    return arrival, duration
+
+
+def from_history(rows: Iterable[tuple[datetime, datetime]], *, since: timedelta) -> Trace:
+    """A trace from the built-in queue's finished jobs: (due at, finished at) per job.
+
+    The queue does not store when a job started (its lease row is deleted when it finishes), so
+    the duration is finished - due: the job's own run time plus the time it waited in the
+    original fleet. It is an upper bound; the replay is pessimistic by that much.
+    """
+    pairs = [(due, fin) for due, fin in rows]
+    if not pairs:
+        raise UsageError(
+            f"no finished jobs in the queue over the last {since}",
+            hint="Widen --since, or replay a CSV or a built-in workload instead.",
+        )
+    first = min(due for due, _ in pairs)
+    epoch = first.replace(minute=0, second=0, microsecond=0)
+    jobs = [
+        ((due - epoch).total_seconds(), max((fin - due).total_seconds(), 0.001))
+        for due, fin in pairs
+    ]
+    return from_jobs(
+        "from-db",
+        jobs,
+        epoch=epoch,
+        note=(
+            f"{len(jobs)} finished job(s) from the queue; duration = finished - due (the queue "
+            "stores no start time, so it includes the original wait: an upper bound)"
+        ),
+    )

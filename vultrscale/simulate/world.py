@@ -1,0 +1,262 @@
+"""The simulated world: a queue, Vultr instances that boot, bill and die, and their workers.
+
+Workers behave as the reference runtime does (DESIGN §5): a job holds one slot for its
+duration; a stopped worker (SIGTERM, a drain) claims nothing more, lets running jobs finish up
+to its drain time, then gives the rest back without spending an attempt and exits; an instance
+deleted under a running worker kills its jobs, which return to the queue when their lease
+expires, their attempt spent. Time is a float: seconds since the trace's epoch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+
+from vultrscale.simulate.workload import Trace
+
+# The built-in queue's default max_attempts (vultrscale.db.queue.enqueue): a job killed this
+# many times is dead, and counts as lost.
+MAX_ATTEMPTS = 3
+# Vultr shows a new instance `active` (deletable, with an IP) about a minute before cloud-init
+# has started the worker; before that a DELETE answers 500 "Server is currently locked".
+ACTIVE_BEFORE_WORKER = 60.0
+
+# Event kinds, in the order they are handled when they fall on the same second.
+JOB_END, WORKER_UP, DRAIN_DEADLINE, LEASE_EXPIRED = range(4)
+
+
+@dataclass(eq=False)
+class SimInstance:
+    """One instance: its Vultr life, its worker, the jobs it runs."""
+
+    label: str
+    created: float
+    active_at: float  # Vultr status active; deletable
+    worker_at: float  # the worker registers and starts claiming
+    slots: int
+    running: dict[int, float] = field(default_factory=dict)  # job -> its end time
+    stop_at: float | None = None  # SIGTERM (drain) sent
+    exited_at: float | None = None  # the worker process ended (drained)
+    gone_at: float | None = None
+
+    @property
+    def gone(self) -> bool:
+        return self.gone_at is not None
+
+    def worker_up(self, now: float) -> bool:
+        return now >= self.worker_at and self.exited_at is None and not self.gone
+
+    def claiming(self, now: float) -> bool:
+        return self.worker_up(now) and self.stop_at is None
+
+
+@dataclass
+class Counters:
+    starts: int = 0  # attempts started
+    finished: int = 0
+    killed: int = 0  # attempts killed mid-run (instance deleted under them)
+    given_back: int = 0  # attempts handed back by a drain, attempt refunded
+    dead: int = 0  # killed MAX_ATTEMPTS times
+    creates: int = 0
+    deletes: int = 0
+    drains: int = 0
+
+
+class World:
+    """Queue, jobs, instances and workers at one moment; events move it forward."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        *,
+        jobs_per_instance: int,
+        drain_seconds: float,
+        lease_seconds: float,
+        boot_time: tuple[float, float],
+        seed: int,
+    ) -> None:
+        self.trace = trace
+        self.arrival = trace.arrivals
+        self.duration = trace.durations
+        n = len(trace)
+        self.attempts = [0] * n
+        self.finished_at: list[float | None] = [None] * n
+        self.first_start: list[float | None] = [None] * n
+        self.slots = jobs_per_instance
+        self.drain_seconds = drain_seconds
+        self.lease_seconds = lease_seconds
+        self.boot_time = boot_time
+        self.rng = random.Random(f"boot:{seed}")
+        self.ready: list[tuple[float, int]] = []  # heap of (due, job)
+        self.limbo = 0  # killed jobs whose lease has not expired yet (still "in flight")
+        self.running = 0
+        self.instances: list[SimInstance] = []  # every instance ever, in creation order
+        self.live: dict[str, SimInstance] = {}  # not gone, by label
+        self.events: list[tuple[float, int, int, object, int]] = []
+        self._seq = 0
+        self.c = Counters()
+        self.now = 0.0
+        self._full = False  # jobs are ready and no claiming worker has a free slot
+
+    # --- events ---------------------------------------------------------------------------
+    def push(self, t: float, kind: int, obj: object, tok: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, kind, self._seq, obj, tok))
+
+    def handle(self, kind: int, obj: object, tok: int) -> None:
+        now = self.now
+        if kind == JOB_END:
+            inst = obj
+            assert isinstance(inst, SimInstance)
+            job = tok
+            if inst.running.get(job) == now and not inst.gone:
+                del inst.running[job]
+                self.running -= 1
+                self.finished_at[job] = now
+                self.c.finished += 1
+                if inst.stop_at is not None and not inst.running:
+                    inst.exited_at = now  # drained: the last job finished within drain time
+                elif self.ready and inst.claiming(now):
+                    # With jobs ready every other claiming worker is full (dispatch filled
+                    # them), so the worker whose slot just freed takes the next one.
+                    self._start(inst, heapq.heappop(self.ready)[1])
+                else:
+                    self._full = False
+        elif kind == DRAIN_DEADLINE:
+            inst = obj
+            assert isinstance(inst, SimInstance)
+            if not inst.gone and inst.exited_at is None:
+                self._give_back_all(inst)
+                inst.exited_at = now
+        elif kind == LEASE_EXPIRED:
+            self.limbo -= 1
+            job = tok
+            if self.attempts[job] >= MAX_ATTEMPTS:
+                self.c.dead += 1
+            else:
+                heapq.heappush(self.ready, (self.arrival[job], job))
+        elif kind == WORKER_UP:
+            self._full = False  # claiming() reads the clock; the dispatch that follows fills it
+
+    def arrive(self, job: int) -> None:
+        heapq.heappush(self.ready, (self.arrival[job], job))
+
+    def dispatch(self) -> None:
+        """Claiming workers take ready jobs, the least busy worker first (workers that poll
+        at the same rate spread the queue between them)."""
+        if not self.ready or self._full:
+            return
+        now = self.now
+        workers = [i for i in self.live.values() if i.claiming(now) and len(i.running) < i.slots]
+        while self.ready and workers:
+            inst = min(workers, key=lambda i: len(i.running))
+            self._start(inst, heapq.heappop(self.ready)[1])
+            if len(inst.running) >= inst.slots:
+                workers.remove(inst)
+        # Jobs left over: every claiming slot is taken until a slot frees or a worker starts.
+        self._full = bool(self.ready)
+
+    def _start(self, inst: SimInstance, job: int) -> None:
+        now = self.now
+        end = now + self.duration[job]
+        inst.running[job] = end
+        self.running += 1
+        self.attempts[job] += 1
+        if self.first_start[job] is None:
+            self.first_start[job] = now
+        self.c.starts += 1
+        self.push(end, JOB_END, inst, job)
+
+    # --- what the outside world can do ----------------------------------------------------
+    def create(self, label: str) -> SimInstance:
+        lo, hi = self.boot_time
+        boot = lo if hi <= lo else self.rng.uniform(lo, hi)
+        now = self.now
+        inst = SimInstance(
+            label=label,
+            created=now,
+            active_at=now + max(0.0, boot - ACTIVE_BEFORE_WORKER),
+            worker_at=now + boot,
+            slots=self.slots,
+        )
+        self.instances.append(inst)
+        self.live[label] = inst
+        self.c.creates += 1
+        self.push(inst.worker_at, WORKER_UP, inst)
+        return inst
+
+    def warm(self, label: str) -> SimInstance:
+        """An instance that was already running when the trace began (always-on fleets)."""
+        inst = SimInstance(label, self.now, self.now, self.now, self.slots)
+        self.instances.append(inst)
+        self.live[label] = inst
+        self._full = False
+        return inst
+
+    def stop(self, label: str) -> bool:
+        """`systemctl stop` the worker: a drain. False when the host cannot be reached yet."""
+        inst = self.live.get(label)
+        now = self.now
+        if inst is None or now < inst.active_at:
+            return False
+        if inst.stop_at is None:
+            inst.stop_at = now
+            self.c.drains += 1
+            if not inst.running:
+                inst.exited_at = now
+            else:
+                self.push(now + self.drain_seconds, DRAIN_DEADLINE, inst)
+        return True
+
+    def service_active(self, label: str) -> bool | None:
+        """`systemctl is-active`: True, False (stopped or never started), None (unreachable)."""
+        inst = self.live.get(label)
+        if inst is None or self.now < inst.active_at:
+            return None
+        return inst.worker_up(self.now)
+
+    def delete(self, label: str) -> bool:
+        """DELETE the instance; its running jobs are killed. False while Vultr has it locked."""
+        inst = self.live.get(label)
+        now = self.now
+        if inst is None:
+            return True
+        if now < inst.active_at:
+            return False
+        for job in list(inst.running):
+            self.c.killed += 1
+            self.running -= 1
+            self.limbo += 1
+            # The lease was renewed up to the kill; it lapses lease_seconds later, and the next
+            # claim (any worker reaps expired leases) returns the job to the queue.
+            self.push(now + self.lease_seconds, LEASE_EXPIRED, None, job)
+        inst.running.clear()
+        inst.gone_at = now
+        if inst.exited_at is None:
+            inst.exited_at = now
+        del self.live[label]
+        self.c.deletes += 1
+        return True
+
+    def _give_back_all(self, inst: SimInstance) -> None:
+        for job in inst.running:
+            self.c.given_back += 1
+            self.running -= 1
+            self.attempts[job] -= 1  # a give-back refunds the attempt
+            heapq.heappush(self.ready, (self.arrival[job], job))
+        inst.running.clear()
+
+    # --- what a scaler can observe --------------------------------------------------------
+    @property
+    def ready_count(self) -> int:
+        return len(self.ready)
+
+    @property
+    def in_flight(self) -> int:
+        """Live leases: running jobs plus killed ones whose lease has not lapsed yet."""
+        return self.running + self.limbo
+
+    def idle(self) -> bool:
+        """Nothing queued, running or waiting on a lease, and no instance at all."""
+        return not self.ready and not self.running and not self.limbo and not self.live
