@@ -7,19 +7,32 @@ bursty workload, and the real reconcile loop with the real SSH drain. The run en
 queue is empty and the fleet is back at its floor, or when the duration is up; the summary
 says whether every job ended and the fleet came back down.
 
+However the run ends, the fleet stops like a real one: each worker gets SIGTERM and its drain
+time (it finishes its jobs or gives them back to the queue), then SIGKILL. Jobs given back or
+never started are counted as waiting in the queue, not lost; lost are only jobs that ended
+neither way (held by a worker that is gone).
+
+With ``chaos`` (``vultrscale.sim.chaos``) faults are injected on the seed while it runs, and
+every pass runs as its own ``vultrscale reconcile`` process so that some can be SIGKILLed.
+Every job's steps append to an execution log, so a step that ran twice is counted.
+
 Nothing here prints: the CLI shows the ``Tick`` after every pass and the ``Summary``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import random
+import re
 import secrets
 import socket
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +47,7 @@ from vultrscale.errors import (
     VultrscaleError,
 )
 from vultrscale.reconcile import Parts, PassResult, run_forever
+from vultrscale.sim.chaos import Fault
 from vultrscale.wiring import user_data_renderer
 
 FLEET = "demo"
@@ -41,6 +55,11 @@ TAG = "vultrscale-demo"
 PLAN, REGION = "vc2-1c-2gb", "ewr"
 APP = "vultrscale.worker.examples:three_steps"  # three saved steps per job
 TERMINAL = ("succeeded", "failed", "dead")
+# How often the chaos thread looks for faults that are due: often enough to catch a worker
+# in a job of a second or two.
+FAULT_CHECK_SECONDS = 0.25
+# The line a worker logs for each job it gives back when it stops (worker/runtime.py).
+GIVEN_BACK = re.compile(r"^.*job \d+: given back to the queue", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -72,6 +91,21 @@ def parse_bursts(text: str) -> tuple[Burst, ...]:
     return tuple(sorted(out, key=lambda b: b.at))
 
 
+def parse_job_seconds(text: str) -> tuple[float, float]:
+    """``"1:4"`` -> (1.0, 4.0), each job's length drawn between; UsageError when it is not."""
+    lo, sep, hi = text.partition(":")
+    try:
+        span = (float(lo), float(hi or lo))
+    except ValueError:
+        span = (-1.0, -1.0)
+    if not (0 < span[0] <= span[1] <= 3600):  # also refuses NaN
+        raise UsageError(
+            f"--job-seconds: {text!r} is not LOW:HIGH seconds (0 < LOW <= HIGH <= 3600)",
+            hint="Write e.g. --job-seconds 1:4 (each job lasts 1 to 4 s, in three steps).",
+        )
+    return span
+
+
 @dataclass(frozen=True)
 class Settings:
     """The demo's knobs (the CLI exposes the first three)."""
@@ -85,6 +119,7 @@ class Settings:
     job_seconds: tuple[float, float] = (1.0, 4.0)
     boot_seconds: float = 6.0
     logs_dir: Path | None = None  # keep each instance's worker log here (else a temp dir)
+    chaos: bool = False  # inject faults on the seed; passes run as processes
 
 
 def demo_config(
@@ -191,7 +226,10 @@ class Summary:
     succeeded: int
     failed: int
     dead: int
-    lost: int  # enqueued jobs not in a terminal state when the run ended
+    lost: int  # enqueued jobs neither ended nor back in the queue when the run ended
+    waiting: int  # jobs in the queue at the end (never started, or given back)
+    given_back: int  # jobs workers gave back to the queue as they stopped
+    steps_run_twice: int  # step executions beyond the first, by the execution log
     retried: int  # jobs that needed more than one attempt
     max_instances: int
     peak: int
@@ -209,6 +247,8 @@ class Summary:
     database: str
     ended_by: str  # "done" (work done, fleet down), "duration" or "interrupted"
     problems: list[str] = field(default_factory=list)
+    chaos: bool = False
+    faults: list[Fault] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -216,7 +256,12 @@ class Summary:
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.final == 0 and self.peak <= self.max_instances
+        return (
+            self.lost == 0
+            and self.steps_run_twice == 0
+            and self.final == 0
+            and self.peak <= self.max_instances
+        )
 
     @property
     def saved_pct(self) -> float:
@@ -236,7 +281,10 @@ class Summary:
                 "failed": self.failed,
                 "dead": self.dead,
                 "lost": self.lost,
+                "waiting": self.waiting,
+                "given_back": self.given_back,
                 "retried": self.retried,
+                "steps_run_twice": self.steps_run_twice,
             },
             "fleet": {
                 "max_instances": self.max_instances,
@@ -257,11 +305,79 @@ class Summary:
                 "ssh": self.ssh,
             },
             "database": self.database,
+            "chaos": self.chaos,
+            "faults": [f.to_json() for f in self.faults],
             "problems": self.problems,
         }
 
 
 # --- the run ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassSeen:
+    """What the demo takes from a pass, in process or from a pass process's ``--json``."""
+
+    creates: int
+    drains: tuple[str, ...]  # labels
+    ledger: int | None  # instances in the ledger (not gone); None: the pass did not observe
+    lines: tuple[str, ...] = ()  # its results and errors, for a pass run as a process
+
+    @classmethod
+    def of(cls, result: PassResult) -> PassSeen:
+        plan, obs = result.plan, result.observation
+        return cls(
+            creates=plan.creates if plan else 0,
+            drains=tuple(str(a.label) for a in plan.drains) if plan else (),
+            ledger=len(obs.instances) if obs else None,
+        )
+
+    @classmethod
+    def of_json(cls, doc: dict[str, Any]) -> PassSeen:
+        actions = doc.get("actions") or []
+        inputs = doc.get("inputs") or {}
+        results = [f"{r['label']}: {r['result']}" for r in doc.get("results") or []]
+        return cls(
+            creates=sum(1 for a in actions if a.get("kind") == "create"),
+            drains=tuple(str(a.get("label")) for a in actions if a.get("kind") == "drain"),
+            ledger=sum((inputs.get("instances") or {}).values()) if inputs else None,
+            lines=(*results, *(f"error: {e}" for e in doc.get("errors") or [])),
+        )
+
+
+def config_toml(cfg: config_mod.Config) -> str:
+    """The config's settings as a TOML file ``load`` reads back (secrets are not settings:
+    they stay in the environment). Every value is a string, number, bool or list of those,
+    each of which JSON writes as TOML does."""
+    lines: list[str] = []
+    for section, values in cfg.masked().items():
+        if not isinstance(values, dict) or section == "environment":
+            continue
+        lines.append(f"[{section}]")
+        lines += [
+            f"{key} = {json.dumps(value)}"
+            for key, value in values.items()
+            if value != [] and value is not None
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def count_repeats(log: Path) -> int:
+    """Executions beyond the first of the same job step, in an execution log."""
+    try:
+        text = log.read_text()
+    except FileNotFoundError:
+        return 0
+    return sum(n - 1 for n in Counter(text.splitlines()).values() if n > 1)
+
+
+def count_given_back(logs: Collection[Path]) -> int:
+    """Jobs given back by stopping workers, as their logs tell."""
+    total = 0
+    for path in logs:
+        with contextlib.suppress(OSError):
+            total += len(GIVEN_BACK.findall(path.read_text(errors="replace")))
+    return total
 
 
 def _free_port() -> int:
@@ -292,6 +408,9 @@ class _Run:
         self.scale_ups = self.scale_ins = 0
         self.ended_by = ""  # set when the run decides to end; empty: stopped from outside
         self.started = 0.0
+        self.queue_name = ""
+        self.execution_log = Path()
+        self.faults_noted = 0
 
     def note(self, text: str) -> None:
         with self.notes_lock:
@@ -359,7 +478,8 @@ class _Run:
 
             ssh_port = _free_port()
             logs = s.logs_dir or tmp / "hosts"
-            hosts = Hosts(logs, ssh_port, alive, tag=TAG)
+            # chaos: a killed worker's unit restarts soon, so the run stays short
+            hosts = Hosts(logs, ssh_port, alive, tag=TAG, restart_seconds=1.0 if s.chaos else 5.0)
             stack.callback(hosts.close)
             sim.on_instance_ready = hosts.on_instance_ready
             server = start_server(sim)
@@ -381,6 +501,9 @@ class _Run:
             snapshot = self.bake(sim, client)
             cfg = replace(cfg, fleet=replace(cfg.fleet, snapshot_id=snapshot))
 
+            logs.mkdir(parents=True, exist_ok=True)
+            self.execution_log = logs / "executions.log"  # kept with the logs: `--logs`
+            self.queue_name = queue_name
             parts = Parts(
                 cloud=client,
                 store=PgStore(db_url),
@@ -402,21 +525,110 @@ class _Run:
             self.enqueue_due(conn, queue_name)
 
             def after_pass(result: PassResult) -> None:
-                self.after_pass(conn, cfg, queue_name, result, None)
+                self.after_pass(conn, cfg, PassSeen.of(result), result, None)
 
             def after_error(exc: VultrscaleError) -> None:
-                self.after_pass(conn, cfg, queue_name, None, exc.message)
+                self.after_pass(conn, cfg, None, None, exc.message)
 
-            run_forever(
-                cfg,
-                parts,
-                interval=timedelta(seconds=s.interval),
-                stop=self.stop,
-                on_result=after_pass,
-                on_error=after_error,
-            )
-            summary = self.summary(conn, cfg, queue_name, hosts, sim, where)
+            chaos = None
+            if s.chaos:
+                from vultrscale.sim.chaos import Chaos, schedule
+
+                chaos = Chaos(schedule(s.seed), sim, hosts, s.seed)
+                chaos.arm(0.0)
+                self.note_faults(chaos)
+                injector = threading.Thread(
+                    target=self.inject_faults, args=(chaos, db_url), name="chaos", daemon=True
+                )
+                injector.start()
+                try:
+                    command = self.pass_command(cfg, tmp, api_key, db_url)
+                    self.pass_processes(conn, cfg, chaos, command)
+                finally:
+                    self.stop.set()
+                    injector.join(timeout=10)
+            else:
+                run_forever(
+                    cfg,
+                    parts,
+                    interval=timedelta(seconds=s.interval),
+                    stop=self.stop,
+                    on_result=after_pass,
+                    on_error=after_error,
+                )
+            summary = self.summary(conn, cfg, hosts, sim, where, logs, chaos)
         return summary
+
+    def pass_command(
+        self, cfg: config_mod.Config, tmp: Path, api_key: str, db_url: str
+    ) -> tuple[list[str], dict[str, str]]:
+        """``vultrscale reconcile --json`` as its own process: the config in a file (0600),
+        the secrets in its environment only."""
+        from vultrscale.sim.hosts import unit_environment
+
+        path = tmp / "vultrscale.toml"
+        path.touch(mode=0o600)
+        path.write_text(config_toml(cfg))
+        env = unit_environment(
+            {
+                "VULTRSCALE_CONFIG": str(path),
+                "VULTR_API_URL": cfg.api_url,
+                "VULTR_API_KEY": api_key,
+                "DATABASE_URL": db_url,
+            }
+        )
+        return [sys.executable, "-m", "vultrscale.cli", "reconcile", "--json"], env
+
+    def pass_processes(
+        self,
+        conn: Any,
+        cfg: config_mod.Config,
+        chaos: Any,
+        command: tuple[list[str], dict[str, str]],
+    ) -> None:
+        """The reconcile loop of a chaos run: each pass a process, some SIGKILLed."""
+        argv, env = command
+        while not self.stop.is_set():
+            began = time.monotonic()
+            run = chaos.run_pass(argv, env, began - self.started)
+            seen, error = None, None
+            if run.code is not None:
+                try:
+                    seen = PassSeen.of_json(json.loads(run.stdout))
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
+                    error = f"the pass exited {run.code}: {last}"
+            if seen is not None and seen.drains:
+                chaos.on_drains(time.monotonic() - self.started, seen.drains)
+            self.note_faults(chaos)
+            self.after_pass(conn, cfg, seen, None, error)
+            remaining = self.settings.interval - (time.monotonic() - began)
+            if remaining > 0:
+                self.stop.wait(remaining)
+
+    def note_faults(self, chaos: Any) -> None:
+        faults = chaos.injected()
+        for fault in faults[self.faults_noted :]:
+            self.note(f"chaos: {fault.kind}: {fault.target}")
+        self.faults_noted = len(faults)
+
+    def inject_faults(self, chaos: Any, db_url: str) -> None:
+        """The chaos thread: the faults whose time has come, checked a few times a second
+        (on a connection of its own), so that a worker is killed while it holds a job."""
+        from vultrscale.db import pg
+
+        try:
+            with pg.session(db_url, "the chaos thread lost its database") as conn:
+                while not self.stop.wait(FAULT_CHECK_SECONDS):
+                    # the workers (by id: the instance label) holding a lease on this run's jobs
+                    rows = conn.execute(
+                        "SELECT DISTINCT l.worker_id FROM job_leases l JOIN jobs j "
+                        "ON j.id = l.job_id WHERE j.queue = %s",
+                        (self.queue_name,),
+                    ).fetchall()
+                    chaos.inject_due(time.monotonic() - self.started, {str(r[0]) for r in rows})
+        except VultrscaleError as exc:  # the main loop meets the same database and says so
+            self.note(f"chaos: stopped injecting: {exc.message}")
 
     def bake(self, sim: Any, client: Any) -> str:
         """The fleet's base image: a snapshot of a (simulated) Debian instance."""
@@ -437,7 +649,11 @@ class _Run:
         while self.pending_bursts and self.pending_bursts[0].at <= elapsed:
             burst = self.pending_bursts.pop(0)
             payloads = [
-                {"step_seconds": round(self.rng.uniform(lo, hi) / 3, 2)} for _ in range(burst.jobs)
+                {
+                    "step_seconds": round(self.rng.uniform(lo, hi) / 3, 2),
+                    "execution_log": str(self.execution_log),
+                }
+                for _ in range(burst.jobs)
             ]
             queue.enqueue(conn, payloads, queue=queue_name)
             self.enqueued += burst.jobs
@@ -450,31 +666,33 @@ class _Run:
         return {str(state): int(n) for state, n in rows}
 
     def after_pass(
-        self, conn: Any, cfg: Any, queue_name: str, result: PassResult | None, error: str | None
+        self,
+        conn: Any,
+        cfg: Any,
+        seen: PassSeen | None,
+        result: PassResult | None,
+        error: str | None,
     ) -> None:
         from vultrscale.db import pg
 
         elapsed = time.monotonic() - self.started
-        if result is not None and result.observation is not None:
-            # the ledger's view too, besides the simulator's sampled one
-            self.peak = max(self.peak, len(result.observation.instances))
-        if result is not None and result.plan is not None:
-            plan = result.plan
-            if plan.creates:
+        if seen is not None:
+            if seen.ledger is not None:
+                # the ledger's view too, besides the simulator's sampled one
+                self.peak = max(self.peak, seen.ledger)
+            if seen.creates:
                 self.scale_ups += 1
-                self.note(f"scale up: {plan.creates} instance(s) created")
-            if plan.drains:
+                self.note(f"scale up: {seen.creates} instance(s) created")
+            if seen.drains:
                 self.scale_ins += 1
-                self.note(f"scale in: {len(plan.drains)} instance(s) draining")
+                self.note(f"scale in: {len(seen.drains)} instance(s) draining")
+            for line in seen.lines:
+                self.note(line)
         with pg.translated("the demo lost its database"):
-            self.enqueue_due(conn, queue_name)
-            jobs = self.job_states(conn, queue_name)
+            self.enqueue_due(conn, self.queue_name)
+            jobs = self.job_states(conn, self.queue_name)
         open_jobs = self.enqueued - sum(jobs.get(s, 0) for s in TERMINAL)
-        ledger_left = (
-            len(result.observation.instances)
-            if result is not None and result.observation is not None
-            else 1
-        )
+        ledger_left = 1 if seen is None or seen.ledger is None else seen.ledger
         if not self.pending_bursts and open_jobs == 0 and ledger_left == 0 and not self.fleet_now:
             self.ended_by = "done"
             self.stop.set()
@@ -489,36 +707,51 @@ class _Run:
         )
 
     def summary(
-        self, conn: Any, cfg: Any, queue_name: str, hosts: Any, sim: Any, where: str
+        self, conn: Any, cfg: Any, hosts: Any, sim: Any, where: str, logs: Path, chaos: Any
     ) -> Summary:
         wall = time.monotonic() - self.started
-        jobs = self.job_states(conn, queue_name)
-        retried = conn.execute(
-            "SELECT count(*) FROM jobs WHERE queue = %s AND attempts > 1", (queue_name,)
-        ).fetchone()[0]
         now = datetime.now(UTC)
+        final = sum(1 for i in sim.instances.values() if TAG in i["tags"])
+        # Stop what is left like a real fleet (after an interrupt or the duration): each worker
+        # gets SIGTERM and, as systemd gives it, TimeoutStopSec (its drain time plus a margin
+        # to give back its jobs), then SIGKILL. Only then are the jobs counted, so that what was
+        # given back is counted as such.
+        hosts.close(grace=config_mod.timeout_stop_seconds(cfg.worker))
+        st = hosts.stats
+        jobs = self.job_states(conn, self.queue_name)
+        retried = conn.execute(
+            "SELECT count(*) FROM jobs WHERE queue = %s AND attempts > 1", (self.queue_name,)
+        ).fetchone()[0]
         created, seconds = conn.execute(
             "SELECT count(*), coalesce(sum(extract(epoch FROM coalesce(gone_at, %s) - "
             "created_at)), 0) FROM fleet_instances WHERE fleet = %s AND instance_id IS NOT NULL",
             (now, cfg.fleet.name),
         ).fetchone()
-        final = sum(1 for i in sim.instances.values() if TAG in i["tags"])
-        # power off what is left (after an interrupt: SIGTERM, time to give jobs back, SIGKILL)
-        # so that the exit counts are final
-        hosts.close(grace=cfg.worker.drain_seconds + 1)
-        st = hosts.stats
         done = sum(jobs.get(s, 0) for s in TERMINAL)
+        waiting = jobs.get("ready", 0)
+        lost = self.enqueued - done - waiting
+        given_back = count_given_back(sorted(logs.glob("*/worker.log")))
+        twice = count_repeats(self.execution_log)
         problems = [f"boot failed: {text}" for text in st.boot_failures]
         problems += st.failures
-        if self.enqueued - done:
+        if lost:
             problems.append(
-                f"{self.enqueued - done} job(s) did not finish: "
-                + ", ".join(f"{n} {state}" for state, n in jobs.items() if state not in TERMINAL)
+                f"{lost} job(s) lost (neither ended nor back in the queue): "
+                + ", ".join(f"{n} {s}" for s, n in jobs.items() if s not in (*TERMINAL, "ready"))
             )
+        if waiting:
+            problems.append(
+                f"{waiting} job(s) still in the queue ({given_back} given back by stopping "
+                "workers, none lost)"
+            )
+        if twice:
+            problems.append(f"{twice} job step(s) ran more than once (see the execution log)")
         if final:
             problems.append(f"{final} instance(s) still up when the run ended")
         if self.peak > cfg.policy.max_instances:
             problems.append(f"the fleet reached {self.peak}, above max_instances")
+        if chaos is not None and not chaos.create_lost_fired():
+            problems.append("chaos: the create whose answer was to be lost never came")
         ended_by = self.ended_by or "interrupted"
         if ended_by == "duration":
             problems.append(
@@ -533,7 +766,10 @@ class _Run:
             succeeded=jobs.get("succeeded", 0),
             failed=jobs.get("failed", 0),
             dead=jobs.get("dead", 0),
-            lost=self.enqueued - done,
+            lost=lost,
+            waiting=waiting,
+            given_back=given_back,
+            steps_run_twice=twice,
             retried=int(retried),
             max_instances=cfg.policy.max_instances,
             peak=self.peak,
@@ -556,6 +792,8 @@ class _Run:
             database=where,
             ended_by=ended_by,
             problems=problems,
+            chaos=chaos is not None,
+            faults=sorted(chaos.injected(), key=lambda f: f.at) if chaos is not None else [],
         )
 
 

@@ -205,7 +205,11 @@ def mask_url(url: str) -> str:
         return _as_url(parsed)
     from psycopg.conninfo import make_conninfo
 
-    return make_conninfo("", **parsed)
+    # libpq's reading, in the order the user wrote the keys (only the order comes from the text)
+    ordered = sorted(
+        parsed, key=lambda k: (url.find(f"{k}="), k) if f"{k}=" in url else (1 << 30, k)
+    )
+    return make_conninfo("", **{k: parsed[k] for k in ordered})
 
 
 def _as_url(parsed: dict[str, str]) -> str:

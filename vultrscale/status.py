@@ -102,6 +102,13 @@ def render(
     obs: Observation, plan: Plan, now: datetime, ceiling: float, fleet: str
 ) -> RenderableType:
     """The fleet table and the summary under it; fits 80 columns."""
+    lines: list[RenderableType] = [fleet_table(obs.instances, now, fleet)]
+    lines += summary_lines(obs, plan, ceiling)
+    return Group(*lines)
+
+
+def fleet_table(instances: tuple[Instance, ...], now: datetime, fleet: str) -> Table:
+    """One row per instance; 74 columns wide with the demo's labels."""
     from rich import box
 
     table = Table(title=f"fleet {fleet}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -112,7 +119,7 @@ def render(
     table.add_column("jobs", justify="right")
     table.add_column("seen", justify="right", no_wrap=True)
     table.add_column("$", justify="right", no_wrap=True)
-    for i in obs.instances:
+    for i in instances:
         state = Text(i.state.value, style=_STATE_STYLE.get(i.state.value, ""))
         table.add_row(
             plain(i.label),
@@ -123,10 +130,14 @@ def render(
             age(i.worker_last_seen, now) if i.worker_last_seen else "-",
             f"{i.billed_usd:.2f}",
         )
-    if not obs.instances:
+    if not instances:
         table.add_row("(no instances)", "", "", "", "", "", "")
+    return table
 
-    lines: list[RenderableType] = [table]
+
+def summary_lines(obs: Observation, plan: Plan, ceiling: float) -> list[Text]:
+    """What goes under the fleet table: the queue, the plan, the budget, the next scale-in."""
+    lines: list[Text] = []
     sig = obs.signals
     if sig is None:
         lines.append(plain(f"queue: unreadable ({obs.signal_error})", style="red"))
@@ -153,7 +164,7 @@ def render(
         lines.append(
             Text(f"next scale-in possible at {plan.next_scale_in_at:%Y-%m-%d %H:%M:%S} UTC")
         )
-    return Group(*lines)
+    return lines
 
 
 def plan_lines(plan: Plan, verb: str, head: str = "") -> list[Text]:

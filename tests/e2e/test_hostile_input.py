@@ -239,4 +239,10 @@ def test_hostile_input_is_refused_cleanly(
     for secret in (API_KEY, DB_PASSWORD, PROXY_PASSWORD):
         assert secret not in text
     assert _changes(world.sim) == changes_before
-    assert _row_counts(world.db) == rows_before
+    rows_after = _row_counts(world.db)
+    # A refused reconcile pass records itself (its fleet_events row, with the reason) and
+    # writes nothing else; every other command writes nothing at all.
+    recorded = rows_after.pop("public.fleet_events") - rows_before.pop("public.fleet_events")
+    assert rows_after == rows_before
+    a_pass_ran = case.argv[:1] == ("reconcile",) and "--dry-run" not in case.argv
+    assert recorded in ((0, 1) if a_pass_ran else (0,))

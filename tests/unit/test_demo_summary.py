@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,9 @@ def _summary(**changes: Any) -> demo.Summary:
         failed=1,
         dead=0,
         lost=0,
+        waiting=0,
+        given_back=0,
+        steps_run_twice=0,
         retried=1,
         max_instances=4,
         peak=4,
@@ -48,14 +52,17 @@ def test_failed_jobs_are_not_lost() -> None:
         "failed": 1,
         "dead": 0,
         "lost": 0,
+        "waiting": 0,
+        "given_back": 0,
         "retried": 1,
+        "steps_run_twice": 0,
     }
 
 
 @pytest.mark.parametrize(
     "changes",
-    [{"lost": 1}, {"final": 1}, {"peak": 5}],
-    ids=["a-job-lost", "fleet-not-down", "above-the-cap"],
+    [{"lost": 1}, {"final": 1}, {"peak": 5}, {"steps_run_twice": 1}],
+    ids=["a-job-lost", "fleet-not-down", "above-the-cap", "a-step-ran-twice"],
 )
 def test_not_ok(changes: dict[str, Any]) -> None:
     s = _summary(**changes)
@@ -67,3 +74,37 @@ def test_bursts() -> None:
     for bad in ("", "24", "0:0", "-1:3", "a:b", "0:24,"):
         with pytest.raises(UsageError, match="SECONDS:JOBS"):
             demo.parse_bursts(bad)
+
+
+def test_jobs_given_back_at_a_stop_are_queued_not_lost() -> None:
+    s = _summary(succeeded=10, failed=0, waiting=14, given_back=8, ended_by="interrupted")
+    assert s.lost == 0 and s.to_json()["jobs"]["given_back"] == 8
+
+
+def test_job_seconds() -> None:
+    assert demo.parse_job_seconds("1:4") == (1.0, 4.0)
+    assert demo.parse_job_seconds("2") == (2.0, 2.0)
+    for bad in ("", "0:1", "4:1", "a:b", "nan:nan", "1:inf", "-1:2"):
+        with pytest.raises(UsageError, match="LOW:HIGH"):
+            demo.parse_job_seconds(bad)
+
+
+def test_the_pass_process_config_reads_back_as_the_same_settings(tmp_path: Path) -> None:
+    from vultrscale import config
+
+    cfg = demo.demo_config(
+        demo.Settings(),
+        api_url="http://127.0.0.1:1",
+        api_key="k",
+        db_url="postgresql://u:p@127.0.0.1/db",
+        ssh_key=str(tmp_path / "key"),
+        ssh_port=2222,
+        queue="demo-q",
+        fleet="demo-f",
+    )
+    path = tmp_path / "vultrscale.toml"
+    path.write_text(demo.config_toml(cfg))
+    back = config.load(str(path), env={"VULTR_API_URL": cfg.api_url})
+    for section in ("fleet", "worker", "queue", "policy", "budget", "drain"):
+        assert getattr(back, section) == getattr(cfg, section), section
+    assert "postgresql" not in path.read_text()  # secrets stay in the environment

@@ -3,7 +3,7 @@
 - ``fleet``: reconcile, status, events, instances (the fleet at Vultr and in the ledger)
 - ``image``: snapshot, cloud-init (what new instances boot from and with)
 - ``queue``: db, worker, enqueue (the built-in Postgres queue)
-- ``local``: demo, sim, config (tools that run on this machine)
+- ``local``: demo, init, sim, config (tools that run on this machine)
 - ``views``: everything drawn on a terminal; ``vultrscale.wiring`` builds the real parts
 
 Start-up stays at the cost of importing Typer: the root group lists the commands from
@@ -51,6 +51,7 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("db", "vultrscale.cli.queue", "Create or upgrade the database schema."),
     Entry("worker", "vultrscale.cli.queue", "Run jobs from the queue; drain on SIGTERM."),
     Entry("enqueue", "vultrscale.cli.queue", "Put jobs on the queue."),
+    Entry("init", "vultrscale.cli.local", "Write a vultrscale.toml and .env for a real fleet."),
     Entry("sim", "vultrscale.cli.local", "The Vultr API simulator."),
     Entry(
         "simulate",

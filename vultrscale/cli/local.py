@@ -25,6 +25,7 @@ app.add_typer(sim_app, name="sim")
     epilog=examples(
         "vultrscale demo",
         "vultrscale demo --duration 60 --bursts 0:12 --no-live",
+        "vultrscale demo --chaos --seed 7",
     ),
 )
 def demo_cmd(
@@ -46,16 +47,36 @@ def demo_cmd(
             help="Workload: JOBS enqueued SECONDS into the run.",
         ),
     ] = "0:24,40:12",
+    job_seconds: Annotated[
+        str,
+        typer.Option(
+            "--job-seconds",
+            metavar="LOW:HIGH",
+            help="Each job lasts LOW to HIGH seconds (longer than the 5 s drain: given back).",
+        ),
+    ] = "1:4",
     no_live: Annotated[
         bool,
         typer.Option(
-            "--no-live", help="Plain log lines instead of the live fleet view.", show_default=False
+            "--no-live",
+            help="Timestamped log lines even on a terminal (elsewhere they are the default).",
+            show_default=False,
         ),
     ] = False,
     as_json: JsonFlag = False,
     seed: Annotated[
-        int, typer.Option("--seed", metavar="N", help="Seed for job lengths and ids.")
+        int,
+        typer.Option("--seed", metavar="N", help="Seed for job lengths, ids and --chaos faults."),
     ] = 0,
+    chaos: Annotated[
+        bool,
+        typer.Option(
+            "--chaos",
+            help="Inject faults on the seed: workers and passes SIGKILLed, API 429/500 bursts, "
+            "a lost create answer, a host whose SSH stops answering.",
+            show_default=False,
+        ),
+    ] = False,
     logs: Annotated[
         str | None,
         typer.Option("--logs", metavar="PATH", help="Keep each instance's worker log here."),
@@ -64,9 +85,12 @@ def demo_cmd(
     """The whole system on this machine: Postgres, the Vultr simulator, instances running real
     workers behind SSH, a bursty workload and the reconcile loop. Exit 0 when no job was lost
     and the fleet came back down."""
+    import contextlib
     import signal
     import threading
     from pathlib import Path
+
+    from rich.live import Live
 
     from vultrscale import demo
     from vultrscale.cli import views
@@ -74,12 +98,17 @@ def demo_cmd(
     settings = demo.Settings(
         duration=duration.total_seconds(),
         bursts=demo.parse_bursts(bursts),
+        job_seconds=demo.parse_job_seconds(job_seconds),
         seed=seed,
+        chaos=chaos,
         logs_dir=Path(logs).expanduser().resolve() if logs else None,
     )
     # with --json, stdout carries only the summary
     out = views.console(stderr=as_json)
     stop = threading.Event()
+    # The live view only on a terminal: elsewhere rich would hold every frame back to the end.
+    live = None if no_live or not out.is_terminal else Live(console=out, auto_refresh=False)
+    view = views.DemoView(live) if live is not None else views.DemoLog(out)
 
     def _stop(signum: int, frame: object) -> None:
         # The first signal ends the run after the current pass, cleanly; a second one hurries
@@ -87,25 +116,18 @@ def demo_cmd(
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        out.print("Stopping: cleaning up; press Ctrl-C again to stop at once.", style="yellow")
+        # Said from a thread: this handler may have interrupted a redraw holding the console.
+        threading.Thread(target=view.say, args=(views.STOPPING,), daemon=True).start()
 
     # also SIGINT: a shell starts a background job with SIGINT ignored
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _stop)
     url = os.environ.get("DATABASE_URL", "").strip() or None
-    say = views.say_plain(out)
-    if no_live:
-        summary = demo.run(
-            settings, database_url=url, on_tick=views.demo_log(say), say=say, stop=stop
-        )
-    else:
-        from rich.live import Live
-
-        with Live(console=out, auto_refresh=False, transient=False) as live:
-            view = views.DemoView(live)
-            summary = demo.run(
-                settings, database_url=url, on_tick=view.update, say=view.say, stop=stop
-            )
+    with contextlib.ExitStack() as drawing:
+        if live is not None:
+            drawing.enter_context(views.keys_not_echoed())
+            drawing.enter_context(live)
+        summary = demo.run(settings, database_url=url, on_tick=view.update, say=view.say, stop=stop)
     if as_json:
         print_json(summary.to_json())
     else:
@@ -115,7 +137,90 @@ def demo_cmd(
     return 0 if summary.ok else EXIT_RUNTIME
 
 
-# `init` is registered here by the branch that builds it.
+@app.command(
+    "init",
+    epilog=examples(
+        "vultrscale init",
+        "vultrscale init --defaults --region fra --plan vc2-2c-4gb",
+        "vultrscale --config prod/vultrscale.toml init --force",
+    ),
+)
+def init_cmd(
+    defaults: Annotated[
+        bool,
+        typer.Option(
+            "--defaults",
+            help="Ask nothing (for scripts): the defaults or the options below.",
+            show_default=False,
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Overwrite the files when they exist.", show_default=False),
+    ] = False,
+    region: Annotated[
+        str | None,
+        typer.Option(
+            "--region", metavar="ID", help=shown("Vultr region.", "ewr"), show_default=False
+        ),
+    ] = None,
+    plan: Annotated[
+        str | None,
+        typer.Option(
+            "--plan", metavar="ID", help=shown("Vultr plan.", "vc2-1c-2gb"), show_default=False
+        ),
+    ] = None,
+    snapshot: Annotated[
+        str | None,
+        typer.Option(
+            "--snapshot",
+            metavar="ID",
+            help=shown(
+                "Snapshot new instances boot from.", "the one `vultrscale snapshot` records"
+            ),
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Write a commented vultrscale.toml and a .env template (mode 0600, placeholders for the
+    secrets) for a real fleet, where --config points (default ./vultrscale.toml). On a terminal
+    it asks for the region, plan and snapshot, listing Vultr's choices when VULTR_API_KEY is
+    set. It never asks for secrets: fill them into the .env."""
+    from dataclasses import replace
+
+    from vultrscale import scaffold
+    from vultrscale.cli._common import state
+    from vultrscale.config import DEFAULT_API_URL, resolve_config_path
+
+    path, _ = resolve_config_path(state.config_path, os.environ)
+    scaffold.refuse_existing(path, force=force)
+    given = {"region": region, "plan": plan, "snapshot_id": snapshot}
+    answers = replace(scaffold.Answers(), **{k: v for k, v in given.items() if v is not None})
+    if not defaults and sys.stdin.isatty() and sys.stdout.isatty():
+        key = os.environ.get("VULTR_API_KEY", "").strip()
+        catalog = None
+        if key:
+            from vultrscale.vultr.client import VultrClient
+
+            url = os.environ.get("VULTR_API_URL", "").strip() or DEFAULT_API_URL
+            client = VultrClient(key, url, max_attempts=2)
+            catalog = scaffold.ApiCatalog(client)
+        else:
+            typer.echo("VULTR_API_KEY is not set: type the values (set it to pick from lists).")
+        try:
+            answers = scaffold.ask(
+                lambda q, d: str(typer.prompt(q, default=d, show_default=bool(d))),
+                typer.echo,
+                catalog,
+                answers,
+            )
+        finally:
+            if catalog is not None:
+                catalog.client.close()
+    elif not defaults:
+        typer.echo("No terminal to ask on: writing the defaults and the options given.")
+    for line in scaffold.next_steps(scaffold.write(path, answers, force=force)):
+        typer.echo(line)
 
 
 @app.command(

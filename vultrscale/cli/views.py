@@ -4,10 +4,12 @@ live view and summary. Text from outside (labels, tags, API and database message
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -31,11 +33,6 @@ def console(stderr: bool = False) -> Console:
     """A console that paints only what we style: rich's highlighter would colour words like
     ``up`` in ``scale-up(s)`` and numbers inside messages."""
     return Console(stderr=stderr, highlight=False)
-
-
-def say_plain(out: Console) -> Callable[[str], None]:
-    """A ``say(line)`` printing outside text as is (no markup)."""
-    return lambda line: out.print(plain(line))
 
 
 # --- a pass -----------------------------------------------------------------------------------
@@ -166,19 +163,31 @@ def print_config(data: dict[str, Any], access: WorkerAccess) -> None:
 
 # --- the demo ---------------------------------------------------------------------------------
 
+# The live view keeps the last few events: enough to follow a burst and its scale-up, few
+# enough that the fleet table and the plan still fit a 24-row terminal.
+EVENTS_SHOWN = 8
+# Rows the live view keeps for events before the plan's lines take the rest.
+EVENTS_MIN = 3
+STOPPING = "Stopping: cleaning up; press Ctrl-C again to stop at once."
 
-def demo_counts(tick: Tick) -> str:
+
+def demo_jobs(tick: Tick) -> str:
     jobs = tick.jobs
     done = sum(jobs.get(s, 0) for s in ("succeeded", "failed", "dead"))
+    return (
+        f"jobs: {jobs.get('ready', 0)} ready, {jobs.get('leased', 0)} running, "
+        f"{done}/{tick.enqueued} done"
+    )
+
+
+def demo_counts(tick: Tick) -> str:
+    """The run in one line: the fleet's states and the jobs."""
     states: dict[str, int] = {}
     if tick.result is not None and tick.result.observation is not None:
         for i in tick.result.observation.instances:
             states[i.state.value] = states.get(i.state.value, 0) + 1
     fleet = ", ".join(f"{n} {s}" for s, n in states.items()) or "none"
-    return (
-        f"[{tick.elapsed:5.1f}s] instances: {fleet} | jobs: {jobs.get('ready', 0)} ready, "
-        f"{jobs.get('leased', 0)} running, {done}/{tick.enqueued} done"
-    )
+    return f"[{tick.elapsed:5.1f}s] instances: {fleet} | {demo_jobs(tick)}"
 
 
 def tick_events(tick: Tick) -> list[str]:
@@ -192,69 +201,182 @@ def tick_events(tick: Tick) -> list[str]:
     return lines
 
 
-def demo_log(say: Callable[[str], None]) -> Callable[[Tick], None]:
-    """``--no-live``: a line of counts per tick, then what happened, indented."""
+class DemoLog:
+    """Off a terminal (or ``--no-live``): a timestamped line per message, written as it happens.
+    Never wrapped, so a log keeps one event per line."""
 
-    def log(tick: Tick) -> None:
-        say(demo_counts(tick))
+    def __init__(self, out: Console, now: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self.out = out
+        self.now = now
+
+    def say(self, line: str) -> None:
+        self.out.print(plain(f"{self.now():%H:%M:%S} {line}"), soft_wrap=True)
+
+    def update(self, tick: Tick) -> None:
+        """A line of counts, then what happened, indented under it."""
+        self.say(demo_counts(tick))
         for line in tick_events(tick):
-            say(f"         {line}")
+            self.say(f"         {line}")
 
-    return log
+
+def _row(text: str | Text, style: str = "") -> Text:
+    """One row of the live view: cut with an ellipsis rather than wrapped onto a second row."""
+    row = text.copy() if isinstance(text, Text) else plain(text, style)
+    row.no_wrap, row.overflow = True, "ellipsis"
+    return row
+
+
+def demo_frame(tick: Tick, events: list[str], out: Console) -> Group:
+    """The live view for ``out``'s size: the jobs, the fleet table, as much of the plan as
+    fits, and the latest events. Every row is one terminal row, so the frame never passes the
+    console's height (one row less: the cursor's) and rich never crops it into ``...``."""
+    width, rows_left = out.width, out.height - 1
+    options = out.options.update(width=width)
+
+    def height(renderable: RenderableType) -> int:
+        return len(out.render_lines(renderable, options, pad=False))
+
+    head = [_row(f"[{tick.elapsed:5.1f}s] {demo_jobs(tick)}", "bold")]
+    body: list[RenderableType] = []
+    under: list[Text] = []
+    result = tick.result
+    if result is not None and result.observation is not None and result.plan is not None:
+        obs, now = result.observation, datetime.now(UTC)
+        keep_for_events = min(EVENTS_MIN, len(events))
+        shown = len(obs.instances)
+        while True:
+            table = status.fleet_table(obs.instances[:shown], now, tick.config.fleet.name)
+            more = len(obs.instances) - shown
+            extra = [_row(f"... and {more} more instance(s)", "dim")] if more else []
+            used = len(head) + height(table) + len(extra)
+            if used + keep_for_events <= rows_left or shown == 0:
+                break
+            shown -= 1
+        body = [table, *extra]
+        rows_left -= used
+        summary = status.summary_lines(obs, result.plan, tick.config.budget.monthly_ceiling_usd)
+        under = [_row(line) for line in summary[: max(0, rows_left - keep_for_events)]]
+        rows_left -= len(under)
+    else:
+        rows_left -= len(head)
+    recent = events[-rows_left:] if rows_left > 0 else []
+    return Group(*head, *body, *under, *(_row(line, "dim") for line in recent))
 
 
 class DemoView:
-    """The live view: the fleet table of `vultrscale status` and the run's recent events."""
+    """The live view on a terminal: the fleet table of `vultrscale status` and recent events."""
 
     def __init__(self, live: Live) -> None:
         self.live = live
-        self.lines: list[str] = []
+        self.events: list[str] = []
 
     def say(self, line: str) -> None:
         self.live.console.print(plain(line))
 
     def update(self, tick: Tick) -> None:
-        self.lines += [f"{tick.elapsed:5.1f}s  {line}" for line in tick_events(tick)]
-        self.lines = self.lines[-8:]
-        parts: list[RenderableType] = [plain(demo_counts(tick), style="bold")]
-        result = tick.result
-        if result is not None and result.observation is not None and result.plan is not None:
-            cfg = tick.config
-            parts.append(
-                status.render(
-                    result.observation,
-                    result.plan,
-                    datetime.now(UTC),
-                    cfg.budget.monthly_ceiling_usd,
-                    cfg.fleet.name,
-                )
-            )
-        parts.append(plain("\n".join(self.lines), style="dim"))
-        self.live.update(Group(*parts), refresh=True)
+        self.events += [f"{tick.elapsed:5.1f}s  {line}" for line in tick_events(tick)]
+        self.events = self.events[-EVENTS_SHOWN:]
+        self.live.update(demo_frame(tick, self.events, self.live.console), refresh=True)
+
+
+@contextlib.contextmanager
+def keys_not_echoed(stream: TextIO | None = None) -> Iterator[None]:
+    """While the live view draws: keys typed (and the ``^C`` of Ctrl-C) are not echoed. An echo
+    moves the cursor the live view counts on, leaving a stale copy of its first row behind."""
+    import termios
+
+    try:
+        fd = (stream or sys.stdin).fileno()
+        saved = termios.tcgetattr(fd)
+    except (AttributeError, OSError, ValueError, termios.error):  # no terminal: nothing echoes
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def phrase_lines(head: str, phrases: list[str], width: int) -> list[str]:
+    """``head`` and the phrases joined by commas, broken only between phrases so that no line
+    passes ``width`` (a phrase longer than that stands alone); later lines indented."""
+    indent = " " * min(len(head), 4)
+    lines: list[str] = []
+    line = head
+    for n, phrase in enumerate(phrases):
+        piece = phrase + ("," if n < len(phrases) - 1 else "")
+        if n and len(line) + 1 + len(piece) > width:
+            lines.append(line)
+            line = indent + piece
+        else:
+            line += ("" if n == 0 else " ") + piece
+    return [*lines, line]
 
 
 def print_demo_summary(out: Console, s: Summary) -> None:
-    verdict = "[green]OK[/green]" if s.ok else "[red]FAILED[/red]"
-    out.print(f"\n[bold]Demo summary[/bold] ({s.wall_seconds:.0f}s): {verdict}")
-    out.print(
-        f"  jobs: {s.enqueued} enqueued, {s.succeeded} succeeded, {s.failed} failed, "
-        f"{s.dead} dead, [bold]{s.lost} lost[/bold] ({s.retried} needed a retry)"
-    )
-    out.print(
-        f"  fleet: peak {s.peak} of max {s.max_instances}, {s.created} created, "
-        f"{s.scale_ups} scale-up(s), {s.scale_ins} scale-in(s), {s.final} left at the end"
-    )
-    out.print(
-        f"  instance time: {s.instance_seconds:.0f} instance-seconds against "
-        f"{s.always_on_seconds:.0f} for {s.max_instances} always-on instances "
-        f"({s.saved_pct:.0f}% less)"
-    )
-    out.print(
-        f"  workers: {s.booted} booted, {s.worker_clean_exits} drained and exited cleanly, "
-        f"{s.worker_failed_exits} failed, {s.killed_at_power_off} killed at power-off; "
-        f"SSH: {s.ssh['stop']} stop, {s.ssh['is_active']} is-active, "
-        f"{s.ssh['refused_commands'] + s.ssh['refused_logins']} refused"
-    )
+    width = min(out.width, 80)
+    verdict = Text("OK", style="green") if s.ok else Text("FAILED", style="red")
+    out.print(Text.assemble(("\nDemo summary", "bold"), f" ({s.wall_seconds:.0f}s): ", verdict))
+    blocks = [
+        (
+            "  jobs: ",
+            [
+                f"{s.enqueued} enqueued",
+                f"{s.succeeded} succeeded",
+                f"{s.failed} failed",
+                f"{s.dead} dead",
+                f"{s.lost} lost ({s.retried} needed a retry)",
+                f"{s.waiting} still queued",
+                f"{s.given_back} given back by stopping workers",
+                f"{s.steps_run_twice} step(s) run twice",
+            ],
+        ),
+        (
+            "  fleet: ",
+            [
+                f"peak {s.peak} of max {s.max_instances}",
+                f"{s.created} created",
+                f"{s.scale_ups} scale-up(s)",
+                f"{s.scale_ins} scale-in(s)",
+                f"{s.final} left at the end",
+            ],
+        ),
+        (
+            "  instance time: ",
+            [
+                f"{s.instance_seconds:.0f} instance-seconds",
+                f"{s.saved_pct:.0f}% less than {s.max_instances} always-on "
+                f"({s.always_on_seconds:.0f})",
+            ],
+        ),
+        (
+            "  workers: ",
+            [
+                f"{s.booted} booted",
+                f"{s.worker_clean_exits} drained and exited cleanly",
+                f"{s.worker_failed_exits} failed",
+                f"{s.killed_at_power_off} killed at power-off",
+            ],
+        ),
+        (
+            "  SSH: ",
+            [
+                f"{s.ssh['stop']} stop",
+                f"{s.ssh['is_active']} is-active",
+                f"{s.ssh['refused_commands'] + s.ssh['refused_logins']} refused",
+            ],
+        ),
+    ]
+    for head, phrases in blocks:
+        for line in phrase_lines(head, phrases, width):
+            out.print(line, markup=False, highlight=False)
+    if s.chaos:
+        out.print(f"  faults injected: {len(s.faults)}", markup=False, highlight=False)
+        for f in s.faults:
+            out.print(plain(f"    {f.at:6.1f}s  {f.kind}: {f.target}"))
     for problem in s.problems:
         out.print(Text("  problem: ", style="red") + plain(problem))
 

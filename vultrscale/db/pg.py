@@ -47,17 +47,21 @@ def translated(doing: str, url: str = "") -> Iterator[None]:
         raise translate(exc, doing, url) from None
 
 
-def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
-    """A connection to ``url`` with the project's connect timeout (``kwargs`` go to psycopg)."""
+def connect(
+    url: str, *, autocommit: bool = True, doing: str = "", **kwargs: Any
+) -> psycopg.Connection[Any]:
+    """A connection to ``url`` with the project's connect timeout (``kwargs`` go to psycopg);
+    a failure names what it was for (``doing``) and where, password masked."""
     kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
-    with translated(f"cannot reach the database at {mask_url(url)}", url):
+    where = f"cannot reach the database at {mask_url(url)}"
+    with translated(f"{doing}: {where}" if doing else where, url):
         return psycopg.connect(url, autocommit=autocommit, **kwargs)
 
 
 @contextmanager
 def session(url: str, doing: str, *, autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
     """Connect, run the block, close; psycopg errors inside become ``DatabaseError``s."""
-    conn = connect(url, autocommit=autocommit)
+    conn = connect(url, autocommit=autocommit, doing=doing)
     try:
         with translated(doing, url), conn:
             yield conn

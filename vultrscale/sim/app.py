@@ -390,6 +390,11 @@ class Simulator:
         with self._lock:
             self._drop_rules.append(_DropRule(method.upper(), path_pattern, mode, count))
 
+    def drops_pending(self) -> int:
+        """How many ``drop_after_acting`` answers are still to be lost."""
+        with self._lock:
+            return sum(rule.remaining for rule in self._drop_rules)
+
     def clear_faults(self) -> None:
         """Remove pending ``fail_next``/``drop_after_acting`` rules and the error rate."""
         with self._lock:

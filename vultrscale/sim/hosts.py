@@ -244,6 +244,8 @@ class WorkerUnit:
         self.restart_seconds = restart_seconds
         self.exits: list[int] = []  # return codes, in order (negative: killed by that signal)
         self.killed_on_timeout = 0
+        self.injected_kills = 0  # SIGKILLs sent by kill_worker (the demo's chaos), not failures
+        self._killed_pid = 0
         self._state = "activating"
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = False
@@ -285,22 +287,39 @@ class WorkerUnit:
 
     def power_off(self, grace: float = 0.0) -> bool:
         """The instance goes away: SIGTERM (if ``grace``), SIGKILL after it; wait for the exit.
-        True if the worker was still running."""
+        True if the worker had to be killed (an exit within ``grace`` is the unit's exit, as
+        for a host shut down in order: systemd stops the unit first)."""
         with self._cv:
             self._off = True
             proc = self._proc
             self._cv.notify_all()
-        running = proc is not None and proc.poll() is None
         if proc is not None and grace > 0 and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(grace)
-        if proc is not None and proc.poll() is None:
+            if proc.returncode is not None:
+                with self._cv:
+                    self.exits.append(proc.returncode)
+        running = proc is not None and proc.poll() is None
+        if running and proc is not None:
             _kill_group(proc)
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         return running
+
+    def kill_worker(self) -> int | None:
+        """SIGKILL the running worker (only the process: the unit restarts it, as
+        ``Restart=on-failure`` does); its pid, or None when none runs."""
+        with self._cv:
+            proc = self._proc
+            if self._state != "active" or proc is None or proc.pid == self._killed_pid:
+                return None
+            self._killed_pid = proc.pid  # not twice: it may not have been reaped yet
+            self.injected_kills += 1
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)
+            return proc.pid
 
     def kill_now(self) -> None:
         """SIGKILL whatever runs (the atexit safety net)."""
@@ -325,10 +344,12 @@ class WorkerUnit:
     def _supervise(self) -> None:
         while True:
             with self._cv:
-                if self._off:
+                # This thread started the worker, whose death signal fires when the thread
+                # ends: at power-off it lives on until the worker has exited.
+                if self._off and self._proc is None:
                     break
                 due = time.monotonic() >= self._restart_at
-                if self._proc is None and self._state == "activating" and due:
+                if self._proc is None and self._state == "activating" and due and not self._off:
                     try:
                         self._proc = self._spawn()
                         self._state = "active"
@@ -440,6 +461,8 @@ class SSHEndpoint:
         self.counters = counters
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
+        self._silent_until = 0.0
+        self._silent_mode = "hang"
         self._transports: list[paramiko.Transport] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(
@@ -465,6 +488,22 @@ class SSHEndpoint:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
+    def silence(self, seconds: float, mode: str = "hang") -> None:
+        """Stop answering for ``seconds``: new connections are accepted, then get nothing
+        (``"hang"``: no banner, held open until the silence ends) or are closed at once
+        (``"drop"``). Connections already open are closed."""
+        with self._lock:
+            self._silent_until = time.monotonic() + seconds
+            self._silent_mode = mode
+            transports = list(self._transports)
+            self._transports.clear()
+        for t in transports:
+            t.close()
+
+    def _silent(self) -> str | None:
+        with self._lock:
+            return self._silent_mode if time.monotonic() < self._silent_until else None
+
     def note_refused_login(self) -> None:
         with self._lock:
             self.counters.refused_logins += 1
@@ -485,6 +524,12 @@ class SSHEndpoint:
     def _serve(self, conn: socket.socket) -> None:
         import paramiko
 
+        mode = self._silent()
+        if mode is not None:
+            with conn:
+                while mode == "hang" and self._silent() and not self._stop.wait(0.2):
+                    pass
+            return
         conn.settimeout(None)
         transport = paramiko.Transport(conn)
         transport.add_server_key(self.host_key)
@@ -612,7 +657,8 @@ class HostStats:
     clean_exits: int = 0  # the worker drained and exited 0 (or on the SIGTERM itself)
     failed_exits: int = 0  # non-zero exits, SIGKILL after TimeoutStopSec included
     failures: list[str] = field(default_factory=list)  # each failed exit, with its log's end
-    killed_at_power_off: int = 0  # still running when its instance was deleted
+    killed_at_power_off: int = 0  # killed: still running at power-off, after any grace
+    injected_kills: int = 0  # workers SIGKILLed on purpose (kill_worker), restarted by the unit
     ssh: SSHCounters = field(default_factory=SSHCounters)
 
 
@@ -662,6 +708,11 @@ class Hosts:
         with self._lock:
             return {h.label: h.unit.log_path for h in self.hosts.values()}
 
+    def running(self) -> list[SimulatedHost]:
+        """The hosts up now, in boot order."""
+        with self._lock:
+            return list(self.hosts.values())
+
     def close(self, grace: float = 3.0) -> None:
         """Power off every host (SIGTERM, SIGKILL after ``grace``) and stop the thread."""
         self._stop.set()
@@ -708,7 +759,7 @@ class Hosts:
             unit = WorkerUnit(
                 label,
                 [self.python, "-m", "vultrscale.cli", "worker"],
-                _unit_environment(spec.env),
+                unit_environment(spec.env),
                 hostdir,
                 hostdir / "worker.log",
                 timeout_stop=spec.timeout_stop,
@@ -729,8 +780,12 @@ class Hosts:
         running = host.power_off(grace)
         with self._lock:
             self.stats.killed_at_power_off += int(running)
+            injected = host.unit.injected_kills
             for rc in host.unit.exits:
-                if rc in (0, -signal.SIGTERM):
+                if rc == -signal.SIGKILL and injected > 0:
+                    injected -= 1
+                    self.stats.injected_kills += 1
+                elif rc in (0, -signal.SIGTERM):
                     self.stats.clean_exits += 1
                 else:
                     self.stats.failed_exits += 1
@@ -747,7 +802,7 @@ def _last_line(path: Path) -> str:
     return lines[-1][:300] if lines else "(empty log)"
 
 
-def _unit_environment(env_file: dict[str, str]) -> dict[str, str]:
+def unit_environment(env_file: dict[str, str]) -> dict[str, str]:
     """A unit's environment: a few basics from ours (to find Python and the package) + the file."""
     keep = ("PATH", "LANG", "LC_ALL", "HOME", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
     env = {k: os.environ[k] for k in keep if k in os.environ}

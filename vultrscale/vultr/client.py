@@ -40,7 +40,7 @@ from vultrscale.vultr.errors import (
     ServerError,
     VultrError,
 )
-from vultrscale.vultr.models import VAccount, VCharge, VInstance, VPlan, VSnapshot
+from vultrscale.vultr.models import VAccount, VCharge, VInstance, VPlan, VRegion, VSnapshot
 
 log = logging.getLogger("vultrscale.vultr")
 
@@ -325,6 +325,10 @@ class VultrClient:
             f"Vultr has no plan {plan_id!r}.",
             hint="Set fleet.plan to a plan id from GET /v2/plans, e.g. vc2-1c-2gb.",
         )
+
+    def list_regions(self) -> list[VRegion]:
+        """Every region (all pages)."""
+        return [VRegion.from_api(d) for d in self._paginate("/v2/regions", "regions", {})]
 
     def region_availability(self, region: str) -> set[str]:
         """The plan ids that can be deployed in ``region`` now."""

@@ -202,6 +202,28 @@ class VPlan:
 
 
 @dataclass(frozen=True)
+class VRegion:
+    """A region (``GET /v2/regions``)."""
+
+    id: str
+    city: str = ""
+    country: str = ""
+    continent: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> VRegion:
+        """Build from the API object; unknown fields are kept only in ``raw``."""
+        return cls(
+            id=_str(data, "id"),
+            city=_str(data, "city"),
+            country=_str(data, "country"),
+            continent=_str(data, "continent"),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True)
 class VAccount:
     """The account (``GET /v2/account``). A negative ``balance`` is credit."""
 

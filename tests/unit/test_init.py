@@ -1,0 +1,185 @@
+"""`vultrscale init`: the files it writes load with the config loader once the secrets are filled
+in, it never overwrites without --force, and its questions list Vultr's choices (from the
+in-process simulator) or take typed values when the API fails."""
+
+from __future__ import annotations
+
+import re
+import stat
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from vultrscale import config, scaffold
+from vultrscale.cli import main
+from vultrscale.clock import FakeClock
+from vultrscale.sim import SimTransport, Simulator, Timings
+from vultrscale.vultr.client import VultrClient
+
+KEY = "init-test-key-0123456789ABCDEFGHIJKLMNOP"
+FILLED = {
+    "VULTR_API_KEY": "FILLEDKEY0123456789ABCDEFGHIJKLMNOPQ",
+    "DATABASE_URL": "postgresql://vultrscale:pw1@db.internal:5432/jobs",
+    "WORKER_DATABASE_URL": "postgresql://vultrscale_worker:pw2@10.1.0.5:5432/jobs",
+}
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    for name in ("VULTRSCALE_CONFIG", "VULTR_API_URL", *scaffold.SECRETS):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+def _fill(env_file: Path) -> None:
+    """What the user does next: a value after each placeholder."""
+    text = env_file.read_text()
+    for name, value in FILLED.items():
+        text, n = re.subn(rf"^{name}=$", f"{name}={value}", text, flags=re.M)
+        assert n == 1, f"no placeholder line for {name}"
+    env_file.write_text(text)
+
+
+def test_defaults_write_both_files_and_they_load_once_the_secrets_are_filled(
+    here: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VULTR_API_KEY", "REALKEYFROMTHEENVIRONMENT0123456789AB")
+    assert main(["init", "--defaults"]) == 0
+    said = capsys.readouterr().out
+    assert "VULTR_API_KEY, DATABASE_URL, WORKER_DATABASE_URL" in said
+    toml, env = here / "vultrscale.toml", here / ".env"
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
+    # placeholders only: not even the key the environment holds
+    assert "REALKEYFROMTHEENVIRONMENT" not in env.read_text()
+    assert all(re.search(rf"^{name}=$", env.read_text(), re.M) for name in scaffold.SECRETS)
+
+    _fill(env)
+    cfg = config.load(toml, env={})
+    assert cfg.source == str(toml)
+    assert (cfg.fleet.region, cfg.fleet.plan, cfg.fleet.snapshot_id) == ("ewr", "vc2-1c-2gb", "")
+    assert cfg.secrets.api_key.reveal() == FILLED["VULTR_API_KEY"]
+    assert cfg.secrets.database_url.reveal() == FILLED["DATABASE_URL"]
+    assert cfg.secrets.worker_database_url.reveal() == FILLED["WORKER_DATABASE_URL"]
+    monkeypatch.delenv("VULTR_API_KEY")
+    assert main(["config", "check"]) == 0
+    assert "Configuration is valid (from vultrscale.toml)" in capsys.readouterr().out
+
+
+def test_options_go_into_the_file_without_questions(here: Path) -> None:
+    args = ["--config", "prod/fleet.toml", "init", "--defaults", "--region", "fra"]
+    assert main([*args, "--plan", "vc2-2c-4gb", "--snapshot", "snap-1"]) == 0
+    cfg = config.load(here / "prod" / "fleet.toml", env={})
+    assert (cfg.fleet.region, cfg.fleet.plan, cfg.fleet.snapshot_id) == (
+        "fra",
+        "vc2-2c-4gb",
+        "snap-1",
+    )
+    assert (here / "prod" / ".env").is_file()  # next to the config: where the loader reads it
+
+
+@pytest.mark.parametrize("existing", ["vultrscale.toml", ".env"])
+def test_an_existing_file_is_not_overwritten_without_force(
+    here: Path, existing: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (here / existing).write_text("# mine\n")
+    assert main(["init", "--defaults"]) == 2
+    assert f"{existing} exists" in capsys.readouterr().err
+    assert (here / existing).read_text() == "# mine\n"
+    assert sorted(p.name for p in here.iterdir()) == [existing]  # nothing else written
+
+    (here / existing).chmod(0o644)
+    assert main(["init", "--defaults", "--force"]) == 0
+    assert (here / existing).read_text() != "# mine\n"
+    assert stat.S_IMODE((here / ".env").stat().st_mode) == 0o600
+
+
+def test_the_template_has_the_readme_reference_keys(here: Path) -> None:
+    """The README's config reference and the written file name the same keys."""
+    block = README.read_text().split("## Configuration", 1)[1].split("```toml\n", 1)[1]
+    reference = tomllib.loads(block.split("```", 1)[0])
+    written = tomllib.loads(scaffold.config_text(scaffold.Answers()))
+    reference["policy"].pop("floor")  # the template leaves the example floor commented out
+    assert {s: sorted(v) for s, v in written.items()} == {
+        s: sorted(v) for s, v in reference.items()
+    }
+
+
+class Script:
+    """The user at the keyboard: answers in order; records the questions and what was said."""
+
+    def __init__(self, *answers: str) -> None:
+        self.answers = list(answers)
+        self.asked: list[tuple[str, str]] = []
+        self.said: list[str] = []
+
+    def prompt(self, question: str, default: str) -> str:
+        self.asked.append((question, default))
+        answer = self.answers.pop(0)
+        return default if answer == "<enter>" else answer
+
+
+def _catalog(key: str = KEY) -> tuple[Simulator, VultrClient]:
+    sim = Simulator(KEY, clock=FakeClock(), seed=3, timings=Timings(snapshot_complete=0))
+    client = VultrClient(key, "http://sim.invalid", transport=SimTransport(sim), max_attempts=1)
+    return sim, client
+
+
+def test_questions_list_regions_plans_of_the_region_and_snapshots_from_the_api() -> None:
+    sim, client = _catalog()
+    inst = client.create_instance(
+        region="fra", plan="vc2-1c-2gb", os_id=2284, label="bake-1", tags=["bake"]
+    )
+    baked = client.create_snapshot(inst.id, "my image")
+    sim.tick()
+    regions = sorted(r.id for r in client.list_regions())
+    fra_plans = client.region_availability("fra")
+    user = Script(str(regions.index("fra") + 1), "nope", "vc2-2c-4gb", "1")
+
+    got = scaffold.ask(
+        user.prompt, user.said.append, scaffold.ApiCatalog(client), scaffold.Answers()
+    )
+
+    assert got == scaffold.Answers(region="fra", plan="vc2-2c-4gb", snapshot_id=baked.id)
+    listed = [line.split()[1] for line in user.said if re.match(r"\s+\d+\. ", line)]
+    assert listed[: len(regions)] == regions
+    plans = listed[len(regions) : -1]
+    assert set(plans) == fra_plans and "vc2-2c-4gb" in plans
+    assert listed[-1] == baked.id
+    assert "'nope' is not in the list: give its number or its id." in user.said
+    assert [q for q, _ in user.asked][:2] == ["Region", "Plan"]
+    assert user.asked[0][1] == "ewr"  # the default offered
+
+
+def test_when_the_api_fails_it_says_so_once_and_takes_typed_values() -> None:
+    _, client = _catalog(key="WRONG-KEY-0123456789ABCDEFGHIJKLMNOPQR")
+    user = Script("sjc", "vc2-4c-8gb", "<enter>")
+    got = scaffold.ask(
+        user.prompt, user.said.append, scaffold.ApiCatalog(client), scaffold.Answers()
+    )
+    assert got == scaffold.Answers(region="sjc", plan="vc2-4c-8gb", snapshot_id="")
+    failures = [s for s in user.said if s.startswith("Could not list the choices")]
+    assert len(failures) == 1, user.said
+    assert "WRONG-KEY" not in "\n".join(user.said)
+
+
+def test_without_a_catalog_a_required_answer_is_asked_again() -> None:
+    user = Script("", "ams", "<enter>", "")
+    got = scaffold.ask(user.prompt, user.said.append, None, scaffold.Answers())
+    assert got == scaffold.Answers(region="ams", plan="vc2-1c-2gb", snapshot_id="")
+    assert "Region is required." in user.said
+
+
+def test_interactive_answers_end_up_in_a_file_that_loads(here: Path) -> None:
+    user = Script("lax", "vhf-1c-1gb", "abc-123")
+    answers = scaffold.ask(user.prompt, user.said.append, None, scaffold.Answers())
+    written = scaffold.write(here / "vultrscale.toml", answers, force=False)
+    _fill(written[1])
+    cfg = config.load(written[0], env={})
+    assert (cfg.fleet.region, cfg.fleet.plan, cfg.fleet.snapshot_id) == (
+        "lax",
+        "vhf-1c-1gb",
+        "abc-123",
+    )

@@ -1,0 +1,273 @@
+"""``vultrscale init``: a commented ``vultrscale.toml`` and a ``.env`` template for a real fleet.
+
+The answers (region, plan, snapshot) come from the user, from the Vultr API's lists, or from
+the defaults; secrets never come from here: the ``.env`` gets placeholders only and the user
+fills them in. Nothing is written when either file exists, unless ``force``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from vultrscale.config import FleetConfig
+from vultrscale.errors import UsageError, VultrscaleError
+
+if TYPE_CHECKING:
+    from vultrscale.vultr.client import VultrClient
+
+# The variables the user fills in .env; init never writes a value for them.
+SECRETS = ("VULTR_API_KEY", "DATABASE_URL", "WORKER_DATABASE_URL")
+
+
+@dataclass(frozen=True)
+class Answers:
+    region: str = FleetConfig.region
+    plan: str = FleetConfig.plan
+    snapshot_id: str = FleetConfig.snapshot_id  # empty: the one `vultrscale snapshot` records
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One entry of a list the user picks from: the id to write, and what it is."""
+
+    id: str
+    about: str
+
+
+class Catalog(Protocol):
+    """Where the lists come from (the Vultr API); any method may raise VultrscaleError."""
+
+    def regions(self) -> list[Choice]: ...
+
+    def plans(self, region: str) -> list[Choice]: ...
+
+    def snapshots(self) -> list[Choice]: ...
+
+
+class ApiCatalog:
+    """The lists from the Vultr API: regions, the plans deployable in a region now (cheapest
+    first), the account's complete snapshots."""
+
+    def __init__(self, client: VultrClient) -> None:
+        self.client = client
+
+    def regions(self) -> list[Choice]:
+        found = sorted(self.client.list_regions(), key=lambda r: r.id)
+        return [Choice(r.id, f"{r.city}, {r.country}") for r in found]
+
+    def plans(self, region: str) -> list[Choice]:
+        available = self.client.region_availability(region)
+        found = [p for p in self.client.list_plans() if p.id in available]
+        found.sort(key=lambda p: (p.monthly_cost, p.id))
+        return [
+            Choice(p.id, f"{p.vcpu_count} vCPU, {p.ram / 1024:g} GB RAM, ${p.monthly_cost:g}/month")
+            for p in found
+        ]
+
+    def snapshots(self) -> list[Choice]:
+        found = [s for s in self.client.list_snapshots() if s.status == "complete"]
+        return [Choice(s.id, s.description or "(no description)") for s in found]
+
+
+Prompt = Callable[[str, str], str]  # (question, default) -> the answer typed
+Say = Callable[[str], None]
+
+
+def ask(prompt: Prompt, say: Say, catalog: Catalog | None, start: Answers) -> Answers:
+    """Region, plan and snapshot, each picked from the catalog's list (by number or id) or,
+    with no catalog or once it has failed, typed in."""
+    failed = catalog is None
+
+    def listing(get: Callable[[Catalog], list[Choice]]) -> list[Choice] | None:
+        nonlocal failed
+        if failed or catalog is None:
+            return None
+        try:
+            return get(catalog)
+        except VultrscaleError as exc:
+            failed = True
+            say(f"Could not list the choices from the Vultr API ({exc.message}); type the values.")
+            return None
+
+    region = _pick(prompt, say, "Region", start.region, listing(lambda c: c.regions()))
+    plan = _pick(prompt, say, "Plan", start.plan, listing(lambda c: c.plans(region)))
+    snapshots = listing(lambda c: c.snapshots())
+    if snapshots == []:
+        say(
+            "No complete snapshot in the account yet: leave it empty and bake one (see the README)."
+        )
+    snapshot = _pick(
+        prompt,
+        say,
+        "Snapshot (empty: the one `vultrscale snapshot` records)",
+        start.snapshot_id,
+        snapshots,
+        optional=True,
+    )
+    return Answers(region=region, plan=plan, snapshot_id=snapshot)
+
+
+def _pick(
+    prompt: Prompt,
+    say: Say,
+    what: str,
+    default: str,
+    choices: list[Choice] | None,
+    *,
+    optional: bool = False,
+) -> str:
+    """One answer: a number or an id from ``choices`` when there are any, else any text
+    (empty only when ``optional``)."""
+    for n, c in enumerate(choices or [], 1):
+        say(f"  {n:3d}. {c.id:<24} {c.about}")
+    ids = [c.id for c in choices or []]
+    while True:
+        answer = prompt(what, default).strip()
+        if choices and answer.isdigit() and 1 <= int(answer) <= len(choices):
+            return choices[int(answer) - 1].id
+        if not answer and not optional:
+            say(f"{what} is required.")
+        elif choices and answer and answer not in ids:
+            say(f"{answer!r} is not in the list: give its number or its id.")
+        else:
+            return answer
+
+
+def config_text(a: Answers) -> str:
+    """The commented vultrscale.toml (the keys and comments of the README's reference)."""
+    return _CONFIG.format(region=_toml(a.region), plan=_toml(a.plan), snapshot=_toml(a.snapshot_id))
+
+
+def _toml(value: str) -> str:
+    import json
+
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def refuse_existing(config_path: Path, *, force: bool) -> None:
+    """UsageError naming the first of the two files that exists, unless ``force``."""
+    if force:
+        return
+    for path in (config_path, config_path.parent / ".env"):
+        if path.exists():
+            raise UsageError(
+                f"{path} exists; nothing written.",
+                hint="Move it away, or pass --force to overwrite it.",
+            )
+
+
+def write(config_path: Path, answers: Answers, *, force: bool) -> list[Path]:
+    """Write the config and the .env next to it (where the config loader reads it); nothing
+    when either exists, unless ``force``. The .env is mode 0600 from its first byte."""
+    refuse_existing(config_path, force=force)
+    env_path = config_path.parent / ".env"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(config_text(answers), encoding="utf-8")
+    fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file (--force) keeps no wider mode
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(_ENV)
+    return [config_path, env_path]
+
+
+def next_steps(written: Sequence[Path]) -> list[str]:
+    config_path, env_path = written
+    return [
+        f"Wrote {config_path} and {env_path} (mode 0600).",
+        f"Fill in {env_path}: {', '.join(SECRETS)} (init writes no secret).",
+        "Then: ssh-keygen -t ed25519 -f ~/.ssh/vultrscale_ed25519 -N ''",
+        "      vultrscale config check",
+    ]
+
+
+_CONFIG = """\
+# vultrscale.toml, written by `vultrscale init`. Check it with `vultrscale config check`.
+# Secrets never go here: VULTR_API_KEY, DATABASE_URL and WORKER_DATABASE_URL come from the
+# environment or the .env next to this file. Any key can also be set as
+# VULTRSCALE_<SECTION>_<KEY> (VULTRSCALE_POLICY_MAX_INSTANCES=3). Durations: "90s", "5m", "1h".
+
+[fleet]
+name = "workers"              # one fleet per name; several fleets may share a database
+region = {region}
+plan = {plan}
+snapshot_id = {snapshot}      # empty: the one recorded by `vultrscale snapshot`
+tag = "vultrscale-workers"    # every instance we own carries it; we list by it
+label_prefix = "worker"       # labels are <prefix>-<unix-ts>-<4 random chars>
+service = "worker"            # systemd unit on the instance
+ssh_user = "worker"
+ssh_key = "~/.ssh/vultrscale_ed25519"   # mode 0600; its .pub is authorized on new instances
+ssh_port = 22
+ssh_address = "main_ip"       # or "internal_ip" when the scaler reaches workers over a VPC
+vpc_ids = []                  # attached at create (attach_vpc)
+firewall_group_id = ""
+
+[worker]                      # what the user-data tells the worker on each instance
+app = "myjobs:handle"         # MODULE:FUNC for `vultrscale worker`: your handler
+concurrency = 4               # should equal queue.jobs_per_instance
+drain_seconds = 20            # < TimeoutStopSec of the unit < drain.timeout
+lease_seconds = 60
+queue = "default"
+db_role = "vultrscale_worker" # the workers' database role: `db init` creates it and grants it
+                              # only what the worker runtime uses; "" = you manage the role
+use_scaler_database_url = false  # true: without WORKER_DATABASE_URL, user-data carries the
+                                 # scaler's DATABASE_URL (its password readable on the instance)
+outage_seconds = 0            # ride out an unreachable database this long; 0: lease_seconds
+
+[queue]
+preset = "vultrscale"         # vultrscale | procrastinate | pgqueuer | custom
+jobs_per_instance = 4
+queue = ""                    # only this queue of the preset's table; empty: all
+# custom only, each query returns one number:
+# ready_sql = "..."  in_flight_sql = "..."  oldest_ready_seconds_sql = "..."
+
+[policy]
+min_instances = 0
+max_instances = 5
+scale_up_cooldown = "60s"
+scale_down_cooldown = "5m"    # 2-3x the longest job
+idle_before_scale_down = "90s"
+max_step_up = 0               # 0 = no limit per pass
+boot_timeout = "15m"          # pending/booting longer than this: replaced
+billing_hour_aware = true
+on_signal_error = "hold"      # hold | floor
+
+# [[policy.floor]]            # "one warm worker in business hours"
+# cron = "* 8-18 * * mon-fri" # minute hour day month weekday, matched per minute
+# timezone = "Europe/Berlin"
+# min_instances = 1
+
+[budget]
+monthly_ceiling_usd = 50.0
+
+[drain]
+timeout = "5m"                # >= the unit's TimeoutStopSec (drain_seconds + margin)
+poll_interval = "10s"
+unreachable_grace = "10m"
+"""
+
+_ENV = """\
+# .env, written by `vultrscale init`: the secrets vultrscale reads, next to vultrscale.toml.
+# Fill in the three values below; the real environment wins over this file. Keep it mode 0600
+# and out of version control.
+
+# Vultr API key (my.vultr.com > Account > API). With an IP allow-list, allow the scaler's address.
+VULTR_API_KEY=
+
+# The scaler's database: queue signals, the fleet ledger, the events. The schema's owner (and
+# CREATEROLE, so that `vultrscale db init` can create the workers' role).
+# Example: postgresql://vultrscale:PASSWORD@db.internal:5432/jobs
+DATABASE_URL=
+
+# The address and role the WORKERS use; it goes into every instance's user-data (readable there).
+# Log in as [worker] db_role (vultrscale_worker): `vultrscale db init` creates that role and
+# sets its password from this URL. A private/VPC address is best.
+# Example: postgresql://vultrscale_worker:ANOTHER-PASSWORD@10.1.0.5:5432/jobs
+WORKER_DATABASE_URL=
+
+# Point the client at `vultrscale sim serve` to try things (default https://api.vultr.com).
+# VULTR_API_URL=https://api.vultr.com
+"""
