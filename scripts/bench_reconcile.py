@@ -9,11 +9,16 @@
    alternately with the passes in the same run.
 2. `vultrscale --version` start-up against `python -c "import typer"`, in the same run.
 
+--memory times the same steady pass on the in-memory ports (vultrscale.memory: no Postgres, no
+HTTP), for each fleet size in --instances (default 3,50): the pure core's own cost per pass, as
+the what-if simulator replays it. Batches of passes, the median batch's time per pass.
+
 --profile FILE writes a cProfile of the timed passes (read it with `python -m pstats FILE`)
 and prints the top functions by cumulative time. --json prints the figures as one JSON object
 (for scripts/bench).
 
 Usage: python scripts/bench_reconcile.py [--instances 500] [--passes 15] [--startups 15]
+       python scripts/bench_reconcile.py --memory [--instances 3,50] [--passes 2000]
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from vultrscale import config as config_mod
 from vultrscale.clock import FakeClock
 from vultrscale.db import ledger, queue, schema, throwaway
 from vultrscale.db.ledger import PgStore
-from vultrscale.model import InstanceState
+from vultrscale.memory import MemoryCloud, MemoryDrain, MemoryLedger, MemorySignals, memory_parts
+from vultrscale.model import InstanceState, Signals, WorkerView
 from vultrscale.reconcile import Parts, run_pass
 from vultrscale.sim.app import Simulator, Timings
 from vultrscale.sim.server import start_server
@@ -77,12 +83,18 @@ def bare_list(http: httpx.Client) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--instances", type=int, default=500)
-    ap.add_argument("--passes", type=int, default=15)
+    ap.add_argument("--instances", default=None, help="fleet size(s), comma-separated")
+    ap.add_argument("--passes", type=int, default=None, help="timed passes (per size)")
+    ap.add_argument("--memory", action="store_true", help="time the pass on in-memory ports")
     ap.add_argument("--startups", type=int, default=15, help="0 skips the start-up figure")
     ap.add_argument("--profile", type=Path, default=None, help="write a cProfile of the passes")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = ap.parse_args()
+    sizes = [int(n) for n in (args.instances or ("3,50" if args.memory else "500")).split(",")]
+    if args.memory:
+        bench_memory(sizes, args.passes or 2000, args.profile, as_json=args.json)
+        return
+    args.instances, args.passes = sizes[0], args.passes or 15
     with (
         throwaway.given_or_throwaway(os.environ.get("DATABASE_URL")) as admin,
         throwaway.scratch_database(admin, prefix="vs_bench_") as db_url,
@@ -186,7 +198,7 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
         # new client and an empty cache, so this counts the requests of a process's first pass.
         with VultrClient(KEY, http_server.url, sleep=clock.sleep) as fresh:
             before = len(sim.request_log)
-            run_pass(cfg, dataclasses.replace(parts, client=fresh, cache={}))
+            run_pass(cfg, dataclasses.replace(parts, cloud=fresh, cache={}))
             cron_requests = len(sim.request_log) - before
 
         startup, baseline = [], []
@@ -235,6 +247,85 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             print(json.dumps(figures))
     finally:
         http_server.stop()
+
+
+def bench_memory(
+    sizes: list[int], passes: int, profile: Path | None, *, as_json: bool = False
+) -> None:
+    """The steady pass on the in-memory ports, per fleet size: the core's own cost. The sizes'
+    batches alternate, so a load that comes and goes touches each alike."""
+    profiler = cProfile.Profile() if profile else None
+    rounds = 20
+    batch = max(passes // rounds, 1)
+    print(
+        "compares: a steady reconcile pass on the in-memory ports (no Postgres, no HTTP) "
+        f"against nothing: time per pass, median of {rounds} alternated batches of {batch}"
+    )
+    worlds = [memory_world(n) for n in sizes]
+    times: list[list[float]] = [[] for _ in sizes]
+    for _ in range(rounds):
+        for world, out in zip(worlds, times, strict=True):
+            out.append(time_batch(*world, batch, profiler))
+    figures: dict[str, float] = {}
+    for n, out in zip(sizes, times, strict=True):
+        figures[f"memory_pass_ms_{n}"] = statistics.median(out) * 1e3
+        print(f"  {n:4d} instance(s): median {figures[f'memory_pass_ms_{n}']:.3f} ms/pass")
+    if profiler is not None and profile is not None:
+        profiler.dump_stats(profile)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
+    if as_json:
+        print(json.dumps(figures))
+
+
+def memory_world(n: int) -> tuple[config_mod.Config, Parts, FakeClock]:
+    """A steady fleet of ``n`` running instances on the in-memory ports."""
+    tmp = Path(tempfile.mkdtemp(prefix="vs-bench-mem-"))
+    (tmp / "vultrscale.toml").write_text(
+        f'[fleet]\nsnapshot_id = "snap-1"\n[policy]\nmax_instances = {n}\n'
+        f"[budget]\nmonthly_ceiling_usd = {20.0 * n}\n"
+    )
+    env = {"VULTR_API_KEY": KEY, "DATABASE_URL": "postgresql://unused@nowhere/db"}
+    env["WORKER_DATABASE_URL"] = env["DATABASE_URL"]
+    cfg = config_mod.load(tmp / "vultrscale.toml", env)
+    clock = FakeClock(datetime(2026, 3, 2, 12, 0, tzinfo=UTC))
+    cloud, ledger = MemoryCloud(clock), MemoryLedger("workers")
+    signals = MemorySignals(Signals(ready=n * cfg.queue.jobs_per_instance, in_flight=0))
+    parts = memory_parts(clock, cloud, ledger, signals, MemoryDrain())
+    run_pass(cfg, parts)  # create n
+    clock.advance(61)
+    run_pass(cfg, parts)  # booted
+    for v in cloud.list_instances():
+        ledger.workers_by_label[v.label] = WorkerView(v.label, clock.now(), False, 0, True)
+    clock.advance(30)
+    run_pass(cfg, parts)  # running
+    assert {r.state for r in ledger.instances.values()} == {InstanceState.RUNNING}
+    return cfg, parts, clock
+
+
+def time_batch(
+    cfg: config_mod.Config,
+    parts: Parts,
+    clock: FakeClock,
+    batch: int,
+    profiler: cProfile.Profile | None,
+) -> float:
+    """Seconds per pass over ``batch`` steady passes, a second of fake time apart."""
+    fleet = len(parts.cloud.list_instances())
+    t0 = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    for _ in range(batch):
+        clock.advance(1)
+        result = run_pass(cfg, parts)
+    if profiler is not None:
+        profiler.disable()
+    elapsed = (time.perf_counter() - t0) / batch
+    assert result.exit_code == 0 and result.plan is not None and not result.plan.actions
+    assert len(parts.cloud.list_instances()) == fleet, "a steady pass changed the fleet"
+    # The simulator counts passes rather than keep their events (days of them would fill
+    # memory): keep none between batches either, or their garbage is timed too.
+    parts.store.ledger.events.clear()  # type: ignore[attr-defined]
+    return elapsed
 
 
 if __name__ == "__main__":

@@ -19,12 +19,20 @@ included) but are not projected to the month's end: they are on their way out.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from vultrscale.model import HOURS_PER_MONTH, Instance, InstanceState, Observation, PlanPrice
+from vultrscale.model import (
+    CAPACITY_STATES,
+    HOURS_PER_MONTH,
+    Instance,
+    InstanceState,
+    Observation,
+    PlanPrice,
+)
 
 HOUR = timedelta(hours=1)
 # Float sums of cents: 5 x 10.0 must compare equal to 50.0 without a rounding surprise.
@@ -36,8 +44,12 @@ def utc(dt: datetime) -> datetime:
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
 
 
+@functools.lru_cache(maxsize=64)
 def month_bounds(now: datetime) -> tuple[datetime, datetime]:
-    """Start of the UTC calendar month holding ``now``, and start of the next one."""
+    """Start of the UTC calendar month holding ``now``, and start of the next one.
+
+    Cached: a pass asks it several times for its one ``now`` (observe, bills, the budget rule,
+    the policy), and a simulated replay asks it for the same few instants over and over."""
     now = utc(now)
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     end = (
@@ -52,8 +64,11 @@ def started_hours(start: datetime, end: datetime) -> int:
     """Hours begun between ``start`` and ``end`` (a second into an hour bills the hour)."""
     if end <= start:
         return 0
-    whole, rest = divmod(end - start, HOUR)
-    return whole + (1 if rest else 0)
+    # Integer arithmetic on the difference's parts: a timedelta divmod costs several times
+    # more, and this runs a few times per instance per pass.
+    d = end - start
+    seconds = d.days * 86400 + d.seconds
+    return seconds // 3600 + (1 if seconds % 3600 or d.microseconds else 0)
 
 
 def billed(
@@ -139,12 +154,19 @@ def _so_far_and_to_end(
     what it adds if it runs until the month ends. ``now`` is aware; bounds from month_bounds."""
     monthly = instance.monthly_cost or price.monthly
     hourly = instance.hourly_rate or price.hourly
-    created = _utc(instance.created_at) if instance.created_at is not None else start
-    so_far = _billed(created, now, hourly, monthly, start, end)
+    created = start if instance.created_at is None else max(_utc(instance.created_at), start)
+    # _billed from ``created`` to now and to the month's end, unrolled: start <= now < end,
+    # and this runs for every instance of the fleet on every pass.
+    so_far = started_hours(created, now) * hourly
+    if so_far > monthly:
+        so_far = monthly
     if instance.billed_usd > so_far:
         so_far = instance.billed_usd
-    whole_month = _billed(created, end, hourly, monthly, start, end)
-    return so_far, max(0.0, whole_month - so_far)
+    whole_month = started_hours(created, end) * hourly
+    if whole_month > monthly:
+        whole_month = monthly
+    rest = whole_month - so_far
+    return so_far, rest if rest > 0.0 else 0.0
 
 
 def cost_so_far(instance: Instance, price: PlanPrice, now: datetime) -> float:
@@ -218,7 +240,21 @@ class BudgetCheck:
     month_to_date_usd: float
     committed_usd: float  # month to date + the current fleet run to the month's end
     new_instance_usd: float  # one new instance run to the month's end
-    reasons: tuple[str, ...]
+    monthly_kept_usd: float  # rule (a): the monthly cost of the instances that keep running
+    plan_monthly_usd: float  # rule (a): one more instance-month at the plan's price
+
+    @property
+    def reasons(self) -> tuple[str, str]:
+        """Each rule's arithmetic in words (built when a clamp or a warning quotes it)."""
+        n = self.current
+        return (
+            f"(a) {n} instance(s) at ${self.monthly_kept_usd:.2f}/month; room for "
+            f"{max(self.by_monthly - n, 0)} more at ${self.plan_monthly_usd:.2f} within "
+            f"${self.ceiling:.2f}",
+            f"(b) ${self.month_to_date_usd:.2f} billed this month, ${self.committed_usd:.2f} if "
+            f"the fleet runs to the month's end; one more instance adds "
+            f"${self.new_instance_usd:.2f}: room for {max(self.by_month_end - n, 0)} more",
+        )
 
     @property
     def over_budget(self) -> bool:
@@ -247,7 +283,7 @@ def check(
     month's bill but they are neither counted nor projected to the month's end.
     """
     out = set(leaving)
-    keep = [i for i in observation.instances if i.state.counts_as_capacity and i.label not in out]
+    keep = [i for i in observation.instances if i.state in CAPACITY_STATES and i.label not in out]
     n = len(keep)
     mtd, kept_to_end = _sweep(
         observation.instances,
@@ -264,12 +300,6 @@ def check(
     by_a = n + _whole(room_a, price.monthly)
     room_b = ceiling - committed
     by_b = n + _whole(room_b, per_new)
-    reasons = (
-        f"(a) {n} instance(s) at ${monthly_kept:.2f}/month; room for "
-        f"{max(by_a - n, 0)} more at ${price.monthly:.2f} within ${ceiling:.2f}",
-        f"(b) ${mtd:.2f} billed this month, ${committed:.2f} if the fleet runs to the month's "
-        f"end; one more instance adds ${per_new:.2f}: room for {max(by_b - n, 0)} more",
-    )
     return BudgetCheck(
         ceiling=ceiling,
         current=n,
@@ -279,7 +309,8 @@ def check(
         month_to_date_usd=mtd,
         committed_usd=committed,
         new_instance_usd=per_new,
-        reasons=reasons,
+        monthly_kept_usd=monthly_kept,
+        plan_monthly_usd=price.monthly,
     )
 
 

@@ -34,6 +34,8 @@ from vultrscale.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
+    PassEvent,
+    PlanPrice,
     ServiceState,
     Signals,
     WorkerView,
@@ -180,9 +182,11 @@ class MemoryLedger:
     instances: dict[str, LedgerRow] = field(default_factory=dict)
     workers_by_label: dict[str, WorkerView] = field(default_factory=dict)
     state: FleetState = field(default_factory=FleetState)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[PassEvent] = field(default_factory=list)  # read as the fleet_events rows
     snapshot: str | None = None
     held_elsewhere: bool = False
+    # (plan, region) -> (price, checked at): the plan checks every pass shares.
+    plan_checks: dict[tuple[str, str], tuple[PlanPrice, datetime]] = field(default_factory=dict)
 
     def lock(self) -> bool:
         return not self.held_elsewhere
@@ -205,6 +209,15 @@ class MemoryLedger:
 
     def recorded_snapshot(self) -> str | None:
         return self.snapshot
+
+    def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
+        found = self.plan_checks.get((plan, region))
+        if found is None or not now - ttl < found[1] <= now:
+            return None
+        return found[0]
+
+    def save_plan_check(self, price: PlanPrice, region: str, now: datetime) -> None:
+        self.plan_checks[(price.plan, region)] = (price, now)
 
     def insert_intent(
         self,
@@ -327,8 +340,8 @@ class MemoryLedger:
     ) -> None:
         self.state = FleetState(self.state.snapshot_id, last_scale_up, last_scale_down, idle_since)
 
-    def record_event(self, **event: Any) -> None:
-        self.events.append(event)
+    def record_event(self, event: PassEvent) -> None:
+        self.events.append(event)  # its summaries are built only if a test or a view reads it
 
 
 @dataclass

@@ -7,8 +7,25 @@ each with its reason, plus the clamps that applied.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+
+def frozen_from(cls: type[_T], fields: dict[str, Any]) -> _T:
+    """An instance of the frozen dataclass ``cls`` (not slotted) from ALL its fields, set in
+    one step.
+
+    The generated ``__init__`` of a frozen dataclass sets each field with its own
+    ``object.__setattr__`` call: for a value of twenty fields built per instance of the fleet
+    on every pass, that is most of its cost. Only where every field is named (the tests
+    compare such values with ones built by ``__init__``)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
 
 
 class InstanceState(enum.StrEnum):
@@ -24,11 +41,12 @@ class InstanceState(enum.StrEnum):
 
     @property
     def counts_as_capacity(self) -> bool:
-        return self in _CAPACITY
+        return self in CAPACITY_STATES
 
 
-# Asked per instance many times a pass: one set, not a tuple built per call.
-_CAPACITY = frozenset(
+# The states that count as capacity. Asked per instance many times a pass: one set, tested
+# directly in the per-instance loops (``state in CAPACITY_STATES``, no property call).
+CAPACITY_STATES = frozenset(
     {InstanceState.CREATING, InstanceState.PENDING, InstanceState.BOOTING, InstanceState.RUNNING}
 )
 
@@ -162,6 +180,23 @@ class Observation:
     last_scale_down: datetime | None = None
     idle_since: datetime | None = None  # from the previous pass; policy returns the new one
 
+    def summary(self) -> dict[str, Any]:
+        """What the pass saw, as the ledger, `--json` and `status` show it."""
+        counts: dict[InstanceState, int] = {}
+        for i in self.instances:
+            counts[i.state] = counts.get(i.state, 0) + 1
+        sig, price = self.signals, self.price
+        return {
+            "signals": None if sig is None else sig.summary(),
+            "signal_error": self.signal_error,
+            "api_error": self.api_error,
+            "instances": {s.value: counts[s] for s in InstanceState if s in counts},
+            "month_to_date_usd": round(self.month_to_date_usd, 4),
+            "price": None
+            if price is None
+            else {"plan": price.plan, "monthly": price.monthly, "hourly": round(price.hourly, 5)},
+        }
+
 
 class ActionKind(enum.StrEnum):
     CREATE = "create"
@@ -223,6 +258,56 @@ class Plan:
     @property
     def drains(self) -> tuple[Action, ...]:
         return tuple(a for a in self.actions if a.kind is ActionKind.DRAIN)
+
+
+class PassEvent(Mapping[str, Any]):
+    """One pass as its ``fleet_events`` row records it (``FleetLedger.record_event``), read as
+    a mapping of the row's columns. The summaries of what the pass saw and decided
+    (``inputs``, ``plan``) are built on their first read, so a ledger that only counts passes
+    or looks at their errors (the simulator's) never pays for them."""
+
+    __slots__ = ("_columns", "_observation", "_plan")
+
+    _SUMMARIES = ("inputs", "plan")
+
+    def __init__(
+        self,
+        *,
+        at: datetime,
+        dry_run: bool,
+        observation: Observation | None,
+        plan: Plan | None,
+        actions: list[dict[str, Any]],
+        results: list[dict[str, Any]],
+        errors: list[str],
+        exit_code: int,
+    ) -> None:
+        self._columns: dict[str, Any] = {
+            "at": at,
+            "dry_run": dry_run,
+            "actions": actions,
+            "results": results,
+            "errors": errors,
+            "exit_code": exit_code,
+        }
+        self._observation, self._plan = observation, plan
+
+    def __getitem__(self, key: str) -> Any:
+        columns = self._columns
+        if key in self._SUMMARIES and key not in columns:
+            obs, plan = self._observation, self._plan
+            columns["inputs"] = obs.summary() if obs else None
+            columns["plan"] = plan.summary() if plan else None
+            self._observation = self._plan = None  # the summaries are all that is kept
+        return columns[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(
+            ("at", "dry_run", "inputs", "plan", "actions", "results", "errors", "exit_code")
+        )
+
+    def __len__(self) -> int:
+        return 8
 
 
 class ServiceState(enum.StrEnum):

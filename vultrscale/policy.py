@@ -28,6 +28,7 @@ from croniter import croniter
 from vultrscale import budget
 from vultrscale.config import Config, FloorConfig, PolicyConfig, format_duration
 from vultrscale.model import (
+    CAPACITY_STATES,
     Action,
     ActionKind,
     Instance,
@@ -44,6 +45,8 @@ from vultrscale.model import (
 BILLING_HOUR_MARGIN = timedelta(minutes=5)
 
 _BOOT_STATES = (InstanceState.PENDING, InstanceState.BOOTING)
+# On their way out: still at Vultr and billed, no longer capacity.
+_LEAVING = frozenset({InstanceState.DRAINING, InstanceState.DELETING})
 # Drainable: the instance exists at Vultr. A CREATING row is only an intent the reconcile pass
 # has not confirmed yet; it is settled there, not drained here.
 _DRAINABLE = (InstanceState.PENDING, InstanceState.BOOTING, InstanceState.RUNNING)
@@ -144,8 +147,9 @@ class _Decision:
             errors.append(f"Vultr API error ({obs.api_error})")
         holding = bool(errors)
 
-        capacity = [i for i in obs.instances if i.state.counts_as_capacity]
-        self.reasons.append(self._describe_capacity(capacity))
+        capacity = [i for i in obs.instances if i.state in CAPACITY_STATES]
+        leaving = sum(1 for i in obs.instances if i.state in _LEAVING)
+        self.reasons.append(self._describe_capacity(capacity, leaving))
 
         # Floor.
         floors = active_floors(pol, now)
@@ -159,9 +163,7 @@ class _Decision:
         if not holding:
             replaced = self._replacements(capacity)
         gone_soon = {i.label for i in replaced}
-        self._leaving = len(replaced) + sum(
-            1 for i in obs.instances if i.state in (InstanceState.DRAINING, InstanceState.DELETING)
-        )
+        self._leaving = len(replaced) + leaving
         staying = [i for i in capacity if i.label not in gone_soon]
         n_now = len(staying)
 
@@ -251,16 +253,11 @@ class _Decision:
 
     # --- pieces ---------------------------------------------------------------------------
 
-    def _describe_capacity(self, capacity: list[Instance]) -> str:
-        counts: dict[str, int] = {}
+    def _describe_capacity(self, capacity: list[Instance], leaving: int) -> str:
+        counts: dict[InstanceState, int] = {}
         for i in capacity:
-            counts[i.state.value] = counts.get(i.state.value, 0) + 1
-        parts = ", ".join(f"{n} {s}" for s, n in counts.items())
-        leaving = sum(
-            1
-            for i in self.obs.instances
-            if i.state in (InstanceState.DRAINING, InstanceState.DELETING)
-        )
+            counts[i.state] = counts.get(i.state, 0) + 1
+        parts = ", ".join(f"{n} {s.value}" for s, n in counts.items())
         tail = f"; {leaving} draining or deleting, not counted" if leaving else ""
         return f"capacity {len(capacity)}" + (f" ({parts})" if parts else "") + tail
 

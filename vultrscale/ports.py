@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from vultrscale.clock import Clock as Clock  # the clock port (re-exported)
 from vultrscale.model import (
@@ -24,6 +24,8 @@ from vultrscale.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
+    PassEvent,
+    PlanPrice,
     ServiceState,
     Signals,
     WorkerView,
@@ -77,6 +79,15 @@ class FleetLedger(Protocol):
     def workers(self, labels: Sequence[str], seen_within: timedelta) -> dict[str, WorkerView]: ...
     def fleet_state(self) -> FleetState: ...
     def recorded_snapshot(self) -> str | None: ...
+    def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
+        """The plan's price as a check made within ``ttl`` before ``now`` found it (offered in
+        ``region``), shared by every pass of every process; None: ask the cloud."""
+        ...
+
+    def save_plan_check(self, price: PlanPrice, region: str, now: datetime) -> None:
+        """Remember a check that passed (never a refused one)."""
+        ...
+
     def insert_intent(
         self,
         *,
@@ -124,18 +135,9 @@ class FleetLedger(Protocol):
         last_scale_down: datetime | None,
         idle_since: datetime | None,
     ) -> None: ...
-    def record_event(
-        self,
-        *,
-        at: datetime,
-        dry_run: bool,
-        inputs: dict[str, Any] | None,
-        plan: dict[str, Any] | None,
-        actions: list[dict[str, Any]],
-        results: list[dict[str, Any]],
-        errors: list[str],
-        exit_code: int,
-    ) -> None: ...
+    def record_event(self, event: PassEvent) -> None:
+        """Write the pass's ``fleet_events`` row."""
+        ...
 
 
 class QueueSignals(Protocol):

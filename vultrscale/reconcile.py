@@ -48,11 +48,13 @@ from vultrscale.model import (
     InstanceState,
     LedgerRow,
     Observation,
+    PassEvent,
     Plan,
     PlanPrice,
     ServiceState,
     Signals,
     WorkerView,
+    frozen_from,
 )
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, QueueSignals, Store
 from vultrscale.vultr.errors import (
@@ -69,7 +71,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vultrscale.reconcile")
 
-# How long a process trusts the plan's price and region check before asking again.
+# How long a plan check (its price, and that the fleet's region offers it) is trusted before
+# Vultr is asked again. Shared through the ledger by every pass of every process, so a steady
+# one-shot pass (cron) makes one request, the list; a price change is seen within it.
 PRICE_TTL = timedelta(minutes=10)
 
 
@@ -86,7 +90,9 @@ class Parts:
     # Local preconditions, each raising UsageError: run before anything is changed.
     preflight: Sequence[Callable[[], object]] = ()
     rng: random.Random = field(default_factory=random.Random)
-    cache: dict[str, Any] = field(default_factory=dict)  # per-process: plan price, snapshot
+    # Per process: the plan check it made (fresh as long as its copy in the ledger), and the
+    # snapshot it found complete.
+    cache: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -111,7 +117,7 @@ class PassResult:
             "exit_code": self.exit_code,
             "dry_run": self.dry_run,
             "lock_held": self.lock_held,
-            "inputs": observation_summary(obs) if obs else None,
+            "inputs": obs.summary() if obs else None,
             "plan": self.plan.summary() if self.plan else None,
             "actions": self.actions,
             "results": self.results,
@@ -121,27 +127,6 @@ class PassResult:
 
     def note(self, label: str, what: str) -> None:
         self.results.append({"label": label, "result": what})
-
-
-def observation_summary(obs: Observation) -> dict[str, Any]:
-    sig = obs.signals
-    counts: dict[str, int] = {}
-    for i in obs.instances:
-        counts[i.state.value] = counts.get(i.state.value, 0) + 1
-    return {
-        "signals": None if sig is None else sig.summary(),
-        "signal_error": obs.signal_error,
-        "api_error": obs.api_error,
-        "instances": {s.value: counts[s.value] for s in InstanceState if s.value in counts},
-        "month_to_date_usd": round(obs.month_to_date_usd, 4),
-        "price": None
-        if obs.price is None
-        else {
-            "plan": obs.price.plan,
-            "monthly": obs.price.monthly,
-            "hourly": round(obs.price.hourly, 5),
-        },
-    }
 
 
 # --- the pass ----------------------------------------------------------------------------------
@@ -187,7 +172,7 @@ def _checked_pass(
             check()
         price, api_error = None, None
         try:
-            price = _price(cfg, parts)
+            price = _price(cfg, parts, ledger, result.at, save=not result.dry_run)
         except AuthError:
             raise
         except VultrError as exc:
@@ -216,9 +201,10 @@ def _checked_pass(
         result.errors.append(exc.message)
         raise
     finally:
-        # Belt and braces: whatever an adapter put in an error, no secret reaches the ledger.
-        secrets = cfg.secrets.values()
-        result.errors = [redact(e, secrets) for e in result.errors]
+        if result.errors:
+            # Belt and braces: whatever an adapter put in an error, no secret reaches the ledger.
+            secrets = cfg.secrets.values()
+            result.errors = [redact(e, secrets) for e in result.errors]
         if not result.dry_run:
             _record(ledger, result, quiet=failed)
 
@@ -226,18 +212,18 @@ def _checked_pass(
 def _record(ledger: FleetLedger, result: PassResult, *, quiet: bool) -> None:
     """Write the pass's fleet_events row. When the pass already failed, a failure to record
     is logged and the pass's own error is the one reported."""
-    obs, plan = result.observation, result.plan
+    event = PassEvent(
+        at=result.at,
+        dry_run=False,
+        observation=result.observation,
+        plan=result.plan,
+        actions=result.actions,
+        results=result.results,
+        errors=result.errors,
+        exit_code=result.exit_code,
+    )
     try:
-        ledger.record_event(
-            at=result.at,
-            dry_run=False,
-            inputs=observation_summary(obs) if obs else None,
-            plan=plan.summary() if plan else None,
-            actions=result.actions,
-            results=result.results,
-            errors=result.errors,
-            exit_code=result.exit_code,
-        )
+        ledger.record_event(event)
     except DatabaseError as exc:
         if not quiet:
             raise
@@ -247,14 +233,37 @@ def _record(ledger: FleetLedger, result: PassResult, *, quiet: bool) -> None:
 # --- check -------------------------------------------------------------------------------------
 
 
-def _price(cfg: Config, parts: Parts) -> PlanPrice:
-    """The plan's price, checked at most every PRICE_TTL per process: an unknown plan, a plan
-    not in the region and a ceiling below one instance-month are refused (exit 2) before
-    anything is touched. A loop sees a price change within PRICE_TTL."""
-    cached = parts.cache.get("price")
-    if cached is not None and parts.clock.monotonic() < cached[1]:
-        return cached[0]  # type: ignore[no-any-return]
-    cloud, fleet = parts.cloud, cfg.fleet
+def _price(
+    cfg: Config, parts: Parts, ledger: FleetLedger, now: datetime, *, save: bool
+) -> PlanPrice:
+    """The plan's price, checked with Vultr at most every PRICE_TTL (the check is shared
+    through the ledger by every pass of every process): an unknown plan, a plan not in the
+    region and a ceiling below one instance-month are refused (exit 2) before anything is
+    touched. ``save``: remember a check that passed (a dry run writes nothing)."""
+    fleet = cfg.fleet
+    mine = parts.cache.get("price")  # (price, when): a check this process made and saved
+    if mine is not None and mine[1] <= now < mine[1] + PRICE_TTL:
+        price = mine[0]  # as fresh as its copy in the ledger: the loop need not ask it
+    else:
+        price = ledger.plan_check(fleet.plan, fleet.region, now, PRICE_TTL)
+        if price is None:
+            price = _check_plan(cfg, parts.cloud)
+            if save:
+                ledger.save_plan_check(price, fleet.region, now)
+                parts.cache["price"] = (price, now)
+    ceiling = cfg.budget.monthly_ceiling_usd
+    if cfg.policy.max_instances > 0 and ceiling < price.monthly:
+        raise UsageError(
+            f"budget.monthly_ceiling_usd ({ceiling:g}) is lower than one instance-month of "
+            f"{fleet.plan} (${price.monthly:g})",
+            hint="Raise the ceiling or pick a cheaper plan.",
+        )
+    return price
+
+
+def _check_plan(cfg: Config, cloud: Cloud) -> PlanPrice:
+    """Ask Vultr for the plan's price and whether the fleet's region offers it."""
+    fleet = cfg.fleet
     try:
         plan = cloud.get_plan(fleet.plan)
     except NotFound:
@@ -271,16 +280,7 @@ def _price(cfg: Config, parts: Parts) -> PlanPrice:
             f"plan {fleet.plan!r} is not offered in region {fleet.region!r}",
             hint="Choose another plan or region; GET /v2/regions/<id>/availability lists them.",
         )
-    price = PlanPrice(plan.id, float(plan.monthly_cost), plan.hourly_cost)
-    ceiling = cfg.budget.monthly_ceiling_usd
-    if cfg.policy.max_instances > 0 and ceiling < price.monthly:
-        raise UsageError(
-            f"budget.monthly_ceiling_usd ({ceiling:g}) is lower than one instance-month of "
-            f"{fleet.plan} (${price.monthly:g})",
-            hint="Raise the ceiling or pick a cheaper plan.",
-        )
-    parts.cache["price"] = (price, parts.clock.monotonic() + PRICE_TTL.total_seconds())
-    return price
+    return PlanPrice(plan.id, float(plan.monthly_cost), plan.hourly_cost)
 
 
 def _snapshot(cfg: Config, parts: Parts, ledger: FleetLedger) -> str:
@@ -517,23 +517,26 @@ def _not_after(when: datetime | None, now: datetime) -> datetime | None:
 def _instance(obs: Observed, row: LedgerRow, billed: float) -> Instance:
     v = obs.listed.get(row.label)
     w = obs.workers.get(row.label)
-    return Instance(
-        label=row.label,
-        state=row.state,
-        id=row.instance_id,
-        created_at=row.created_at,
-        state_since=row.state_since,
-        vultr_status=v.status if v else "",
-        power_status=v.power_status if v else "",
-        server_status=v.server_status if v else "",
-        main_ip=(v.main_ip if v else row.main_ip) or "",
-        internal_ip=(v.internal_ip if v else row.internal_ip) or "",
-        live_leases=w.live_leases if w is not None and obs.signals is not None else 0,
-        worker_last_seen=w.last_seen if w else None,
-        draining_since=row.draining_at,
-        hourly_rate=row.hourly_rate or 0.0,
-        monthly_cost=row.monthly_cost or 0.0,
-        billed_usd=billed,
+    return frozen_from(  # per instance per pass: every field named, set in one step
+        Instance,
+        {
+            "label": row.label,
+            "state": row.state,
+            "id": row.instance_id,
+            "created_at": row.created_at,
+            "state_since": row.state_since,
+            "vultr_status": v.status if v else "",
+            "power_status": v.power_status if v else "",
+            "server_status": v.server_status if v else "",
+            "main_ip": (v.main_ip if v else row.main_ip) or "",
+            "internal_ip": (v.internal_ip if v else row.internal_ip) or "",
+            "live_leases": w.live_leases if w is not None and obs.signals is not None else 0,
+            "worker_last_seen": w.last_seen if w else None,
+            "draining_since": row.draining_at,
+            "billed_usd": billed,
+            "hourly_rate": row.hourly_rate or 0.0,
+            "monthly_cost": row.monthly_cost or 0.0,
+        },
     )
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.e2e.reconcile_world import World
+from tests.e2e.reconcile_world import API_KEY, World
 from vultrscale.db import ledger
 from vultrscale.errors import DatabaseError, UsageError
 from vultrscale.model import ServiceState
 from vultrscale.reconcile import run_pass
+from vultrscale.vultr.client import VultrClient
 
 MONDAY_NOON = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -489,3 +490,18 @@ def test_a_failing_lookup_of_a_missing_instance_holds_the_fleet(world: World) ->
     assert result.plan is not None and not result.plan.actions
     assert sorted(world.ledger()) == sorted(labels)
     assert set(world.ledger().values()) == {"running"}
+
+
+def test_a_fresh_steady_one_shot_pass_makes_one_request(world: World) -> None:
+    """Cron runs `vultrscale reconcile` as a new process each time: a new client, an empty
+    in-process cache. The plan check comes from Postgres, so only the list is asked."""
+    cfg = world.config()
+    world.bring_up(cfg, jobs=8)
+    world.run(cfg)
+    world.clock.advance(30)
+    with VultrClient(API_KEY, world.server.url, sleep=world.clock.sleep) as fresh:
+        before = len(world.sim.request_log)
+        result = run_pass(cfg, world.make_parts(cloud=fresh))
+        asked = [(r.method, r.path) for r in world.sim.request_log[before:]]
+    assert result.exit_code == 0 and result.plan is not None and not result.plan.actions
+    assert asked == [("GET", "/v2/instances")]

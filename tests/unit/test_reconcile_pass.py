@@ -21,8 +21,8 @@ from vultrscale.memory import (
     MemoryStore,
     memory_parts,
 )
-from vultrscale.model import InstanceState, ServiceState, Signals, WorkerView
-from vultrscale.reconcile import Parts, PassResult, run_pass
+from vultrscale.model import Instance, InstanceState, ServiceState, Signals, WorkerView
+from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_pass
 
 START = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
 S = InstanceState
@@ -351,3 +351,88 @@ def test_a_crash_between_any_two_outside_calls_is_mended_by_the_next_passes(
     assert len(at_vultr) == 4 and fleet.cloud.posts == 2 + 3, "no duplicate create"
     assert drained not in at_vultr
     assert set(fleet.states().values()) == {"running"}
+
+
+class CountingCloud:
+    """The fleet's MemoryCloud, with every call a pass makes named in ``calls``."""
+
+    def __init__(self, cloud: MemoryCloud) -> None:
+        self.cloud = cloud
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.cloud, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return method(*args, **kwargs)
+
+        return call
+
+
+def fresh_process(fleet: Fleet) -> tuple[Parts, CountingCloud]:
+    """The parts of a new process (cron): an empty in-process cache, a counted cloud."""
+    counting = CountingCloud(fleet.cloud)
+    return dataclasses.replace(fleet.parts, cloud=counting, cache={}), counting
+
+
+def test_a_fresh_steady_pass_asks_the_cloud_only_for_the_list(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    assert len(fleet.bring_up(jobs=8)) == 2
+    fleet.clock.advance(30)
+    parts, cloud = fresh_process(fleet)
+    result = fleet.run(parts)
+    assert result.exit_code == 0 and result.plan is not None and not result.plan.actions
+    assert cloud.calls == ["list_instances"]
+
+
+def test_the_plan_check_is_asked_again_once_its_ttl_has_passed(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    fleet.bring_up(jobs=8)
+    fleet.clock.advance(PRICE_TTL)
+    parts, cloud = fresh_process(fleet)
+    assert fleet.run(parts).exit_code == 0
+    assert sorted(cloud.calls) == ["get_plan", "list_instances", "region_availability"]
+    parts, cloud = fresh_process(fleet)
+    assert fleet.run(parts).exit_code == 0
+    assert cloud.calls == ["list_instances"]
+
+
+def test_a_dry_run_remembers_no_plan_check(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    assert run_pass(fleet.cfg, fleet.parts, dry_run=True).exit_code == 0
+    assert fleet.ledger.plan_checks == {}
+    parts, cloud = fresh_process(fleet)
+    assert run_pass(fleet.cfg, parts, dry_run=True).exit_code == 0
+    assert "get_plan" in cloud.calls
+
+
+def test_a_refused_plan_is_never_remembered(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path, fleet={"region": "ams"})  # the memory cloud offers it in ewr only
+    with pytest.raises(UsageError, match="not offered in region"):
+        fleet.run()
+    assert fleet.ledger.plan_checks == {}
+
+
+def test_a_remembered_price_is_still_held_against_the_ceiling(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    fleet.bring_up(jobs=4)
+    assert fleet.ledger.plan_checks  # the check that passed is shared with later passes
+    low = dataclasses.replace(
+        fleet.cfg, budget=dataclasses.replace(fleet.cfg.budget, monthly_ceiling_usd=5.0)
+    )
+    with pytest.raises(UsageError, match="lower than one instance-month"):
+        run_pass(low, fresh_process(fleet)[0])
+
+
+def test_each_observed_instance_has_every_field_a_constructed_one_has(tmp_path: Path) -> None:
+    """The pass builds its Instance values in one step (model.frozen_from), not by __init__:
+    each must equal the one __init__ builds from the same fields, with no field missing."""
+    fleet = Fleet(tmp_path)
+    fleet.bring_up(jobs=8)
+    obs = fleet.run().observation
+    assert obs is not None and len(obs.instances) == 2
+    names = {f.name for f in dataclasses.fields(Instance)}
+    for inst in obs.instances:
+        assert set(vars(inst)) == names
+        assert inst == Instance(**{name: getattr(inst, name) for name in names})

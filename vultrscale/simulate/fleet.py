@@ -33,6 +33,7 @@ from vultrscale.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
+    PassEvent,
     Plan,
     PlanPrice,
     ServiceState,
@@ -145,9 +146,9 @@ class SimLedger(MemoryLedger):
         self.gone_count = 0
         self._folded: LedgerRow | None = None
 
-    def record_event(self, **event: Any) -> None:
-        self.passes += 1
-        if event.get("errors"):
+    def record_event(self, event: PassEvent) -> None:
+        self.passes += 1  # the errors and the time are read; the summaries are never built
+        if event["errors"]:
             self.failed.append(f"{event['at'].isoformat()}: {'; '.join(event['errors'])}")
 
     def transition(self, label: str, state: InstanceState, now: datetime, **kw: Any) -> None:

@@ -9,22 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
-_T = TypeVar("_T")
-
-
-def _frozen(cls: type[_T], fields: dict[str, Any]) -> _T:
-    """An instance of the frozen dataclass ``cls`` from ALL its fields, set in one step.
-
-    The generated ``__init__`` of a frozen dataclass sets each field with its own
-    ``object.__setattr__`` call: for an instance (19 fields) that is half the cost of parsing
-    it, and a pass parses every instance of the fleet. Only for classes whose ``from_api``
-    names every field (a test checks that the result equals the one ``__init__`` builds).
-    """
-    obj = object.__new__(cls)
-    obj.__dict__.update(fields)
-    return obj
+from vultrscale.model import frozen_from
 
 
 def _str(data: dict[str, Any], key: str) -> str:
@@ -121,7 +108,7 @@ class VInstance:
         tags = _strings(data, "tags")
         if not tags and data.get("tag"):  # the deprecated single tag of older responses
             tags = (str(data["tag"]),)
-        return _frozen(
+        return frozen_from(
             cls,
             {
                 "id": _str(data, "id"),
