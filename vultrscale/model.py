@@ -151,6 +151,8 @@ class Signals:
 
 # Vultr bills at most 672 hours (28 days) in a month: the hourly rate of a plan without one.
 HOURS_PER_MONTH = 672.0
+# A job enqueued without max_attempts is dead after this many attempts (the schema's default too).
+DEFAULT_MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)

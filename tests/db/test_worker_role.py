@@ -239,6 +239,7 @@ _FIRST_COLUMN = {
     "fleet_events": "fleet",
     "fleet_state": "fleet",
     "fleet_snapshots": "fleet",
+    "plan_checks": "plan",
     "vultrscale_schema": "version",
 }
 

@@ -40,7 +40,6 @@ class Case:
     says: str  # found in the output, case-insensitive: the message names the problem
     toml: str = ""
     env: dict[str, str | None] = field(default_factory=dict)
-    xfail: str = ""  # reason, when another helper's pending work is what fails
 
 
 def c(id: str, argv: str | tuple[str, ...], code: int, says: str, **kw: Any) -> Case:
@@ -187,12 +186,7 @@ def _fill(text: str, w: World) -> str:
 
 
 def _params() -> list[Any]:
-    return [
-        pytest.param(case, id=case.id, marks=[pytest.mark.xfail(strict=True, reason=case.xfail)])
-        if case.xfail
-        else pytest.param(case, id=case.id)
-        for case in CASES
-    ]
+    return [pytest.param(case, id=case.id) for case in CASES]
 
 
 def test_the_corpus_has_at_least_sixty_distinct_cases() -> None:

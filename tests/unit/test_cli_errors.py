@@ -121,3 +121,14 @@ def test_third_party_logs_reach_the_log_handlers_only_with_debug(tmp_path: Path)
             assert (noise in collect.lines) is debug
     finally:
         root.removeHandler(collect)
+
+
+def test_an_error_is_redacted_with_the_secrets_of_the_env_file_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The secret lives only in .env beside the config (config.load reads it there), not in
+    # the process environment: the guard must still know it.
+    (tmp_path / ".env").write_text("DATABASE_URL=postgresql://u:Dot3nvSecret@db.example/q\n")
+    assert cli.fail("boom near Dot3nvSecret", "retry", 1) == 1
+    err = capsys.readouterr().err
+    assert "Dot3nvSecret" not in err and "boom near" in err

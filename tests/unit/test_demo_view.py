@@ -233,6 +233,7 @@ def test_the_live_view_turns_key_echo_off_and_restores_it() -> None:
 
 
 def test_off_a_terminal_key_echo_is_left_alone() -> None:
+    # A StringIO has no file descriptor: any termios call on it would raise here.
     with views.keys_not_echoed(io.StringIO()):
         pass
 
@@ -242,6 +243,8 @@ def test_the_summary_paints_nothing_of_its_own_accord() -> None:
     buffer = io.StringIO()
     out = Console(file=buffer, width=80, force_terminal=True, color_system="truecolor")
     views.print_demo_summary(out, _summary())
-    for line in buffer.getvalue().splitlines():
-        if line.startswith(("  jobs:", "  fleet:", "  instance time:", "  workers:", "  SSH:")):
-            assert "\x1b" not in line, repr(line)
+    heads = ("  jobs:", "  fleet:", "  instance time:", "  workers:", "  SSH:")
+    checked = [line for line in buffer.getvalue().splitlines() if line.startswith(heads)]
+    assert {line.split(":")[0] + ":" for line in checked} == set(heads), checked
+    for line in checked:
+        assert "\x1b" not in line, repr(line)

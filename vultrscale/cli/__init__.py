@@ -162,6 +162,24 @@ def hoist_globals(args: list[str]) -> list[str]:
     return front + rest
 
 
+def _env_with_dotenv() -> dict[str, str]:
+    """The environment as ``config.load`` sees it: a ``.env`` beside the config file (or in the
+    working directory) under the real environment, so secrets from either are redacted."""
+    from pathlib import Path
+
+    from vultrscale.cli._common import state
+    from vultrscale.config import read_dotenv
+
+    named = state.config_path or os.environ.get("VULTRSCALE_CONFIG")
+    merged: dict[str, str] = {}
+    for folder in {Path(named).expanduser().parent if named else Path("."), Path(".")}:
+        try:
+            merged.update(read_dotenv(folder / ".env"))
+        except Exception:  # noqa: BLE001 - an unreadable .env: redact what the environment has
+            continue
+    return {**merged, **os.environ}
+
+
 def fail(
     message: str, hint: str, code: int, as_json: bool = False, already_shown: bool = False
 ) -> int:
@@ -171,7 +189,7 @@ def fail(
     from vultrscale.config import Secrets
     from vultrscale.errors import redact
 
-    secrets = Secrets.from_env(os.environ).values()
+    secrets = Secrets.from_env(_env_with_dotenv()).values()
     text, fix = redact(message, secrets), redact(hint, secrets)
     if not already_shown:
         typer.echo(f"Error: {text}", err=True)

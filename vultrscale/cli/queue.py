@@ -12,6 +12,7 @@ import typer
 from vultrscale import params
 from vultrscale.cli._common import examples, group, shown, state
 from vultrscale.errors import UsageError, checked_conninfo
+from vultrscale.model import DEFAULT_MAX_ATTEMPTS
 from vultrscale.wiring import DB_HINT, require
 
 app = group()
@@ -183,7 +184,7 @@ def enqueue_cmd(
             metavar="N",
             help="Attempts before a job is dead.",
         ),
-    ] = 3,
+    ] = DEFAULT_MAX_ATTEMPTS,
 ) -> None:
     """Put jobs on the built-in queue (tests, demo, smoke checks)."""
     try:

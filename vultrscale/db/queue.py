@@ -28,6 +28,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from vultrscale.errors import RuntimeFailure
+from vultrscale.model import DEFAULT_MAX_ATTEMPTS
 
 NOTIFY_CHANNEL = "vultrscale_jobs"
 """Channel ``enqueue`` notifies (payload: the queue name) so idle workers wake at once."""
@@ -53,7 +54,7 @@ def enqueue(
     conn: psycopg.Connection,
     payloads: Sequence[Any],
     queue: str = "default",
-    max_attempts: int = 3,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     run_at: datetime | None = None,
 ) -> list[int]:
     """Insert one ready job per payload (in order) and wake idle workers; return their ids."""

@@ -20,8 +20,8 @@ import psycopg
 from psycopg import sql
 
 from vultrscale.config import Config, worker_login
-from vultrscale.db import schema
-from vultrscale.errors import DatabaseError, UsageError, first_line, url_password, url_user
+from vultrscale.db import pg, schema
+from vultrscale.errors import DatabaseError, UsageError, url_password, url_user
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ SCALER_TABLES = (
     "fleet_events",
     "fleet_state",
     "fleet_snapshots",
+    "plan_checks",
     "vultrscale_schema",
 )
 """The scaler's own tables: the workers' role gets no privilege on them."""
@@ -225,20 +226,17 @@ def worker_access(cfg: Config) -> WorkerAccess:
 def scaler_tables_writable(database_url: str, role: str) -> list[str] | None:
     """The scaler's tables ``role`` may change (INSERT, UPDATE, DELETE or TRUNCATE) at
     ``database_url``; None if the role does not exist there."""
-    try:
-        with psycopg.connect(database_url, connect_timeout=5) as conn:
-            found = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
-            if found is None:
-                return None
-            rows = conn.execute(
-                """
-                SELECT t FROM unnest(%(tables)s::text[]) AS t
-                WHERE to_regclass(t) IS NOT NULL
-                  AND (has_table_privilege(%(role)s, t, 'DELETE, TRUNCATE')
-                       OR has_any_column_privilege(%(role)s, t, 'INSERT, UPDATE'))
-                """,
-                {"tables": list(SCALER_TABLES), "role": role},
-            ).fetchall()
-    except psycopg.Error as exc:
-        raise DatabaseError(first_line(exc, [database_url])) from exc
+    with pg.session(database_url, "checking what the workers' role may change") as conn:
+        found = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+        if found is None:
+            return None
+        rows = conn.execute(
+            """
+            SELECT t FROM unnest(%(tables)s::text[]) AS t
+            WHERE to_regclass(t) IS NOT NULL
+              AND (has_table_privilege(%(role)s, t, 'DELETE, TRUNCATE')
+                   OR has_any_column_privilege(%(role)s, t, 'INSERT, UPDATE'))
+            """,
+            {"tables": list(SCALER_TABLES), "role": role},
+        ).fetchall()
     return [str(r[0]) for r in rows]

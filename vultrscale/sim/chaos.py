@@ -207,4 +207,8 @@ class Chaos:
                 f"pass {self._passes} (pid {proc.pid}) after {delay:.1f}s",
             )
             return PassRun(None, out, err)
+        except BaseException:  # interrupted while waiting: leave no pass running behind us
+            proc.kill()
+            proc.wait()
+            raise
         return PassRun(proc.returncode, out, err)

@@ -13,11 +13,12 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
+from vultrscale.model import DEFAULT_MAX_ATTEMPTS
 from vultrscale.simulate.workload import Trace
 
-# The built-in queue's default max_attempts (vultrscale.db.queue.enqueue): a job killed this
-# many times is dead, and counts as lost.
-MAX_ATTEMPTS = 3
+# The built-in queue's default max_attempts: a job killed this many times is dead, and counts
+# as lost.
+MAX_ATTEMPTS = DEFAULT_MAX_ATTEMPTS
 # Vultr shows a new instance `active` (deletable, with an IP) about a minute before cloud-init
 # has started the worker; before that a DELETE answers 500 "Server is currently locked".
 ACTIVE_BEFORE_WORKER = 60.0
