@@ -175,7 +175,7 @@ def _translated(conn_or_url: psycopg.Connection[Any] | str, preset: str) -> Iter
             f"reading queue signals (preset {preset}): {_primary(exc, url)}",
             hint=_TABLE_HINTS[preset] + " The tables exist but not in the expected version.",
         ) from exc
-    except pg_errors.QueryCanceled:
+    except pg_errors.QueryCanceled as exc:
         raise DatabaseError(
             f"reading queue signals (preset {preset}) took longer than "
             f"{STATEMENT_TIMEOUT_MS / 1000:g} s and was cancelled",
