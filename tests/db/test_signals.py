@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from vultrscale.config import QueueConfig
+from vultrscale.db import signals as signals_mod
 from vultrscale.db.signals import explain_ready_count, read_signals
 from vultrscale.errors import ConfigError, DatabaseError
 
@@ -518,3 +519,15 @@ async def _pgq_picked(q, entrypoint: str, expected: int) -> bool:  # type: ignor
     stats = await q.queue_size()
     n = sum(x.count for x in stats if x.entrypoint == entrypoint and x.status == "picked")
     return n == expected
+
+
+def test_a_read_stuck_behind_a_lock_is_cancelled_and_says_so(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(signals_mod, "STATEMENT_TIMEOUT_MS", 300)  # the real one is 10 s
+    with psycopg.connect(db_url) as locker:
+        locker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")  # held until the block ends
+        with pytest.raises(DatabaseError, match="was cancelled") as info:
+            read_signals(db_url, QueueConfig(preset="vultrscale"))
+    assert isinstance(info.value.__cause__, psycopg.errors.QueryCanceled)
+    assert "VACUUM" in info.value.hint
