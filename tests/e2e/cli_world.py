@@ -36,14 +36,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextmanager
-def cli_world(
-    pg_admin_url: str, template: str, tmp: Path, api_key: str, db_password: str
-) -> Iterator[World]:
+def simulator_with_snapshot(api_key: str, seed: int) -> tuple[Simulator, ServerHandle, str]:
+    """The simulator serving on loopback, with a complete snapshot to create instances from
+    (the caller stops the server)."""
     sim = Simulator(
         api_key,
         clock=SystemClock(),
-        seed=5,
+        seed=seed,
         rate_limit=None,
         timings=Timings(boot_pending=30, boot_ready=30, visible_after=0, snapshot_complete=0),
     )
@@ -54,11 +53,25 @@ def cli_world(
         json={"instance_id": base["id"]},
         headers={"Authorization": f"Bearer {api_key}"},
     ).json()["snapshot"]["id"]
+    return sim, server, str(snapshot_id)
+
+
+def scaler_key(folder: Path) -> Path:
+    """The scaler's SSH key pair in ``folder`` (private 0600), as `fleet.ssh_key` names it."""
     private, public = generate_host_key()
-    key = tmp / "scaler_key"
+    key = folder / "scaler_key"
     key.write_text(private)
     key.chmod(0o600)
-    (tmp / "scaler_key.pub").write_text(public + "\n")
+    (folder / "scaler_key.pub").write_text(public + "\n")
+    return key
+
+
+@contextmanager
+def cli_world(
+    pg_admin_url: str, template: str, tmp: Path, api_key: str, db_password: str
+) -> Iterator[World]:
+    sim, server, snapshot_id = simulator_with_snapshot(api_key, seed=5)
+    key = scaler_key(tmp)
     config = tmp / "base.toml"
     config.write_text(f'[fleet]\nsnapshot_id = "{snapshot_id}"\nssh_key = "{key}"\n')
     busy = socket.socket()

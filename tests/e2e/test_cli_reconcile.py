@@ -11,13 +11,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.e2e.cli_world import scaler_key, simulator_with_snapshot
 from vultrscale import cloudinit
 from vultrscale.cli import main
-from vultrscale.clock import SystemClock
 from vultrscale.db import queue
-from vultrscale.sim.app import Simulator, Timings
-from vultrscale.sim.server import ServerHandle, start_server
-from vultrscale.ssh import generate_host_key
+from vultrscale.sim.app import Simulator
+from vultrscale.sim.server import ServerHandle
 
 API_KEY = "VKEY-cli-test-0123456789abcdefghijkl"
 DB_PASSWORD = "pw-not-to-be-printed-42"
@@ -27,30 +26,11 @@ DB_PASSWORD = "pw-not-to-be-printed-42"
 def cli_env(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Simulator, ServerHandle]]:
-    sim = Simulator(
-        API_KEY,
-        clock=SystemClock(),
-        seed=3,
-        rate_limit=None,
-        timings=Timings(boot_pending=30, boot_ready=30, visible_after=0, snapshot_complete=0),
-    )
-    server = start_server(sim)
-    base = sim.create_instance(region="ewr", plan="vc2-1c-2gb", os_id=2136, label="base")
-    import httpx
-
-    snap = httpx.post(
-        f"{server.url}/v2/snapshots",
-        json={"instance_id": base["id"]},
-        headers={"Authorization": f"Bearer {API_KEY}"},
-    ).json()["snapshot"]
-    private, public = generate_host_key()
-    key = tmp_path / "scaler_key"
-    key.write_text(private)
-    key.chmod(0o600)
-    (tmp_path / "scaler_key.pub").write_text(public + "\n")
+    sim, server, snapshot_id = simulator_with_snapshot(API_KEY, seed=3)
+    key = scaler_key(tmp_path)
     cfg = tmp_path / "vultrscale.toml"
     cfg.write_text(
-        f'[fleet]\nsnapshot_id = "{snap["id"]}"\nssh_key = "{key}"\n[policy]\nmax_instances = 3\n'
+        f'[fleet]\nsnapshot_id = "{snapshot_id}"\nssh_key = "{key}"\n[policy]\nmax_instances = 3\n'
     )
     # trust auth ignores the password; it is here to prove it is never printed
     url_with_pw = db_url.replace("postgres@", f"postgres:{DB_PASSWORD}@")
