@@ -200,8 +200,12 @@ class MemoryLedger:
         out.sort(key=lambda r: (r.created_at, r.label))
         return out
 
-    def workers(self, labels: Sequence[str], seen_within: timedelta) -> dict[str, WorkerView]:
+    def workers(
+        self, seen_within: timedelta, labels: Sequence[str] | None = None
+    ) -> dict[str, WorkerView]:
         w = self.workers_by_label
+        if labels is None:
+            labels = [r.label for r in self.instances.values() if r.state is not InstanceState.GONE]
         return {label: w[label] for label in labels if label in w}
 
     def fleet_state(self) -> FleetState:
@@ -368,6 +372,9 @@ class MemoryStore:
     @contextmanager
     def session(self, cfg: Config) -> Iterator[Session]:
         yield Session(self.ledger, self.signals)
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass

@@ -76,7 +76,13 @@ class FleetLedger(Protocol):
         """Every row not gone, plus the rows gone at or after ``since``."""
         ...
 
-    def workers(self, labels: Sequence[str], seen_within: timedelta) -> dict[str, WorkerView]: ...
+    def workers(
+        self, seen_within: timedelta, labels: Sequence[str] | None = None
+    ) -> dict[str, WorkerView]:
+        """By instance label, the workers of the fleet's instances in the ledger (not gone),
+        or, given ``labels``, of the instances so labelled."""
+        ...
+
     def fleet_state(self) -> FleetState: ...
     def recorded_snapshot(self) -> str | None: ...
     def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
@@ -157,6 +163,9 @@ class Store(Protocol):
     """Opens one session per pass (one Postgres connection for the real store)."""
 
     def session(self, cfg: Config) -> AbstractContextManager[Session]: ...
+    def close(self) -> None:
+        """Release what the store keeps between sessions; the pass's owner calls it."""
+        ...
 
 
 class DrainTransport(Protocol):

@@ -93,6 +93,18 @@ class Parts:
     # Per process: the plan check it made (fresh as long as its copy in the ledger), and the
     # snapshot it found complete.
     cache: dict[str, Any] = field(default_factory=dict)
+    # List the cloud in a thread while the ledger and the queue are read: for the real parts
+    # both wait on the network, and the pass takes the longer of the two, not their sum. Off
+    # for the in-memory ports, where a thread is pure cost.
+    overlap_reads: bool = False
+
+    def close(self) -> None:
+        """Release the cloud's and the store's connections; the parts' owner calls it once,
+        after the last pass."""
+        try:
+            self.cloud.close()
+        finally:
+            self.store.close()
 
 
 @dataclass
@@ -342,14 +354,7 @@ def observe(
 ) -> Observed:
     """Read the cloud, the ledger, the queue and (with ``probe``) the draining hosts.
     ``api_error``: the price could not be read, so the cloud is not asked again."""
-    listed: dict[str, VInstance] = {}
-    try:
-        if api_error is None:
-            listed = {v.label: v for v in parts.cloud.list_instances(tag=cfg.fleet.tag)}
-    except AuthError:
-        raise
-    except VultrError as exc:
-        api_error = f"Vultr API: {exc}"
+    listing = _listing(parts, cfg.fleet.tag, skip=api_error is not None)
     signals, signal_error = None, None
     try:
         signals = signals_port.read()
@@ -362,6 +367,15 @@ def observe(
             gone.append(r)
         else:
             rows[r.label] = r
+    workers = ledger.workers(lifecycle.WORKER_SEEN_WITHIN)
+    state = ledger.fleet_state()
+    listed: dict[str, VInstance] = {}
+    try:
+        listed = {v.label: v for v in listing()}
+    except AuthError:
+        raise
+    except VultrError as exc:
+        api_error = f"Vultr API: {exc}"
     if api_error is None:
         try:
             listed.update(_looked_up(parts.cloud, rows.values(), listed, now))
@@ -369,7 +383,8 @@ def observe(
             raise
         except VultrError as exc:  # a GET that would confirm a missing instance failed
             api_error = f"Vultr API: {exc}"
-    workers = ledger.workers(sorted({*rows, *listed}), lifecycle.WORKER_SEEN_WITHIN)
+    if unknown := sorted(set(listed) - rows.keys()):  # tagged, not in the ledger: adopted
+        workers.update(ledger.workers(lifecycle.WORKER_SEEN_WITHIN, unknown))
     probes: dict[str, ServiceState | str] = {}
     if probe and api_error is None:
         probes = _probe_drains(cfg, parts.drain, rows.values(), listed)
@@ -381,11 +396,41 @@ def observe(
         workers=workers,
         signals=signals,
         price=price,
-        state=ledger.fleet_state(),
+        state=state,
         probes=probes,
         signal_error=signal_error,
         api_error=api_error,
     )
+
+
+def _listing(parts: Parts, tag: str, *, skip: bool) -> Callable[[], list[VInstance]]:
+    """The cloud's tagged instances, asked now: with ``parts.overlap_reads`` in a thread, so
+    the caller reads the ledger meanwhile. Calling the result waits for the answer (or raises
+    what the list raised). ``skip``: the cloud already failed this pass, ask it nothing."""
+    if skip:
+        return list
+    if not parts.overlap_reads:
+        return lambda: parts.cloud.list_instances(tag=tag)
+    answer: list[list[VInstance] | BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(parts.cloud.list_instances(tag=tag))
+        except BaseException as exc:  # handed to the caller, who decides what it means
+            answer.append(exc)
+
+    # A daemon thread: an interrupted pass exits at once, not after the list's timeout.
+    thread = threading.Thread(target=run, name="vultrscale-list", daemon=True)
+    thread.start()
+
+    def wait() -> list[VInstance]:
+        thread.join()
+        got = answer[0]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    return wait
 
 
 def _looked_up(
@@ -580,12 +625,13 @@ def apply(
     created = 0
     if plan.creates and obs.price is not None:
         created = _create(cfg, parts, ledger, plan.creates, obs.price, snapshot, now, result)
-    ledger.save_fleet_state(
-        now,
-        last_scale_up=now if created else obs.state.last_scale_up,
-        last_scale_down=now if plan.drains else obs.state.last_scale_down,
-        idle_since=plan.idle_since,
-    )
+    kept = {
+        "last_scale_up": now if created else obs.state.last_scale_up,
+        "last_scale_down": now if plan.drains else obs.state.last_scale_down,
+        "idle_since": plan.idle_since,
+    }
+    if kept != {k: getattr(obs.state, k) for k in kept}:  # a steady pass writes nothing here
+        ledger.save_fleet_state(now, **kept)
 
 
 def _progress_drains(

@@ -76,7 +76,8 @@ class _LazyDrain:
 
 def build_parts(cfg: Config) -> Parts:
     """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock,
-    and the local check of the scaler's key made before a pass changes anything."""
+    and the local check of the scaler's key made before a pass changes anything. The owner
+    closes them (``Parts.close``) after its last pass."""
     from vultrscale.clock import SystemClock
     from vultrscale.db.ledger import PgStore
     from vultrscale.reconcile import Parts
@@ -100,10 +101,11 @@ def build_parts(cfg: Config) -> Parts:
 
     return Parts(
         cloud=client,
-        store=PgStore(db_url),
+        store=PgStore(db_url, keep=True),
         drain=_LazyDrain(cfg.fleet.ssh_key),
         clock=SystemClock(),
         keygen=keygen,
         render_user_data=user_data_renderer(cfg),
         preflight=(key_usable,),
+        overlap_reads=True,
     )

@@ -232,7 +232,7 @@ def test_missing_table_names_it_and_hints_at_the_preset(db_url: str) -> None:
 
 
 def test_missing_vultrscale_schema_hints_db_init(pg_url: str) -> None:
-    with pytest.raises(DatabaseError, match='"jobs" does not exist') as info:
+    with pytest.raises(DatabaseError, match='"job_leases" does not exist') as info:
         read_signals(pg_url, QueueConfig(preset="vultrscale"))
     assert "vultrscale db init" in info.value.hint
 

@@ -108,7 +108,7 @@ def reconcile_cmd(
             cfg, parts, interval=every, dry_run=dry_run, on_result=report, on_error=report_error
         )
     finally:
-        parts.cloud.close()
+        parts.close()
 
 
 def _status_once(cfg: Config, parts: Parts) -> tuple[PassResult, datetime]:
@@ -170,7 +170,7 @@ def status_cmd(
                 result, now = _status_once(cfg, parts)
                 live.update(view(result, now), refresh=True)
     finally:
-        parts.cloud.close()
+        parts.close()
 
 
 @app.command(

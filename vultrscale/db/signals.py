@@ -256,7 +256,7 @@ def _and_queue(column: LiteralString, queue: str | None) -> sql.Composable:
 #: unvacuumed ready jobs: the usual case for a backlog), about 20,000 buffer visits for 20k
 #: rows; a bitmap scan visits each heap page once (about 250), twice as fast, vacuumed or not.
 #: The planner, trusting the visibility map of a mostly finished table, picks the index scan
-#: unless told. Transaction-local, so it runs last: the other queries want their index scans.
+#: unless told. Transaction-local, so it runs last: the lease query wants its index scans.
 _COUNT_PLANNER = (
     "SELECT set_config('enable_indexscan', 'off', true),"
     " set_config('enable_indexonlyscan', 'off', true)"
@@ -264,10 +264,13 @@ _COUNT_PLANNER = (
 
 
 def _ready_count_query(queue: str | None) -> sql.Composed:
+    """The ready jobs' count and the oldest one's age in seconds, in one scan: the bitmap scan
+    visits every ready row anyway, so the age costs nothing more."""
     # Positive equality on state, as in the partial indexes' predicates (jobs_ready_*).
-    return sql.SQL("SELECT count(*) FROM jobs WHERE state = 'ready' AND run_at <= now(){}").format(
-        _and_queue("queue", queue)
-    )
+    return sql.SQL(
+        "SELECT count(*), EXTRACT(EPOCH FROM now() - min(run_at))::float8 FROM jobs "
+        "WHERE state = 'ready' AND run_at <= now(){}"
+    ).format(_and_queue("queue", queue))
 
 
 def explain_ready_count(conn: psycopg.Connection[Any], queue_cfg: QueueConfig) -> list[str]:
@@ -282,33 +285,37 @@ def explain_ready_count(conn: psycopg.Connection[Any], queue_cfg: QueueConfig) -
 def _vultrscale(
     cur: psycopg.Cursor[Any], queue: str | None, cfg: QueueConfig, stale: timedelta | None
 ) -> Signals:
-    # The oldest ready job is one probe of the ready index (in run_at order): an index scan.
-    cur.execute(
-        sql.SQL(
-            "SELECT EXTRACT(EPOCH FROM now() - min(run_at))::float8 FROM jobs "
-            "WHERE state = 'ready' AND run_at <= now(){}"
-        ).format(_and_queue("queue", queue))
-    )
-    oldest_row = cur.fetchone()
     leases: sql.Composable
     if queue is None:
-        leases = sql.SQL("FROM job_leases l WHERE TRUE")
+        leases = sql.SQL("FROM job_leases l")
     else:
         leases = sql.SQL("FROM job_leases l JOIN jobs j ON j.id = l.job_id WHERE TRUE{}").format(
             _and_queue("j.queue", queue)
         )
+    # The leases (live and expired, per worker), the planner setting and the ready jobs in one
+    # round trip: literals only, so the statements go together as one simple query.
     cur.execute(
         sql.SQL(
-            "SELECT l.worker_id, count(*) {} AND l.expires_at > now() GROUP BY l.worker_id"
-        ).format(leases)
+            "SELECT l.worker_id, count(*) FILTER (WHERE l.expires_at > now()), "
+            "count(*) FILTER (WHERE l.expires_at <= now()) {} GROUP BY l.worker_id; {}; {}"
+        ).format(leases, sql.SQL(_COUNT_PLANNER), _ready_count_query(queue))
     )
-    by_worker = {str(w): int(n) for w, n in cur.fetchall()}
-    cur.execute(sql.SQL("SELECT count(*) {} AND l.expires_at <= now()").format(leases))
-    expired = _count(cur, "expired leases")
-    cur.execute(sql.SQL("{}; {}").format(sql.SQL(_COUNT_PLANNER), _ready_count_query(queue)))
-    cur.nextset()  # the count's result, after the settings'
-    ready = _count(cur, "ready jobs")
-    oldest = _oldest(oldest_row, ready, "oldest ready job")
+    by_worker: dict[str, int] = {}
+    expired = 0
+    for worker, live, gone in cur.fetchall():
+        if live:
+            by_worker[str(worker)] = int(live)
+        expired += int(gone)
+    cur.nextset()  # the planner settings
+    cur.nextset()  # the ready jobs
+    counted = cur.fetchone()
+    if counted is None or counted[0] is None:
+        raise DatabaseError(
+            "ready jobs: the count returned no row (no data is not zero)",
+            hint="The queue tables look inconsistent; check them by hand.",
+        )
+    ready = int(counted[0])
+    oldest = _oldest(counted[1:], ready, "oldest ready job")
     return Signals(
         ready=ready,
         in_flight=sum(by_worker.values()),

@@ -1,0 +1,85 @@
+"""The Store's kept connection (``PgStore(keep=True)``, used by `reconcile --loop` and
+`status --watch`): reused pass after pass, never carrying a lock or a transaction across,
+replaced when it broke in between."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from vultrscale.config import Config
+from vultrscale.db.ledger import PgLedger, PgStore, lock_key, try_lock
+
+
+@pytest.fixture
+def cfg() -> Config:
+    return Config()
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[PgStore]:
+    store = PgStore(db_url, keep=True)
+    yield store
+    store.close()
+
+
+def _backend(ledger: Any) -> int:
+    assert isinstance(ledger, PgLedger)
+    row = ledger.conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_kept_connection_serves_the_next_pass_and_holds_no_lock_between(
+    store: PgStore, cfg: Config, db_url: str
+) -> None:
+    with store.session(cfg) as (ledger, _signals):
+        assert ledger.lock()
+        first = _backend(ledger)
+        with psycopg.connect(db_url, autocommit=True) as other:
+            assert not try_lock(other, cfg.fleet.name)  # held while the pass runs
+    with psycopg.connect(db_url, autocommit=True) as other:
+        held = other.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s",
+            (lock_key(cfg.fleet.name),),
+        ).fetchone()
+        assert held == (0,)  # released when the session ended, though the connection lives on
+    with store.session(cfg) as (ledger, _signals):
+        assert _backend(ledger) == first
+        assert ledger.lock()
+
+
+def test_a_kept_connection_killed_between_passes_is_replaced_before_the_pass_uses_it(
+    store: PgStore, cfg: Config, db_url: str
+) -> None:
+    with store.session(cfg) as (ledger, _signals):
+        first = _backend(ledger)
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+    with store.session(cfg) as (ledger, _signals):
+        assert ledger.lock()
+        assert _backend(ledger) != first
+
+
+def test_a_session_left_inside_a_transaction_is_closed_not_kept(
+    store: PgStore, cfg: Config
+) -> None:
+    with store.session(cfg) as (ledger, _signals):
+        first = _backend(ledger)
+        assert isinstance(ledger, PgLedger)
+        ledger.conn.execute("BEGIN")  # as if a pass died inside one
+        kept = ledger.conn
+    assert kept.closed
+    with store.session(cfg) as (ledger, _signals):
+        assert _backend(ledger) != first
+
+
+def test_without_keep_every_session_has_its_own_connection(db_url: str, cfg: Config) -> None:
+    store = PgStore(db_url)
+    with store.session(cfg) as (ledger, _signals):
+        assert isinstance(ledger, PgLedger)
+        conn = ledger.conn
+    assert conn.closed
