@@ -23,7 +23,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from vultrscale.model import (
     CAPACITY_STATES,
@@ -189,7 +189,7 @@ def month_to_date(
     ledger total is what gone instances cost. Gone instances listed with their ``billed_usd``
     count too, should the ledger total leave them out.
     """
-    return _sweep(instances, price, now, ledger_total, keep=set())[0]
+    return _sweep(instances, price, now, ledger_total, leaving=set()).month_to_date
 
 
 def to_month_end(instance: Instance, price: PlanPrice, now: datetime) -> float:
@@ -197,18 +197,26 @@ def to_month_end(instance: Instance, price: PlanPrice, now: datetime) -> float:
     return _so_far_and_to_end(instance, price, utc(now), *month_bounds(now))[1]
 
 
+class _Swept(NamedTuple):
+    month_to_date: float
+    kept: int  # live instances counted as capacity and not leaving
+    kept_to_end: float  # what the kept instances add if they run until the month ends
+    kept_monthly: float  # their monthly prices
+
+
 def _sweep(
     instances: Iterable[Instance],
     price: PlanPrice,
     now: datetime,
     ledger_total: float,
-    keep: set[str],
-) -> tuple[float, float]:
-    """One pass over the fleet: (month to date, what the instances in ``keep`` add if they
-    run until the month ends). See month_to_date for ``ledger_total``."""
+    leaving: set[str],
+) -> _Swept:
+    """One pass over the fleet for everything the budget rule needs. The instances kept are
+    the live capacity not ``leaving``. See month_to_date for ``ledger_total``."""
     start, end = month_bounds(now)
     now = utc(now)
-    live_ledger = live_now = gone_listed = to_end = 0.0
+    live_ledger = live_now = gone_listed = to_end = kept_monthly = 0.0
+    kept = 0
     for i in instances:
         if not _live(i):
             gone_listed += i.billed_usd
@@ -216,10 +224,12 @@ def _sweep(
         so_far, rest = _so_far_and_to_end(i, price, now, start, end)
         live_ledger += i.billed_usd
         live_now += so_far
-        if i.label in keep:
+        if i.state in CAPACITY_STATES and i.label not in leaving:
+            kept += 1
             to_end += rest
+            kept_monthly += i.monthly_cost or price.monthly
     gone = max(ledger_total - live_ledger, gone_listed, 0.0)
-    return gone + live_now, to_end
+    return _Swept(gone + live_now, kept, to_end, kept_monthly)
 
 
 def new_instance_to_month_end(price: PlanPrice, now: datetime) -> float:
@@ -282,19 +292,12 @@ def check(
     ``leaving`` names instances about to be deleted (replaced): their cost so far stays in the
     month's bill but they are neither counted nor projected to the month's end.
     """
-    out = set(leaving)
-    keep = [i for i in observation.instances if i.state in CAPACITY_STATES and i.label not in out]
-    n = len(keep)
-    mtd, kept_to_end = _sweep(
-        observation.instances,
-        price,
-        now,
-        observation.month_to_date_usd,
-        keep={i.label for i in keep},
+    swept = _sweep(
+        observation.instances, price, now, observation.month_to_date_usd, leaving=set(leaving)
     )
-    committed = mtd + kept_to_end
+    n, mtd, monthly_kept = swept.kept, swept.month_to_date, swept.kept_monthly
+    committed = mtd + swept.kept_to_end
     per_new = new_instance_to_month_end(price, now)
-    monthly_kept = sum(i.monthly_cost or price.monthly for i in keep)
 
     room_a = ceiling - monthly_kept
     by_a = n + _whole(room_a, price.monthly)
