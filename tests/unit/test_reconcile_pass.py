@@ -23,6 +23,7 @@ from vultrscale.memory import (
 )
 from vultrscale.model import Instance, InstanceState, ServiceState, Signals, WorkerView
 from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_pass
+from vultrscale.vultr.errors import ApiUnreachable, AuthError
 
 START = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
 S = InstanceState
@@ -436,3 +437,48 @@ def test_each_observed_instance_has_every_field_a_constructed_one_has(tmp_path: 
     for inst in obs.instances:
         assert set(vars(inst)) == names
         assert inst == Instance(**{name: getattr(inst, name) for name in names})
+
+
+def test_listing_in_a_thread_while_the_ledger_is_read_decides_the_same(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    inline, threaded = Fleet(tmp_path / "a"), Fleet(tmp_path / "b")
+    threaded.parts = dataclasses.replace(threaded.parts, overlap_reads=True)
+    assert inline.bring_up(12) == threaded.bring_up(12)
+    for fleet in (inline, threaded):
+        fleet.queue(0)
+        fleet.clock.advance(3600)
+        fleet.run()
+    assert inline.states() == threaded.states()
+    assert [e["plan"] for e in inline.ledger.events] == [e["plan"] for e in threaded.ledger.events]
+
+
+class _ListFails(MemoryCloud):
+    def __init__(self, clock: FakeClock, error: Exception) -> None:
+        super().__init__(clock)
+        self.error = error
+
+    def list_instances(self, tag: str | None = None) -> list[Any]:
+        raise self.error
+
+
+def test_a_list_failing_in_its_thread_holds_the_fleet_as_an_api_error(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    running = fleet.bring_up(8)
+    fails = _ListFails(fleet.clock, ApiUnreachable("GET /v2/instances: no answer (timed out)."))
+    fails.instances, fails._ids = fleet.cloud.instances, fleet.cloud._ids
+    fleet.queue(0)
+    fleet.clock.advance(3600)
+    result = fleet.run(dataclasses.replace(fleet.parts, cloud=fails, overlap_reads=True))
+    assert result.exit_code == 1
+    assert any("no answer" in e for e in result.errors), result.errors
+    assert fleet.labels(S.RUNNING) == running and not fleet.drain.stops
+
+
+def test_a_refused_api_key_in_the_listing_thread_ends_the_pass_as_usage(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    fails = _ListFails(fleet.clock, AuthError("the API key was refused (401)."))
+    fleet.queue(12)
+    with pytest.raises(AuthError):
+        fleet.run(dataclasses.replace(fleet.parts, cloud=fails, overlap_reads=True))
+    assert fails.posts == 0 and fleet.ledger.events[-1]["exit_code"] == EXIT_USAGE
