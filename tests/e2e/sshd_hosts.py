@@ -393,13 +393,17 @@ def _install(hosts: Hosts, pw: pwd.struct_passwd, count: int, first: int, startu
 
 
 @contextlib.contextmanager
-def extra_host(hosts: Hosts, address: str, *, key_type: str = "ed25519") -> Iterator[Host]:
-    """One more sshd on ``address`` serving only a ``key_type`` host key (rsa, ecdsa, ed25519).
+def extra_host(
+    hosts: Hosts, address: str, *, key_type: str = "ed25519", sshd_options: str = ""
+) -> Iterator[Host]:
+    """One more sshd on ``address`` serving only a ``key_type`` host key (rsa, ecdsa, ed25519),
+    with ``sshd_options`` (sshd_config lines) added to its config.
 
     It shares the hosts' login user, sudoers rule and stand-in, but is not in ``hosts.hosts``;
     its sshd is stopped on leaving the block.
     """
-    host = _add_host(hosts, len(list(hosts.root.glob("host*"))), address, 100, key_type=key_type)
+    index = len(list(hosts.root.glob("host*")))
+    host = _add_host(hosts, index, address, 100, key_type=key_type, sshd_options=sshd_options)
     try:
         wait_for(functools.partial(_accepts, host), 15, f"sshd on {host.address}:{host.port}")
         yield host
@@ -409,7 +413,13 @@ def extra_host(hosts: Hosts, address: str, *, key_type: str = "ed25519") -> Iter
 
 
 def _add_host(
-    hosts: Hosts, i: int, address: str, startups: int, *, key_type: str = "ed25519"
+    hosts: Hosts,
+    i: int,
+    address: str,
+    startups: int,
+    *,
+    key_type: str = "ed25519",
+    sshd_options: str = "",
 ) -> Host:
     """Write host ``i``'s directory, key and sshd_config, and start its sshd (not waited for)."""
     user, service, bin_dir = hosts.user, hosts.service, hosts.bin_dir
@@ -442,7 +452,7 @@ def _add_host(
         "PubkeyAuthentication yes\n"
         "UsePAM no\n"
         f"MaxStartups {startups}\n"
-        f"SetEnv PATH={path_env} VS_SERVICE_DIR={hdir / 'service'}\n"
+        f"SetEnv PATH={path_env} VS_SERVICE_DIR={hdir / 'service'}\n" + sshd_options
     )
     host = Host(
         label=f"worker-{i:02d}",
