@@ -15,6 +15,9 @@ service has stopped) before the next is touched, so the services stop one after 
 The fixed waits, in every drain: the stand-in service exits ``--drain-delay`` (0.5) s after
 SIGTERM and the scaler polls every ``--poll`` (0.2) s, so no drain can end before the first
 poll after the delay (0.6 s with the defaults); a serial loop pays that once per host.
+Each drain is broken down: when every stop was sent, the is-active rounds (how many, how long),
+the scaler's CPU and the hosts' CPU (their sshd with the sessions, sudo and stand-in it ran),
+which here shares this machine's cores with the scaler and on a real fleet does not.
 --json ends the output with the figures as one JSON object (for scripts/bench).
 
 Needs root, /usr/sbin/sshd and sudo. Example: python scripts/bench_drain.py --hosts 20 --repeat 5
@@ -24,12 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,12 +55,28 @@ while True:
 """
 
 
-def drain(
-    key: Path, targets: list[HostTarget], poll: float, timeout: float
-) -> tuple[float, float, float]:
-    """Wall seconds from the stop request until every target reports stopped, the CPU seconds
-    this (the scaler's) process spent on it, and the wall seconds until every stop was sent
-    (connections included)."""
+@dataclass
+class Drained:
+    """One drain: wall seconds from the stop request until every target reports stopped, the
+    CPU seconds this (the scaler's) process spent on it, the wall seconds until every stop was
+    sent (connections included), and the wall seconds of each is-active round."""
+
+    seconds: float
+    cpu: float
+    sent: float
+    polls: list[float]
+
+    def __add__(self, other: Drained) -> Drained:
+        return Drained(
+            self.seconds + other.seconds,
+            self.cpu + other.cpu,
+            self.sent + other.sent,
+            self.polls + other.polls,
+        )
+
+
+def drain(key: Path, targets: list[HostTarget], poll: float, timeout: float) -> Drained:
+    """Drain ``targets`` as reconcile does over its passes (see the module docstring)."""
     with SSHDrain(str(key), connect_timeout=10, command_timeout=20) as ssh:
         cpu = time.process_time()
         started = time.monotonic()
@@ -64,16 +86,41 @@ def drain(
         if failed:
             raise SystemExit(f"stop failed: {failed}")
         pending = list(targets)
+        polls: list[float] = []
         while pending:
             if time.monotonic() - started > timeout:
                 raise SystemExit(f"not stopped after {timeout}s: {[t.label for t in pending]}")
             time.sleep(poll)
+            round_started = time.monotonic()
             states = ssh.is_active_many(pending)
+            polls.append(time.monotonic() - round_started)
             for label, state in states.items():
                 if isinstance(state, Exception):
                     raise SystemExit(f"{label}: {state}")
             pending = [t for t in pending if not states[t.label].stopped]  # type: ignore[union-attr]
-        return time.monotonic() - started, time.process_time() - cpu, sent_after
+        return Drained(time.monotonic() - started, time.process_time() - cpu, sent_after, polls)
+
+
+def hosts_cpu(hosts: sshd_hosts.Hosts) -> float:
+    """CPU seconds the hosts' sshd have used so far, with every session they have reaped (the
+    logins, sudo and the systemctl stand-in): the hosts' side of a drain, which on a real fleet
+    runs on 20 machines and here shares this one's cores with the scaler."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for host in hosts.hosts:
+        assert host.sshd is not None
+        fields = Path(f"/proc/{host.sshd.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return total / tick
+
+
+def _sessions_ended(hosts: sshd_hosts.Hosts) -> bool:
+    for host in hosts.hosts:
+        assert host.sshd is not None
+        pid = host.sshd.pid
+        if Path(f"/proc/{pid}/task/{pid}/children").read_text().strip():
+            return False
+    return True
 
 
 def main() -> int:
@@ -101,10 +148,8 @@ def main() -> int:
 
     print(f"starting {args.hosts} sshd hosts on 127.0.0.{args.first}..", flush=True)
     hosts = sshd_hosts.start_hosts(args.hosts, key, first_address=args.first)
-    one: list[float] = []
-    many: list[float] = []
-    serial: list[float] = []
-    cpu: dict[str, list[float]] = {"one": [], "all": [], "serial": []}
+    runs: dict[str, list[Drained]] = {"one": [], "all": [], "serial": []}
+    host_cpu: dict[str, list[float]] = {"one": [], "all": [], "serial": []}
     try:
         targets = [h.target() for h in hosts.hosts]
         for rep in range(args.repeat):
@@ -116,24 +161,32 @@ def main() -> int:
                 for h in chosen:
                     hosts.start_service(h, argv, timeout_stop_sec=30)
                 picked = targets[:1] if which == "one" else targets
+                before = hosts_cpu(hosts)
                 if which == "serial":  # host after host, each drained to the end
-                    seconds = used = sent = 0.0
+                    run = Drained(0.0, 0.0, 0.0, [])
                     for target in picked:
-                        s1, u1, t1 = drain(key, [target], args.poll, timeout=120)
-                        seconds, used, sent = seconds + s1, used + u1, sent + t1
+                        run += drain(key, [target], args.poll, timeout=120)
                 else:
-                    seconds, used, sent = drain(key, picked, args.poll, timeout=120)
-                {"one": one, "all": many, "serial": serial}[which].append(seconds)
-                cpu[which].append(used)
+                    run = drain(key, picked, args.poll, timeout=120)
+                sshd_hosts.wait_for(lambda: _sessions_ended(hosts), 10, "the sessions to end")
+                runs[which].append(run)
+                host_cpu[which].append(hosts_cpu(hosts) - before)
                 print(
                     f"  rep {rep + 1}: drain of {len(picked):>2} {which:>6}"
-                    f": {seconds * 1000:7.0f} ms "
-                    f"(stops sent after {sent * 1000:.0f} ms; scaler CPU {used * 1000:.0f} ms)"
+                    f": {run.seconds * 1000:7.0f} ms "
+                    f"(stops sent after {run.sent * 1000:.0f} ms; {len(run.polls)} polls of "
+                    f"{statistics.median(run.polls) * 1000:.0f} ms median; "
+                    f"scaler CPU {run.cpu * 1000:.0f} ms; "
+                    f"hosts' CPU {host_cpu[which][-1] * 1000:.0f} ms)"
                 )
     finally:
         hosts.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
+    def median_ms(which: str, figure: Callable[[Drained], float]) -> float:
+        return statistics.median(figure(run) for run in runs[which]) * 1000
+
+    one, many, serial = ([run.seconds for run in runs[which]] for which in ("one", "all", "serial"))
     m_one, m_many = statistics.median(one), statistics.median(many)
     print()
     print(
@@ -148,10 +201,17 @@ def main() -> int:
     )
     print(f"median drain of 1 host:   {m_one * 1000:7.0f} ms  (n={len(one)})")
     print(f"median drain of {args.hosts} hosts: {m_many * 1000:7.0f} ms  (n={len(many)})")
+    for which, label in (("one", "1 host:  "), ("all", f"{args.hosts} hosts:")):
+        print(
+            f"  {label} stops sent after {median_ms(which, lambda r: r.sent):4.0f} ms, "
+            f"is-active rounds of {median_ms(which, lambda r: statistics.median(r.polls)):3.0f} ms"
+            f" ({statistics.median(len(r.polls) for r in runs[which]):g} rounds), "
+            f"scaler CPU {median_ms(which, lambda r: r.cpu):4.0f} ms, hosts' CPU "
+            f"{statistics.median(host_cpu[which]) * 1000:4.0f} ms (sshd, sudo, stand-in)"
+        )
     print(
-        f"median scaler CPU: {statistics.median(cpu['one']) * 1000:.0f} ms for 1, "
-        f"{statistics.median(cpu['all']) * 1000:.0f} ms for {args.hosts} (the rest of the wall "
-        "time is sshd, sudo and the services, which share this machine's cores)"
+        "  (the hosts' CPU runs on this machine's cores next to the scaler's; on a real fleet "
+        "each host spends its share on its own)"
     )
     if serial:
         m_serial = statistics.median(serial)

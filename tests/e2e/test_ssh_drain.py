@@ -212,6 +212,28 @@ def test_a_host_serving_no_key_of_the_pinned_type_is_a_host_key_mismatch(
         assert _accepted(other) == 0  # refused before authenticating: no login, no command
 
 
+def test_connections_send_without_nagle_and_prefer_aes_gcm(
+    hosts: sshd_hosts.Hosts, drain: SSHDrain
+) -> None:
+    # With Nagle on, a login stalls on a delayed ACK (~40 ms) and so does a command sent right
+    # after another; GCM spares paramiko a Python HMAC check per packet.
+    target = hosts.hosts[1].target()
+    assert isinstance(drain.is_active(target), ServiceState)
+    transport = drain._client(target).get_transport()
+    assert transport is not None
+    assert transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert transport.local_cipher == transport.remote_cipher == "aes128-gcm@openssh.com"
+
+
+def test_a_host_without_aes_gcm_is_reached_with_another_cipher(
+    hosts: sshd_hosts.Hosts, drain: SSHDrain
+) -> None:
+    with sshd_hosts.extra_host(hosts, "127.0.0.47", sshd_options="Ciphers aes128-ctr\n") as old:
+        assert isinstance(drain.is_active(old.target()), ServiceState)
+        transport = drain._client(old.target()).get_transport()
+        assert transport is not None and transport.local_cipher == "aes128-ctr"
+
+
 def test_a_silent_host_is_unreachable_within_the_connect_timeout(
     hosts: sshd_hosts.Hosts, client_key: Path
 ) -> None:
