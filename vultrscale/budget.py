@@ -134,15 +134,6 @@ def ledger_bills(
     return bills
 
 
-def instance_price(instance: Instance, price: PlanPrice) -> PlanPrice:
-    """The price an instance was created at (ledger), else the plan's current price."""
-    return PlanPrice(
-        plan=price.plan,
-        monthly=instance.monthly_cost or price.monthly,
-        hourly_cost=instance.hourly_rate or price.hourly,
-    )
-
-
 def _live(instance: Instance) -> bool:
     return instance.state is not InstanceState.GONE
 
@@ -169,34 +160,6 @@ def _so_far_and_to_end(
     return so_far, rest if rest > 0.0 else 0.0
 
 
-def cost_so_far(instance: Instance, price: PlanPrice, now: datetime) -> float:
-    """This month's cost of a live instance at ``now``; never below what the ledger says.
-
-    An instance without a creation time is taken to have run since the month began (the
-    most it can have cost).
-    """
-    return _so_far_and_to_end(instance, price, utc(now), *month_bounds(now))[0]
-
-
-def month_to_date(
-    instances: Iterable[Instance], now: datetime, price: PlanPrice, ledger_total: float = 0.0
-) -> float:
-    """This UTC month's bill so far for the fleet, gone instances included.
-
-    ``ledger_total`` is ``Observation.month_to_date_usd``: the whole fleet's bill as the ledger
-    knows it, live and gone instances alike, where each live one's share is its ``billed_usd``.
-    The live shares are recomputed at ``now`` (the ledger may be a pass behind); the rest of the
-    ledger total is what gone instances cost. Gone instances listed with their ``billed_usd``
-    count too, should the ledger total leave them out.
-    """
-    return _sweep(instances, price, now, ledger_total, leaving=set()).month_to_date
-
-
-def to_month_end(instance: Instance, price: PlanPrice, now: datetime) -> float:
-    """What a live instance adds to this month's bill if it runs until the month ends."""
-    return _so_far_and_to_end(instance, price, utc(now), *month_bounds(now))[1]
-
-
 class _Swept(NamedTuple):
     month_to_date: float
     kept: int  # live instances counted as capacity and not leaving
@@ -212,7 +175,14 @@ def _sweep(
     leaving: set[str],
 ) -> _Swept:
     """One pass over the fleet for everything the budget rule needs. The instances kept are
-    the live capacity not ``leaving``. See month_to_date for ``ledger_total``."""
+    the live capacity not ``leaving``.
+
+    The month to date includes gone instances. ``ledger_total`` is
+    ``Observation.month_to_date_usd``: the whole fleet's bill as the ledger knows it, live and
+    gone instances alike, where each live one's share is its ``billed_usd``. The live shares are
+    recomputed at ``now`` (the ledger may be a pass behind); the rest of the ledger total is what
+    gone instances cost. Gone instances listed with their ``billed_usd`` count too, should the
+    ledger total leave them out."""
     start, end = month_bounds(now)
     now = utc(now)
     live_ledger = live_now = gone_listed = to_end = kept_monthly = 0.0

@@ -122,27 +122,28 @@ def test_month_to_date_replaces_stale_ledger_shares_and_keeps_gone_cost() -> Non
     now = t(2026, 5, 10, 12, 30)
     live = inst("a", InstanceState.RUNNING, t(2026, 5, 10, 9, 0), billed_usd=2 * H10)  # stale
     # Ledger total: $7 from gone instances plus the stale share of the live one.
-    total = budget.month_to_date([live], now, PLAN10, ledger_total=7.0 + 2 * H10)
+    total = budget.check(obs(live, mtd=7.0 + 2 * H10), PLAN10, 1000.0, now).month_to_date_usd
     assert total == pytest.approx(7.0 + 4 * H10)  # 09:00-12:30 is 4 started hours
 
 
 def test_month_to_date_counts_listed_gone_instances_when_the_ledger_total_is_absent() -> None:
     now = t(2026, 5, 10, 12, 30)
     gone = inst("g", InstanceState.GONE, t(2026, 5, 2), billed_usd=3.0)
-    assert budget.month_to_date([gone], now, PLAN10) == pytest.approx(3.0)
+    assert budget.check(obs(gone), PLAN10, 1000.0, now).month_to_date_usd == pytest.approx(3.0)
 
 
 def test_instance_without_creation_time_is_assumed_to_run_since_month_start() -> None:
     now = t(2026, 5, 2, 0, 30)
     i = inst("a", InstanceState.RUNNING, None)
-    assert budget.cost_so_far(i, PLAN10, now) == pytest.approx(25 * H10)
+    assert budget.check(obs(i), PLAN10, 1000.0, now).month_to_date_usd == pytest.approx(25 * H10)
 
 
 def test_instance_price_from_the_ledger_beats_the_current_plan_price() -> None:
     now = t(2026, 5, 2, 0, 30)
     i = inst("a", InstanceState.RUNNING, t(2026, 5, 2), hourly_rate=0.5, monthly_cost=100.0)
-    assert budget.cost_so_far(i, PLAN10, now) == pytest.approx(0.5)
-    assert budget.to_month_end(i, PLAN10, now) == pytest.approx(100.0 - 0.5)
+    c = budget.check(obs(i), PLAN10, 1000.0, now)
+    assert c.month_to_date_usd == pytest.approx(0.5)  # its own hourly rate, not the plan's
+    assert c.committed_usd - c.month_to_date_usd == pytest.approx(100.0 - 0.5)  # its monthly cap
 
 
 # --- the rule -------------------------------------------------------------------------------
