@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Benchmark a steady-state reconcile pass and the CLI's start-up.
 
-1. A fleet of N (default 500) running instances on the simulator over loopback HTTP, a real
+1. A fleet of N (default 500) running instances on the simulator over loopback HTTP (served
+   from a child process once set up, as Vultr is another machine), a real
    Postgres (a scratch database on DATABASE_URL's server, else on a throwaway server), and a
    queue whose demand asks for exactly N instances: a pass that changes nothing. Prints HTTP
-   requests per pass and the median wall time, against one bare paginated list of the same
+   requests per pass and the median wall time of the parts `vultrscale reconcile --loop` builds
+   (wiring.build_parts: one kept Postgres connection, the list asked in a thread while Postgres
+   is read), against one bare paginated list of the same
    instances with a warm httpx client (connection open, as the pass's client is), timed
    alternately with the passes in the same run.
 2. `vultrscale --version` start-up against `python -c "import typer"`, in the same run.
@@ -270,8 +273,9 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             "cron_requests": cron_requests,
         }
         print(
-            f"compares: a steady reconcile pass over {n} instances against one bare paginated "
-            f"list of them on a warm httpx client, {args.passes} passes each, alternated"
+            f"compares: a steady reconcile pass over {n} instances (the parts `reconcile --loop` "
+            "builds) against one bare paginated list of them on a warm httpx client, "
+            f"{args.passes} passes each, alternated; the simulator serves from its own process"
         )
         print(
             f"  reconcile pass : {statistics.median(pass_requests)} HTTP request(s)/pass, "
