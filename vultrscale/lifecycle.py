@@ -210,28 +210,18 @@ def adopted_row(
     fleet: str, v: Listed, state: InstanceState, created: datetime, now: datetime
 ) -> LedgerRow:
     """The row ``sync`` adopts for a tagged instance the ledger did not know."""
-    return LedgerRow(
-        label=v.label,
-        fleet=fleet,
-        state=state,
+    return LedgerRow.new(
+        v.label,
+        fleet,
+        state,
+        created,
         instance_id=v.id,
         plan=v.plan,
         region=v.region,
-        hourly_rate=None,
-        monthly_cost=None,
-        host_key=None,
         main_ip=v.main_ip,
         internal_ip=v.internal_ip,
-        created_at=created,
         posted_at=created,
-        active_at=None,
-        running_at=None,
-        draining_at=None,
-        deleting_at=None,
-        gone_at=None,
         state_since=now,
-        delete_attempts=0,
-        last_error=None,
     )
 
 

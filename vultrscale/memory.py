@@ -236,28 +236,16 @@ class MemoryLedger:
     ) -> None:
         if label in self.instances:
             raise DatabaseError(f"fleet ledger: label {label} exists")
-        self.instances[label] = LedgerRow(
-            label=label,
-            fleet=self.fleet,
-            state=InstanceState.CREATING,
-            instance_id=None,
+        self.instances[label] = LedgerRow.new(
+            label,
+            self.fleet,
+            InstanceState.CREATING,
+            now,
             plan=plan,
             region=region,
             hourly_rate=hourly_rate,
             monthly_cost=monthly_cost,
             host_key=host_key,
-            main_ip=None,
-            internal_ip=None,
-            created_at=now,
-            posted_at=None,
-            active_at=None,
-            running_at=None,
-            draining_at=None,
-            deleting_at=None,
-            gone_at=None,
-            state_since=now,
-            delete_attempts=0,
-            last_error=None,
         )
 
     def transition(

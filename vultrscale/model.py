@@ -77,6 +77,18 @@ class LedgerRow:
     delete_attempts: int
     last_error: str | None
 
+    @classmethod
+    def new(
+        cls, label: str, fleet: str, state: InstanceState, created_at: datetime, **columns: Any
+    ) -> LedgerRow:
+        """A row as an INSERT leaves it: the ``columns`` given, NULL in the others, no delete
+        attempts, in its state since ``created_at`` unless ``state_since`` is given."""
+        values: dict[str, Any] = dict.fromkeys(cls.__dataclass_fields__)
+        values.update(label=label, fleet=fleet, state=state, created_at=created_at)
+        values.update(state_since=created_at, delete_attempts=0)
+        values.update(columns)
+        return cls(**values)
+
 
 @dataclass(frozen=True)
 class WorkerView:

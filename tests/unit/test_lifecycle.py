@@ -19,28 +19,18 @@ S = InstanceState
 def row(state: InstanceState, age: float = 0, **kw: object) -> LedgerRow:
     """A ledger row in ``state`` whose create intent is ``age`` seconds old."""
     created = NOW - timedelta(seconds=age)
-    base = LedgerRow(
-        label="w-1",
-        fleet="workers",
-        state=state,
+    base = LedgerRow.new(
+        "w-1",
+        "workers",
+        state,
+        created,
         instance_id=None if state is S.CREATING else "i-1",
         plan="vc2-1c-2gb",
         region="ewr",
         hourly_rate=0.015,
         monthly_cost=10.0,
         host_key="ssh-ed25519 AAAA",
-        main_ip=None,
-        internal_ip=None,
-        created_at=created,
         posted_at=None if state is S.CREATING else created,
-        active_at=None,
-        running_at=None,
-        draining_at=None,
-        deleting_at=None,
-        gone_at=None,
-        state_since=created,
-        delete_attempts=0,
-        last_error=None,
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 

@@ -484,13 +484,13 @@ class PgStore:
     def _release(self, conn: psycopg.Connection[Any]) -> None:
         """Keep ``conn`` for the next session if asked and clean: idle, its locks released.
         Anything else closes it (closing releases the session's lock too)."""
-        if self.keep and not conn.closed:
-            idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        idle = not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if self.keep and idle:
             try:
-                if idle:
-                    conn.execute("SELECT pg_advisory_unlock_all()")
-                    self._kept = conn
-                    return
+                conn.execute("SELECT pg_advisory_unlock_all()")
             except psycopg.Error:
                 pass
+            else:
+                self._kept = conn
+                return
         conn.close()

@@ -186,28 +186,14 @@ class SimLedger(MemoryLedger):
 def folded_row(fleet: str, month_start: datetime, total: float) -> LedgerRow:
     """A gone row billed exactly ``total`` for the month starting at ``month_start``: one
     started hour at an hourly rate and a monthly cap both equal to the total."""
-    return LedgerRow(
-        label=f"gone-{month_start:%Y-%m}",
-        fleet=fleet,
-        state=InstanceState.GONE,
-        instance_id=None,
-        plan=None,
-        region=None,
+    return LedgerRow.new(
+        f"gone-{month_start:%Y-%m}",
+        fleet,
+        InstanceState.GONE,
+        month_start,
         hourly_rate=total,
         monthly_cost=total,
-        host_key=None,
-        main_ip=None,
-        internal_ip=None,
-        created_at=month_start,
-        posted_at=None,
-        active_at=None,
-        running_at=None,
-        draining_at=None,
-        deleting_at=None,
         gone_at=month_start + budget.HOUR,
-        state_since=month_start,
-        delete_attempts=0,
-        last_error=None,
     )
 
 
