@@ -129,7 +129,6 @@ class MemoryCloud:
             plan=plan,
             date_created=now,
             tags=tuple(tags),
-            hostname=hostname or label,
         )
         self.instances[iid] = v
         self._booting[iid] = now + self.boot_after

@@ -146,8 +146,10 @@ def test_config_check_masks_secrets(tmp_path: Path, monkeypatch, capsys) -> None
     path = write(tmp_path, "[policy]\nmax_instances = 2\n")
     monkeypatch.setenv("VULTR_API_KEY", SECRET_KEY)
     monkeypatch.setenv("DATABASE_URL", f"postgresql://scaler:{SECRET_PW}@db.example:5432/jobs")
-    for args in (["--config", str(path), "config", "check"],
-                 ["--config", str(path), "config", "check", "--json"]):
+    for args in (
+        ["--config", str(path), "config", "check"],
+        ["--config", str(path), "config", "check", "--json"],
+    ):
         assert main(args) == 0
         out = capsys.readouterr()
         assert SECRET_KEY not in out.out + out.err

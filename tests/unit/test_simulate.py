@@ -310,6 +310,7 @@ def test_plot_without_matplotlib_exits_2_with_the_extra_to_install(
 
 def test_plot_draws_a_png(tmp_path: Path) -> None:
     import matplotlib  # noqa: F401 - a dev dependency: this test must draw, not skip
+
     out = tmp_path / "p.png"
     code = main(
         [

@@ -132,35 +132,30 @@ def test_a_repeated_cursor_stops_instead_of_looping(api: respx.MockRouter, clien
 
 
 def test_models_tolerate_missing_and_odd_fields():
-    inst = VInstance.from_api({"id": "x", "ram": None, "tags": None, "date_created": "bad"})
-    assert inst.ram == 0 and inst.tags == () and inst.date_created is None
+    inst = VInstance.from_api({"id": "x", "main_ip": None, "tags": None, "date_created": "bad"})
+    assert inst.main_ip == "" and inst.tags == () and inst.date_created is None
     old = VInstance.from_api({"id": "y", "tag": "legacy", "date_created": "2013-12-19 14:45:41"})
     assert old.tags == ("legacy",)
     assert old.date_created is not None and old.date_created.utcoffset() is not None
 
 
 def test_a_parsed_instance_is_the_one_its_constructor_builds_every_field_set():
-    body = instance(1, ram="2048", vcpu_count=True, tags=["a", 7, None], main_ip=None, os=12)
+    body = instance(1, tags=["a", 7, None], main_ip=None, region=12, os="Debian 12")
     body["date_created"] = "2026-03-02T12:00:00Z"
     inst = VInstance.from_api(body)
     built = VInstance(**{f.name: getattr(inst, f.name) for f in dataclasses.fields(VInstance)})
     assert inst == built and repr(inst) == repr(built) and hash(inst) == hash(built)
     assert set(vars(inst)) == {f.name for f in dataclasses.fields(VInstance)}
-    assert (inst.ram, inst.vcpu_count, inst.tags, inst.main_ip, inst.os) == (
-        2048,
-        1,
-        ("a", "7"),
-        "",
-        "12",
-    )
+    assert (inst.tags, inst.main_ip, inst.region) == (("a", "7"), "", "12")
+    assert inst.raw is body and inst.raw["os"] == "Debian 12"  # fields no code reads stay in raw
     assert inst.date_created is not None and inst.date_created.utcoffset() is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
         inst.label = "changed"  # type: ignore[misc]
 
 
-def test_default_password_is_not_in_repr():
+def test_the_create_responses_root_password_is_no_field_and_not_in_repr():
     inst = VInstance.from_api(instance(1, default_password="v5{Fkvb#2ycPGwHs"))
-    assert inst.default_password == "v5{Fkvb#2ycPGwHs"
+    assert not hasattr(inst, "default_password")
     assert "v5{Fkvb" not in repr(inst)
 
 

@@ -79,7 +79,11 @@ def parse_time(value: object) -> datetime | None:
 
 @dataclass(frozen=True)
 class VInstance:
-    """An instance (``GET /v2/instances/{id}``)."""
+    """An instance (``GET /v2/instances/{id}``): the fields the scaler reads.
+
+    A pass parses every instance of the fleet, so only what some code reads is a field (the
+    pass, ``status`` and ``instances``); the rest of the object (``os``, ``ram``, ``hostname``,
+    the create response's ``default_password``, fields Vultr adds later) stays in ``raw``."""
 
     id: str
     label: str = ""
@@ -88,23 +92,16 @@ class VInstance:
     server_status: str = ""  # none | locked | installingbooting | ok
     main_ip: str = ""
     internal_ip: str = ""
-    v6_main_ip: str = ""
     region: str = ""
     plan: str = ""
-    os: str = ""
-    ram: int = 0
-    disk: int = 0
-    vcpu_count: int = 0
     date_created: datetime | None = None
     tags: tuple[str, ...] = ()
-    hostname: str = ""
-    # Only in the create response, for about ten minutes; a root password.
-    default_password: str = field(default="", repr=False)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> VInstance:
-        """Build from the API object; unknown fields are kept only in ``raw``."""
+        """Build from the API object, which becomes ``raw`` (not copied: the caller hands over
+        a body it decoded and no longer changes)."""
         tags = _strings(data, "tags")
         if not tags and data.get("tag"):  # the deprecated single tag of older responses
             tags = (str(data["tag"]),)
@@ -118,18 +115,11 @@ class VInstance:
                 "server_status": _str(data, "server_status"),
                 "main_ip": _str(data, "main_ip"),
                 "internal_ip": _str(data, "internal_ip"),
-                "v6_main_ip": _str(data, "v6_main_ip"),
                 "region": _str(data, "region"),
                 "plan": _str(data, "plan"),
-                "os": _str(data, "os"),
-                "ram": _int(data, "ram"),
-                "disk": _int(data, "disk"),
-                "vcpu_count": _int(data, "vcpu_count"),
                 "date_created": parse_time(data.get("date_created")),
                 "tags": tags,
-                "hostname": _str(data, "hostname"),
-                "default_password": _str(data, "default_password"),
-                "raw": dict(data),
+                "raw": data,
             },
         )
 
