@@ -16,17 +16,25 @@
 HTTP), for each fleet size in --instances (default 3,50): the pure core's own cost per pass, as
 the what-if simulator replays it. Batches of passes, the median batch's time per pass.
 
+--floor adds a diagnostic, not a figure of the product: the same pass, timed alternately with
+the bare list again, first with the pure core's decision replayed (``reconcile.decide`` answers
+what it answered the pass before, at no cost), then with the list's 500 objects also replayed
+(``VInstance.from_api`` looks the instance up instead of parsing it; the request and its JSON
+still happen). It says how much of the gap to the bare list the core and the parse make, and
+what is left without them: the I/O itself, on 2 cores shared with the simulator and Postgres.
+
 --profile FILE writes a cProfile of the timed passes (read it with `python -m pstats FILE`)
 and prints the top functions by cumulative time. --json prints the figures as one JSON object
 (for scripts/bench).
 
-Usage: python scripts/bench_reconcile.py [--instances 500] [--passes 15] [--startups 15]
+Usage: python scripts/bench_reconcile.py [--instances 500] [--passes 15] [--startups 15] [--floor]
        python scripts/bench_reconcile.py --memory [--instances 3,50] [--passes 2000]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import dataclasses
 import json
@@ -40,8 +48,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import psycopg
@@ -127,6 +137,7 @@ def main() -> None:
     ap.add_argument("--startups", type=int, default=15, help="0 skips the start-up figure")
     ap.add_argument("--profile", type=Path, default=None, help="write a cProfile of the passes")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    ap.add_argument("--floor", action="store_true", help="also time the pass without core/parse")
     args = ap.parse_args()
     sizes = [int(n) for n in (args.instances or ("3,50" if args.memory else "500")).split(",")]
     if args.memory:
@@ -238,10 +249,24 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             t0 = time.perf_counter()
             bare_requests = bare_list(http)
             bare_times.append(time.perf_counter() - t0)
-        http.close()
         if profiler is not None:
             profiler.dump_stats(args.profile)
             pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
+
+        floors: dict[str, tuple[float, float]] = {}
+        if args.floor:
+            for name, replays in (("core", ("decide",)), ("core+parse", ("decide", "parse"))):
+                with replayed(replays):
+                    run_pass(cfg, parts)  # the replays learn their answers
+                    times = [
+                        (timed(lambda: run_pass(cfg, parts)), timed(lambda: bare_list(http)))
+                        for _ in range(args.passes)
+                    ]
+                floors[name] = (
+                    statistics.median(t[0] for t in times),
+                    statistics.median(t[1] for t in times),
+                )
+        http.close()
 
         # A one-shot pass, as `vultrscale reconcile` from cron runs it: a fresh process has a
         # new client and an empty cache, so this counts the requests of a process's first pass.
@@ -284,6 +309,13 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
         print(f"  bare list      : {bare_requests} HTTP request(s), median {mb * 1000:.1f} ms")
         print(f"  ratio pass/bare: {mp / mb:.2f}x (target 1.5x)")
         print(f"  one-shot pass (cron, cold cache): {cron_requests} HTTP request(s) (target 1)")
+        for name, (fp, fb) in floors.items():
+            key = name.replace("+", "_")
+            figures.update({f"floor_{key}_ms": fp * 1000, f"floor_{key}_bare_ms": fb * 1000})
+            print(
+                f"  diagnostic, {name} replayed at no cost: pass median {fp * 1000:.1f} ms, "
+                f"bare {fb * 1000:.1f} ms, {fp / fb:.2f}x"
+            )
         if startup:
             ms, mt = statistics.median(startup), statistics.median(baseline)
             figures.update(startup_ms=ms * 1000, typer_ms=mt * 1000)
@@ -298,6 +330,42 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             print(json.dumps(figures))
     finally:
         stop_server()
+
+
+def timed(run: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def replayed(what: tuple[str, ...]) -> Iterator[None]:
+    """--floor: within the block, ``decide`` answers what it answered last ("decide") and the
+    list's objects come from a table by id instead of being parsed ("parse")."""
+    from vultrscale import reconcile
+    from vultrscale.vultr import models
+
+    with contextlib.ExitStack() as stack:
+        if "decide" in what:
+            real_decide, last = reconcile.decide, []
+
+            def decide(obs, cfg):  # type: ignore[no-untyped-def]
+                if not last:
+                    last.append(real_decide(obs, cfg))
+                return last[0]
+
+            stack.enter_context(mock.patch.object(reconcile, "decide", decide))
+        if "parse" in what:
+            real_parse, parsed = models.VInstance.from_api, {}
+
+            def from_api(data):  # type: ignore[no-untyped-def]
+                v = parsed.get(data["id"])
+                if v is None:
+                    v = parsed[data["id"]] = real_parse(data)
+                return v
+
+            stack.enter_context(mock.patch.object(models.VInstance, "from_api", from_api))
+        yield
 
 
 def bench_memory(
