@@ -138,14 +138,6 @@ def conninfo_problem(text: str, name: str = "DATABASE_URL") -> str | None:
     )
 
 
-def checked_conninfo(text: str, name: str = "DATABASE_URL") -> str:
-    """``text`` if libpq can read it, else UsageError (exit 2) saying which form is expected."""
-    problem = conninfo_problem(text, name)
-    if problem:
-        raise UsageError(problem, hint=f"Set {name} again, in one of the forms above.")
-    return text
-
-
 def http_userinfo(url: str) -> str | None:
     """The ``user:password`` part of an http(s) URL, if it has one."""
     m = _HTTP_URL.match(url)

@@ -1,6 +1,7 @@
 """Wiring: the real parts of a reconcile pass, built from the config, for the CLI and the demo.
 
-Also the hints for the two secrets every fleet command needs, defined once here.
+Also the two secrets every fleet command needs, read from the config (the environment, else the
+.env next to the config file) in one place, with the hints said when one is missing.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ if TYPE_CHECKING:
     from vultrscale.config import Config
     from vultrscale.reconcile import Parts
 
-DB_HINT = "export DATABASE_URL=postgresql://user:password@host/db, then `vultrscale db init`."
+DB_HINT = (
+    "Set DATABASE_URL=postgresql://user:password@host/db in the environment or in the .env next "
+    "to vultrscale.toml, then run `vultrscale db init`."
+)
 API_KEY_HINT = (
-    "export VULTR_API_KEY=... (my.vultr.com > Account > API), or point VULTR_API_URL at "
-    "`vultrscale sim serve` and set any key."
+    "Set VULTR_API_KEY (my.vultr.com > Account > API) in the environment or in the .env next to "
+    "vultrscale.toml; or point VULTR_API_URL at `vultrscale sim serve` and set any key."
 )
 
 
@@ -26,6 +30,19 @@ def require(value: str, name: str, hint: str) -> str:
     if not value:
         raise UsageError(f"{name} is not set.", hint=hint)
     return value
+
+
+def database_url(cfg: Config, *, worker: bool = False) -> str:
+    """The scaler's DATABASE_URL (``worker``: WORKER_DATABASE_URL first) as the config read it;
+    exit 2 when it is not set."""
+    s = cfg.secrets
+    url = (s.worker_database_url.reveal() if worker else "") or s.database_url.reveal()
+    return require(url, "DATABASE_URL", DB_HINT)
+
+
+def api_key(cfg: Config) -> str:
+    """VULTR_API_KEY as the config read it; exit 2 when it is not set."""
+    return require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
 
 
 def user_data_renderer(
@@ -83,9 +100,8 @@ def build_parts(cfg: Config) -> Parts:
     from vultrscale.reconcile import Parts
     from vultrscale.vultr.client import VultrClient
 
-    api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
-    db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", DB_HINT)
-    client = VultrClient(api_key, cfg.api_url)
+    db_url = database_url(cfg)
+    client = VultrClient(api_key(cfg), cfg.api_url)
 
     def keygen() -> tuple[str, str]:
         from vultrscale.ssh import generate_host_key

@@ -25,7 +25,7 @@ def test_db_init_without_database_url_exits_2(
     monkeypatch.delenv("DATABASE_URL", raising=False)
     assert cli.main(["db", "init"]) == 2
     err = capsys.readouterr().err
-    assert "DATABASE_URL is not set" in err and "export DATABASE_URL=" in err
+    assert "DATABASE_URL is not set" in err and "Set DATABASE_URL=postgresql:" in err
 
 
 def test_db_init_unreachable_exits_1_with_the_password_masked(

@@ -159,7 +159,7 @@ def test_missing_key_exits_2_without_a_request(
 
     err = capsys.readouterr().err
     assert "VULTR_API_KEY is not set" in err
-    assert "Fix:" in err and "export VULTR_API_KEY" in err
+    assert "Fix:" in err and "Set VULTR_API_KEY" in err
     assert not route.called and not api.calls
 
 

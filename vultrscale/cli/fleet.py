@@ -10,7 +10,7 @@ import typer
 from vultrscale import params
 from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
 from vultrscale.errors import UsageError, VultrscaleError
-from vultrscale.wiring import API_KEY_HINT, DB_HINT, build_parts, require
+from vultrscale.wiring import api_key, build_parts, database_url
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -198,8 +198,7 @@ def events_cmd(
 
     since = format_duration(window)
     cfg = load_config()
-    db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", DB_HINT)
-    with pg.session(db_url, "cannot read the events") as conn:
+    with pg.session(database_url(cfg), "cannot read the events") as conn:
         rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
     if as_json:
         print_json({"fleet": cfg.fleet.name, "since": since, "events": rows})
@@ -217,11 +216,10 @@ def events_cmd(
 def instances_cmd(as_json: JsonFlag = False) -> None:
     """The fleet's instances as the Vultr API reports them (no database needed)."""
     cfg = load_config()
-    api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
     from vultrscale.config import mask_url
     from vultrscale.vultr.client import VultrClient
 
-    with VultrClient(api_key, cfg.api_url) as client:
+    with VultrClient(api_key(cfg), cfg.api_url) as client:
         found = client.list_instances(tag=cfg.fleet.tag)
     found.sort(key=lambda i: (i.date_created is None, i.date_created, i.label))
     from vultrscale.cli import views

@@ -10,7 +10,7 @@ import typer
 from vultrscale import params
 from vultrscale.cli._common import examples, group, load_config, shown
 from vultrscale.errors import UsageError
-from vultrscale.wiring import API_KEY_HINT, DB_HINT, require
+from vultrscale.wiring import api_key, database_url
 
 if TYPE_CHECKING:
     from vultrscale import snapshot as snapshots
@@ -84,8 +84,7 @@ def snapshot_cmd(
     if resume and no_wait:
         raise UsageError("--no-wait has no meaning with --resume", hint="Drop --no-wait.")
     cfg = load_config()
-    api_key = require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
-    db_url = require(cfg.secrets.database_url.reveal(), "DATABASE_URL", DB_HINT)
+    key, db_url = api_key(cfg), database_url(cfg)
 
     from rich.markup import escape
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -115,7 +114,7 @@ def snapshot_cmd(
             + escape(f"snapshot {p.snapshot_id}{note}"),
         )
 
-    with VultrClient(api_key, cfg.api_url) as client, progress:
+    with VultrClient(key, cfg.api_url) as client, progress:
         if resume:
             result = snapshots.resume(
                 client, db_url, cfg, resume, keep=keep, timeout=wait_for, on_progress=show

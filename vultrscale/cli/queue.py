@@ -11,19 +11,13 @@ import typer
 
 from vultrscale import params
 from vultrscale.cli._common import examples, group, shown, state
-from vultrscale.errors import UsageError, checked_conninfo
+from vultrscale.errors import UsageError
 from vultrscale.model import DEFAULT_MAX_ATTEMPTS
-from vultrscale.wiring import DB_HINT, require
+from vultrscale.wiring import database_url
 
 app = group()
 db_app = group(help="The database schema.")
 app.add_typer(db_app, name="db")
-
-
-def _database_url() -> str:
-    return checked_conninfo(
-        require(os.environ.get("DATABASE_URL", "").strip(), "DATABASE_URL", DB_HINT)
-    )
 
 
 @db_app.command("init", epilog=examples("DATABASE_URL=postgresql://... vultrscale db init"))
@@ -32,7 +26,8 @@ def db_init() -> None:
     from vultrscale.cli._common import load_config
     from vultrscale.db import roles
 
-    for line in roles.init_database(_database_url(), load_config()):
+    cfg = load_config()
+    for line in roles.init_database(database_url(cfg), cfg):
         typer.echo(line)
 
 
@@ -123,15 +118,10 @@ def worker_cmd(
     }
     # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}
-    w = cfg_mod.load(state.config_path, env, flags).worker
+    cfg = cfg_mod.load(state.config_path, env, flags)
+    w = cfg.worker
     handler = runtime.load_handler(w.app)  # exit 2 before touching the database
-    conninfo = checked_conninfo(
-        require(
-            os.environ.get("WORKER_DATABASE_URL", "").strip() or os.environ.get("DATABASE_URL", ""),
-            "DATABASE_URL",
-            DB_HINT,
-        )
-    )
+    conninfo = database_url(cfg, worker=True)
     worker_id = os.environ.get("VULTRSCALE_WORKER_ID", "").strip() or runtime.default_worker_id()
     settings = runtime.WorkerSettings(
         app=w.app,
@@ -194,8 +184,10 @@ def enqueue_cmd(
             f"--payload is not valid JSON: {exc.msg} at character {exc.pos}.",
             hint="Quote the whole payload for the shell, e.g. --payload '{\"step_seconds\": 1}'.",
         ) from None
-    conninfo = _database_url()
+    from vultrscale.cli._common import load_config
     from vultrscale.config import mask_url
+
+    conninfo = database_url(load_config())
     from vultrscale.db import pg, queue
 
     with pg.session(conninfo, f"cannot enqueue at {mask_url(conninfo)}") as conn:
