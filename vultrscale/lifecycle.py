@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -186,7 +186,8 @@ def applied(
     fleet: str,
     now: datetime,
 ) -> dict[str, LedgerRow]:
-    """The ledger rows as they are once ``transitions`` are written (gone rows dropped)."""
+    """The ledger rows as they are once ``transitions`` are written at ``now`` (gone rows
+    dropped)."""
     out = dict(rows)
     for t in transitions:
         row = out.get(t.label)
@@ -194,9 +195,9 @@ def applied(
             v = listed[t.label]
             out[t.label] = adopted_row(fleet, v, t.state, v.date_created or now, now)
         elif row is not None:
-            out[t.label] = replace(
-                row,
-                state=t.state,
+            out[t.label] = row.moved(
+                t.state,
+                now,
                 instance_id=t.instance_id or row.instance_id,
                 main_ip=t.main_ip or row.main_ip,
                 internal_ip=t.internal_ip or row.internal_ip,
@@ -237,7 +238,7 @@ class Verdict(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class DrainStep:
     """What to do with one draining instance this pass, and why. ``restop``: send the stop
-    again (the worker is still active: the first one never arrived)."""
+    again (the worker is still active: the first one never arrived); never with DELETE."""
 
     label: str
     verdict: Verdict
@@ -287,7 +288,7 @@ def _past_deadline(label: str, live: int | None, why: str, restop: bool) -> Drai
         # heartbeats, and an instance that heartbeats is not dead.
         why = f"{why}; worker still holds {live} live lease(s), waiting"
         return DrainStep(label, Verdict.WAIT, why, restop)
-    return DrainStep(label, Verdict.DELETE, why, restop)
+    return DrainStep(label, Verdict.DELETE, why)  # no stop for a host being deleted
 
 
 def may_replace(live: int | None) -> bool:

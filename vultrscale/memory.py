@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vultrscale.clock import Clock
 from vultrscale.errors import DatabaseError, SSHError
@@ -161,14 +161,6 @@ class MemoryCloud:
         pass
 
 
-_STAMP = {
-    InstanceState.PENDING: "posted_at",
-    InstanceState.BOOTING: "active_at",
-    InstanceState.RUNNING: "running_at",
-    InstanceState.DRAINING: "draining_at",
-    InstanceState.DELETING: "deleting_at",
-    InstanceState.GONE: "gone_at",
-}
 
 
 @dataclass
@@ -261,18 +253,14 @@ class MemoryLedger:
         row = self.instances.get(label)
         if row is None:
             return  # an UPDATE of no row
-        changes: dict[str, Any] = {
-            "state": state,
-            "state_since": row.state_since if row.state is state else now,
-            "instance_id": instance_id or row.instance_id,
-            "main_ip": main_ip or row.main_ip,
-            "internal_ip": internal_ip or row.internal_ip,
-            "last_error": last_error,
-        }
-        column = _STAMP.get(state)
-        if column and getattr(row, column) is None:
-            changes[column] = now
-        self.instances[label] = replace(row, **changes)
+        self.instances[label] = row.moved(
+            state,
+            now,
+            instance_id=instance_id or row.instance_id,
+            main_ip=main_ip or row.main_ip,
+            internal_ip=internal_ip or row.internal_ip,
+            last_error=last_error,
+        )
 
     def adopt(
         self,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -89,6 +89,40 @@ class LedgerRow:
         values.update(columns)
         return cls(**values)
 
+    def moved(self, state: InstanceState, now: datetime, **columns: Any) -> LedgerRow:
+        """This row as a transition to ``state`` at ``now`` leaves it (the ledger's rule, in
+        Postgres and in memory alike): ``state_since`` restarts when the state changes, the
+        state's own stamp (``STATE_STAMPS``) is set the first time, and ``columns`` change."""
+        changes: dict[str, Any] = {"state": state, **columns}
+        if state is not self.state:
+            changes["state_since"] = now
+        stamp = STATE_STAMPS.get(state)
+        if stamp is not None and getattr(self, stamp) is None:
+            changes[stamp] = now
+        return replace(self, **changes)
+
+    @property
+    def boot_since(self) -> datetime:
+        """Where ``boot_timeout``'s clock starts: at the create, for an instance this scaler made
+        and is booting; for one that ran before (its worker went quiet) or that was adopted
+        already up (no stamp of a boot of ours), when the ledger saw it enter its boot state."""
+        if self.running_at is not None or (
+            self.state is InstanceState.BOOTING and self.active_at is None
+        ):
+            return self.state_since
+        return self.created_at
+
+
+# The column of fleet_instances each state stamps the first time a row enters it.
+STATE_STAMPS: dict[InstanceState, str] = {
+    InstanceState.PENDING: "posted_at",
+    InstanceState.BOOTING: "active_at",
+    InstanceState.RUNNING: "running_at",
+    InstanceState.DRAINING: "draining_at",
+    InstanceState.DELETING: "deleting_at",
+    InstanceState.GONE: "gone_at",
+}
+
 
 @dataclass(frozen=True)
 class WorkerView:
@@ -131,6 +165,7 @@ class Instance:
     billed_usd: float = 0.0  # this calendar month
     hourly_rate: float = 0.0
     monthly_cost: float = 0.0  # the plan's monthly cost when created; 0: use the current price
+    boot_since: datetime | None = None  # boot_timeout's clock (LedgerRow.boot_since); None: created
 
 
 @dataclass(frozen=True)

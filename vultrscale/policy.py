@@ -97,8 +97,9 @@ def drain_window_opens(instance: Instance, now: datetime) -> datetime:
     return now if into >= threshold else now + (threshold - into)
 
 
-def _age(instance: Instance, now: datetime) -> timedelta | None:
-    since = instance.created_at or instance.state_since
+def _boot_age(instance: Instance, now: datetime) -> timedelta | None:
+    """How long ``boot_timeout`` has been counting for a pending or booting instance."""
+    since = instance.boot_since or instance.created_at or instance.state_since
     return None if since is None else budget.utc(now) - budget.utc(since)
 
 
@@ -277,13 +278,13 @@ class _Decision:
         for inst in capacity:
             if inst.state not in _BOOT_STATES or inst.live_leases:
                 continue
-            age = _age(inst, self.now)
+            age = _boot_age(inst, self.now)
             if age is not None and age > limit:
                 out.append(inst)
                 self.actions.append(
                     Action(
                         ActionKind.REPLACE,
-                        f"{inst.state.value} for {_secs(age)}, past boot_timeout "
+                        f"still {inst.state.value} {_secs(age)} into its boot, past boot_timeout "
                         f"{format_duration(limit)}: delete it; a new one is created in its place",
                         inst.label,
                     )

@@ -581,6 +581,7 @@ def _instance(obs: Observed, row: LedgerRow, billed: float) -> Instance:
             "billed_usd": billed,
             "hourly_rate": row.hourly_rate or 0.0,
             "monthly_cost": row.monthly_cost or 0.0,
+            "boot_since": row.boot_since,
         },
     )
 

@@ -250,7 +250,7 @@ DRAIN_VERDICTS = [
         LONG,
         0,
         Verdict.DELETE,
-        True,
+        False,  # no stop is sent to a host about to be deleted
         "past its deadline",
         id="past-deadline-no-lease-delete",
     ),  # fmt: skip

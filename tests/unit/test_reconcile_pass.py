@@ -482,3 +482,58 @@ def test_a_refused_api_key_in_the_listing_thread_ends_the_pass_as_usage(tmp_path
     with pytest.raises(AuthError):
         fleet.run(dataclasses.replace(fleet.parts, cloud=fails, overlap_reads=True))
     assert fails.posts == 0 and fleet.ledger.events[-1]["exit_code"] == EXIT_USAGE
+
+
+def test_a_running_instance_whose_worker_goes_quiet_is_replaced_boot_timeout_later(
+    fleet: Fleet,
+) -> None:
+    a, b = fleet.bring_up(8)
+    fleet.clock.advance(20 * 60)  # both well older than boot_timeout (15m)
+    for label in (a, b):
+        fleet.ledger.workers_by_label[label] = WorkerView(label, fleet.clock.now(), False, 0, True)
+    fleet.run()
+    quiet = fleet.ledger.workers_by_label[a]
+    fleet.ledger.workers_by_label[a] = dataclasses.replace(quiet, seen=False)
+    fleet.clock.advance(30)
+
+    fell_back = fleet.run()
+    assert fleet.states()[a] == "booting"
+    assert not [x for x in fell_back.actions if x["label"] == a], "replaced in the pass it fell back"
+    fleet.clock.advance(14 * 60)
+    assert fleet.run().exit_code == 0 and fleet.states()[a] == "booting"
+
+    fleet.clock.advance(61)  # boot_timeout after it fell back: its worker did not come back
+    replaced = fleet.run()
+    assert [x["kind"] for x in replaced.actions if x["label"] == a] == ["replace"]
+    assert "into its boot" in next(x["reason"] for x in replaced.actions if x["label"] == a)
+
+
+def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoption(
+    fleet: Fleet,
+) -> None:
+    from datetime import timedelta
+
+    from vultrscale.vultr.models import VInstance
+
+    fleet.queue(4)
+    hand = VInstance(
+        id="hand-1",
+        label="worker-by-hand",
+        status="active",
+        power_status="running",
+        server_status="ok",
+        main_ip="10.9.0.1",
+        region="ewr",
+        plan="vc2-1c-2gb",
+        date_created=fleet.clock.now() - timedelta(hours=2),  # made long before we saw it
+        tags=(fleet.cfg.fleet.tag,),
+    )
+    fleet.cloud.instances[hand.id] = hand
+
+    adopted = fleet.run()
+    assert fleet.states()["worker-by-hand"] == "booting"
+    assert not [x for x in adopted.actions if x["label"] == "worker-by-hand"]
+    assert hand.id in fleet.cloud.instances
+    fleet.clock.advance(15 * 60 + 1)
+    replaced = fleet.run()
+    assert [x["kind"] for x in replaced.actions if x["label"] == "worker-by-hand"] == ["replace"]

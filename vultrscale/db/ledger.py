@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 
 from vultrscale.db import pg, plan_checks
 from vultrscale.model import (
+    STATE_STAMPS,
     FleetState,
     InstanceState,
     LedgerRow,
@@ -140,14 +141,6 @@ def adopt(
     )
 
 
-_TRANSITION_COLUMN = {
-    InstanceState.PENDING: "posted_at",
-    InstanceState.BOOTING: "active_at",
-    InstanceState.RUNNING: "running_at",
-    InstanceState.DRAINING: "draining_at",
-    InstanceState.DELETING: "deleting_at",
-    InstanceState.GONE: "gone_at",
-}
 
 
 def transition(
@@ -162,7 +155,7 @@ def transition(
     last_error: str | None = None,
 ) -> None:
     """Move a row to ``state`` and stamp that state's transition time (first time only)."""
-    column = _TRANSITION_COLUMN.get(state)
+    column = STATE_STAMPS.get(state)
     stamp = f", {column} = COALESCE({column}, %(now)s)" if column else ""
     conn.execute(
         "UPDATE fleet_instances SET state = %(state)s, state_since = CASE WHEN state = "
