@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Turn a fresh Debian or Ubuntu instance into a vultrscale worker base image.
 #
-#   scp -r cloud-init/ root@HOST:/root/vultrscale-cloud-init
-#   ssh root@HOST 'APP_SPEC="myjobs==1.2" bash /root/vultrscale-cloud-init/bake.sh'
+#   .venv/bin/python -m pip wheel --no-deps -w dist .    # in your clone: a wheel of vultrscale
+#   scp -r cloud-init root@HOST:/root/vultrscale-cloud-init
+#   scp dist/vultrscale-*.whl root@HOST:/root/vultrscale-cloud-init/
+#   ssh root@HOST 'cd /root/vultrscale-cloud-init && VULTRSCALE_SPEC=$(ls ./vultrscale-*.whl) \
+#       APP_SPEC="myjobs==1.2" bash bake.sh'
 #   vultrscale snapshot --from-instance <instance id>
 #
 # Safe to run again: every step checks before it changes anything.
 # Settings (environment):
 #   WORKER_USER      login user for the scaler and the unit (default: worker; = fleet.ssh_user)
 #   WORKER_SERVICE   unit name (default: worker; = fleet.service)
-#   VULTRSCALE_SPEC  what pip installs for vultrscale (default: vultrscale)
+#   VULTRSCALE_SPEC  what pip installs for vultrscale (required): a wheel built from your clone,
+#                    a git+https URL, or a name your own package index serves (no default: a bare
+#                    "vultrscale" could install someone else's package of that name)
 #   APP_SPEC         what pip installs for your job handlers (default: nothing)
 #   APP_DIR          a directory copied to /opt/vultrscale/app, the unit's working directory
 #                    (on the import path: put a module with your handler there)
@@ -18,7 +23,7 @@ set -euo pipefail
 
 WORKER_USER="${WORKER_USER:-worker}"
 WORKER_SERVICE="${WORKER_SERVICE:-worker}"
-VULTRSCALE_SPEC="${VULTRSCALE_SPEC:-vultrscale}"
+VULTRSCALE_SPEC="${VULTRSCALE_SPEC:-}"
 APP_SPEC="${APP_SPEC:-}"
 APP_DIR="${APP_DIR:-}"
 VENV="${VENV:-/opt/vultrscale/venv}"
@@ -28,6 +33,7 @@ log() { printf 'bake: %s\n' "$*"; }
 die() { printf 'bake: error: %s\n' "$*" >&2; exit 1; }
 
 [[ "$(id -u)" -eq 0 ]] || die "run as root"
+[[ -n "$VULTRSCALE_SPEC" ]] || die "set VULTRSCALE_SPEC to what pip should install for vultrscale: a wheel of your clone (python3 -m pip wheel --no-deps -w dist .) or a git+https URL"
 [[ "$WORKER_USER" =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "WORKER_USER '$WORKER_USER' is not a user name"
 [[ "$WORKER_SERVICE" =~ ^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$ ]] || die "WORKER_SERVICE '$WORKER_SERVICE' is not a unit name"
 [[ -f "$HERE/worker.service" ]] || die "worker.service not found next to bake.sh"

@@ -1,4 +1,4 @@
-"""``vultrscale demo``: the whole loop on this machine (DESIGN §9).
+"""``vultrscale demo``: the whole loop on this machine (README "The demo").
 
 Postgres (``DATABASE_URL``, else a throwaway server), the Vultr simulator on loopback over real
 HTTP, simulated instances that boot from the rendered user-data (a real ``vultrscale worker``
@@ -163,7 +163,7 @@ def demo_config(
             ssh_key=ssh_key,
             ssh_port=ssh_port,
         ),
-        # drain 5 s < TimeoutStopSec 15 s < drain.timeout 20 s (DESIGN §5)
+        # drain 5 s < TimeoutStopSec 15 s < drain.timeout 20 s (README "The worker")
         worker=WorkerConfig(
             app=APP,
             concurrency=settings.jobs_per_instance,

@@ -1,6 +1,6 @@
 """One rooted exception tree. Each error carries a hint for the user and an exit code.
 
-Exit codes (DESIGN §2): 0 success, 1 a runtime failure after which nothing unsafe was done,
+Exit codes (README "Commands"): 0 success, 1 a runtime failure after which nothing unsafe was done,
 2 a usage or configuration error. Adapters translate library errors into these with
 ``raise ... from``; the CLI turns them into one or two lines, once.
 """

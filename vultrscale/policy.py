@@ -1,6 +1,6 @@
 """The policy: ``decide(observation, config, now) -> Plan``. Pure: no I/O, ``now`` is an argument.
 
-Order of the decision (DESIGN §6):
+Order of the decision (README "The decision"):
 
 1. Errors first. Signals that could not be read, or an API error, hold the fleet: no scale-in,
    no replacement, no scale-up, except that ``on_signal_error = "floor"`` may still bring the

@@ -498,7 +498,7 @@ def test_a_running_instance_whose_worker_goes_quiet_is_replaced_boot_timeout_lat
 
     fell_back = fleet.run()
     assert fleet.states()[a] == "booting"
-    assert not [x for x in fell_back.actions if x["label"] == a], "replaced in the pass it fell back"
+    assert not [x for x in fell_back.actions if x["label"] == a], "replaced as it fell back"
     fleet.clock.advance(14 * 60)
     assert fleet.run().exit_code == 0 and fleet.states()[a] == "booting"
 

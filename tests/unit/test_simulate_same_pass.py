@@ -24,7 +24,8 @@ from vultrscale.model import Signals, WorkerView
 from vultrscale.simulate import compare, workload
 from vultrscale.simulate.fleet import Vultrscale
 
-# The pass's own steps and the pure core they call (DESIGN §1: observe -> decide -> apply).
+# The pass's own steps and the pure core they call (README "How it works": observe -> decide
+# -> apply).
 SPIED: list[tuple[Any, str]] = [
     (reconcile, "observe"),
     (reconcile, "decide"),

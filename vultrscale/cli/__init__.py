@@ -227,7 +227,7 @@ def _click_exceptions() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point; returns the exit code (DESIGN §2). The one guard: nothing
+    """Console-script entry point; returns the exit code (README "Commands"). The one guard: nothing
     unexpected escapes as a traceback unless --debug asks for it."""
     args = hoist_globals(list(sys.argv[1:] if argv is None else argv))
     opts = args[: args.index("--")] if "--" in args else args

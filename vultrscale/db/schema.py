@@ -4,9 +4,9 @@
 transaction-scoped advisory lock, applies what is missing and records each version in
 ``vultrscale_schema``; the others wait for the lock and find nothing to do.
 
-All lease and liveness times are the database's ``now()`` (DESIGN §4). The partial indexes
-cover only the rows the hot queries read (ready jobs, live leases), so claims and the scaler's
-counts stay fast when the table holds millions of finished rows.
+All lease and liveness times are the database's ``now()`` (README "Queue signals and presets").
+The partial indexes cover only the rows the hot queries read (ready jobs, live leases), so claims
+and the scaler's counts stay fast when the table holds millions of finished rows.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``read_signals`` runs every query of a preset in ONE read-only REPEATABLE READ transaction, so the
 numbers come from one snapshot and one ``now()`` (the database clock; no client clock is used).
 
-What each number means, per preset (DESIGN §4):
+What each number means, per preset (README "Queue signals and presets"):
 
 ``vultrscale`` (our schema)
     ready           jobs ``state='ready'`` and due (``run_at <= now()``)

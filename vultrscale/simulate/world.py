@@ -1,6 +1,6 @@
 """The simulated world: a queue, Vultr instances that boot, bill and die, and their workers.
 
-Workers behave as the reference runtime does (DESIGN §5): a job holds one slot for its
+Workers behave as the reference runtime does (README "The worker"): a job holds one slot for its
 duration; a stopped worker (SIGTERM, a drain) claims nothing more, lets running jobs finish up
 to its drain time, then gives the rest back without spending an attempt and exits; an instance
 deleted under a running worker kills its jobs, which return to the queue when their lease

@@ -1,4 +1,4 @@
-"""The reference worker runtime (DESIGN §5): claim, lease, heartbeat, drain.
+"""The reference worker runtime (README "The worker"): claim, lease, heartbeat, drain.
 
 Threads, and why each exists:
 
