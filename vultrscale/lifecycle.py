@@ -17,7 +17,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from vultrscale.model import InstanceState, LedgerRow, ServiceState, WorkerView
 
@@ -62,6 +62,9 @@ class Listed(Protocol):
     def region(self) -> str: ...
     @property
     def date_created(self) -> datetime | None: ...
+
+
+_L = TypeVar("_L", bound=Listed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,35 @@ def _address(v: Listed | None) -> tuple[str | None, str | None]:
     return ip, v.internal_ip or None
 
 
+def by_label(listed: Iterable[_L], rows: Mapping[str, LedgerRow]) -> dict[str, _L]:
+    """The tagged instances keyed by the ledger label each goes by. Vultr does not make labels
+    unique, and an instance made in its console may have none, yet every tagged instance must
+    be tracked, counted against the cap and the budget, and adoptable, drainable, deletable:
+
+    - one the ledger knows by id goes by that row's label;
+    - another keeps its own label when it is the only tagged instance with it and no ledger row
+      holds that label for another instance (a create intent, not yet given an id, is its row);
+    - any other goes by ``<label>@<id>`` (``unlabelled@<id>`` without a label)."""
+    listed = list(listed)
+    claims: dict[str, int] = {}
+    for v in listed:
+        claims[v.label] = claims.get(v.label, 0) + 1
+    known = {r.instance_id: label for label, r in rows.items() if r.instance_id}
+    out = {known[v.id]: v for v in listed if v.id in known}
+    for v in listed:
+        if v.id in known:
+            continue
+        row = rows.get(v.label)
+        own = (
+            v.label
+            and claims[v.label] == 1
+            and v.label not in out
+            and (row is None or not row.instance_id)
+        )
+        out[v.label if own else f"{v.label or 'unlabelled'}@{v.id}"] = v
+    return out
+
+
 def sync(
     rows: Iterable[LedgerRow],
     listed: Mapping[str, Listed],
@@ -169,13 +201,13 @@ def sync(
             continue
         note = f"{row.state.value} -> {new.value}" + (f" ({error})" if error else "")
         out.append(Transition(row.label, new, note, iid, ip, internal, error))
-    for v in listed.values():
-        if v.id in known or v.label in labels:
+    for label, v in listed.items():  # the label it goes by (``by_label``), not always its own
+        if v.id in known or label in labels:
             continue
-        state = boot_state(v, worker_seen(workers, v.label), own_workers)
+        state = boot_state(v, worker_seen(workers, label), own_workers)
         ip, internal = _address(v)
         note = f"adopted ({state.value}): tagged at Vultr, missing from the ledger"
-        out.append(Transition(v.label, state, note, v.id, ip, internal, adopt=True))
+        out.append(Transition(label, state, note, v.id, ip, internal, adopt=True))
     return out
 
 
@@ -193,7 +225,7 @@ def applied(
         row = out.get(t.label)
         if t.adopt:
             v = listed[t.label]
-            out[t.label] = adopted_row(fleet, v, t.state, v.date_created or now, now)
+            out[t.label] = adopted_row(fleet, t.label, v, t.state, v.date_created or now, now)
         elif row is not None:
             out[t.label] = row.moved(
                 t.state,
@@ -208,11 +240,12 @@ def applied(
 
 
 def adopted_row(
-    fleet: str, v: Listed, state: InstanceState, created: datetime, now: datetime
+    fleet: str, label: str, v: Listed, state: InstanceState, created: datetime, now: datetime
 ) -> LedgerRow:
-    """The row ``sync`` adopts for a tagged instance the ledger did not know."""
+    """The row ``sync`` adopts, as ``label`` (see ``by_label``), for a tagged instance the
+    ledger did not know."""
     return LedgerRow.new(
-        v.label,
+        label,
         fleet,
         state,
         created,

@@ -278,7 +278,7 @@ class MemoryLedger:
         from vultrscale.lifecycle import adopted_row
 
         v = VInstance(id=instance_id, label=label, plan=plan, region=region)
-        row = adopted_row(self.fleet, v, state, created_at, now)
+        row = adopted_row(self.fleet, label, v, state, created_at, now)
         self.instances[label] = replace(
             row,
             hourly_rate=hourly_rate,

@@ -371,7 +371,7 @@ def observe(
     state = ledger.fleet_state()
     listed: dict[str, VInstance] = {}
     try:
-        listed = {v.label: v for v in listing()}
+        listed = lifecycle.by_label(listing(), rows)
     except AuthError:
         raise
     except VultrError as exc:

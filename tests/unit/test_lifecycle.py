@@ -184,6 +184,50 @@ def test_sync_follows_boots_notes_addresses_and_adopts_strangers() -> None:
     assert after["stray"].instance_id == "i-9" and after["w-2"].main_ip == "2"
 
 
+def test_every_tagged_instance_gets_a_ledger_label_of_its_own() -> None:
+    def v(iid: str, label: str) -> VInstance:
+        return VInstance(iid, label=label, status="active", server_status="ok")
+
+    rows = {
+        "w-1": row(S.RUNNING, 60),  # knows i-1 as w-1
+        "renamed": row(S.RUNNING, 60, label="renamed", instance_id="i-5"),
+        "w-intent": row(S.CREATING, 10, label="w-intent"),  # no id yet: its POST's instance
+        "w-old": row(S.RUNNING, 60, label="w-old", instance_id="i-gone"),
+    }
+    keyed = lifecycle.by_label(
+        [
+            v("i-1", "w-1"),
+            v("i-2", "w-1"),  # a namesake of a known one
+            v("i-3", ""),
+            v("i-4", ""),
+            v("i-5", "label-changed-at-vultr"),
+            v("i-6", "twin"),
+            v("i-7", "twin"),
+            v("i-8", "w-intent"),
+            v("i-9", "w-old"),  # the ledger's w-old is another instance
+            v("i-10", "solo"),
+        ],
+        rows,
+    )
+    assert {label: x.id for label, x in keyed.items()} == {
+        "w-1": "i-1",
+        "w-1@i-2": "i-2",
+        "unlabelled@i-3": "i-3",
+        "unlabelled@i-4": "i-4",
+        "renamed": "i-5",
+        "twin@i-6": "i-6",
+        "twin@i-7": "i-7",
+        "w-intent": "i-8",
+        "w-old@i-9": "i-9",
+        "solo": "i-10",
+    }
+    # The next pass, with the strangers adopted under those labels, keys them the same way.
+    adopted = {k: row(S.BOOTING, 0, label=k, instance_id=x.id) for k, x in keyed.items()}
+    assert {k: x.id for k, x in lifecycle.by_label(keyed.values(), adopted).items()} == {
+        k: x.id for k, x in keyed.items()
+    }
+
+
 TIMEOUT = timedelta(minutes=10)
 GRACE = timedelta(minutes=3)
 LONG = TIMEOUT + lifecycle.DRAIN_MARGIN + timedelta(seconds=1)

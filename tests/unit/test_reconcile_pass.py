@@ -537,3 +537,35 @@ def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoptio
     fleet.clock.advance(15 * 60 + 1)
     replaced = fleet.run()
     assert [x["kind"] for x in replaced.actions if x["label"] == "worker-by-hand"] == ["replace"]
+
+
+def test_tagged_instances_without_a_label_of_their_own_are_tracked_and_held_to_the_cap(
+    fleet: Fleet,
+) -> None:
+    from vultrscale.vultr.models import VInstance
+
+    for i, label in enumerate(["", "", "twin", "twin"]):  # Vultr requires neither
+        fleet.cloud.instances[f"hand-{i}"] = VInstance(
+            id=f"hand-{i}",
+            label=label,
+            status="active",
+            power_status="running",
+            server_status="ok",
+            main_ip=f"10.9.0.{i}",
+            region="ewr",
+            plan="vc2-1c-2gb",
+            tags=(fleet.cfg.fleet.tag,),
+        )
+    fleet.run()
+    assert sorted(fleet.states()) == [
+        "twin@hand-2",
+        "twin@hand-3",
+        "unlabelled@hand-0",
+        "unlabelled@hand-1",
+    ]
+    fleet.queue(40)  # asks for 10; max_instances is 5 and the four count
+    for _ in range(3):
+        fleet.run()
+        fleet.clock.advance(30)
+    assert len(fleet.cloud.list_instances(fleet.cfg.fleet.tag)) == 5
+    assert len(fleet.states()) == 5
