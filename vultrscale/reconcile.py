@@ -212,6 +212,10 @@ def _checked_pass(
         result.exit_code = exc.exit_code
         result.errors.append(exc.message)
         raise
+    except Exception as exc:  # a bug: the CLI reports it; its ledger row must not say "ok"
+        result.exit_code = EXIT_RUNTIME
+        result.errors.append(f"unexpected {type(exc).__name__}: {exc}")
+        raise
     finally:
         if result.errors:
             # Belt and braces: whatever an adapter put in an error, no secret reaches the ledger.

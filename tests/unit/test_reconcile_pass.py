@@ -569,3 +569,16 @@ def test_tagged_instances_without_a_label_of_their_own_are_tracked_and_held_to_t
         fleet.clock.advance(30)
     assert len(fleet.cloud.list_instances(fleet.cfg.fleet.tag)) == 5
     assert len(fleet.states()) == 5
+
+
+def test_a_pass_that_dies_of_a_bug_is_recorded_as_failed_not_ok(fleet: Fleet) -> None:
+    class Broken(MemorySignals):
+        def read(self) -> Signals:
+            raise ZeroDivisionError("a bug in a signals adapter")
+
+    fleet.parts = dataclasses.replace(fleet.parts, store=MemoryStore(fleet.ledger, Broken()))
+    with pytest.raises(ZeroDivisionError):
+        fleet.run()
+    event = fleet.ledger.events[-1]
+    assert event["exit_code"] == 1
+    assert event["errors"] == ["unexpected ZeroDivisionError: a bug in a signals adapter"]
