@@ -2,7 +2,9 @@
 
 - *Check*: every local precondition (``Parts.preflight``: the scaler's key file, the metrics
   target) and the plan's price are checked before anything is changed; a refused pass raises
-  ``UsageError`` (exit 2) and its row in ``fleet_events`` is its only write.
+  ``UsageError`` (exit 2) and its row in ``fleet_events`` is its only write. A plan or price
+  that stops passing on a fleet that has instances refuses only creates: the pass drains and
+  deletes as usual and ends with exit 2.
 - *Observe* builds one frozen ``Observed`` value through the ports (ledger rows, what Vultr
   lists, workers, queue signals, drain probes, price) and writes nothing.
 - *Decide* is pure: ``lifecycle`` (ledger state machine, drain verdicts) and ``policy.decide``.
@@ -33,6 +35,7 @@ from vultrscale.config import Config
 from vultrscale.errors import (
     EXIT_OK,
     EXIT_RUNTIME,
+    EXIT_USAGE,
     DatabaseError,
     RuntimeFailure,
     UsageError,
@@ -182,16 +185,20 @@ def _checked_pass(
     try:
         for check in checks:
             check()
-        price, api_error = None, None
+        price, api_error, refused = None, None, None
         try:
             price = _price(cfg, parts, ledger, result.at, save=not result.dry_run)
         except AuthError:
             raise
         except VultrError as exc:
             api_error = f"Vultr API: {exc}"
+        except UsageError as exc:  # the plan, its region or its price: nothing may be created
+            refused = exc
         obs = observe(
             cfg, parts, ledger, signals, result.at, price, api_error, probe=not result.dry_run
         )
+        if refused is not None and not (obs.rows or obs.listed):
+            raise refused  # a fleet with nothing to wind down: refused before any change
         decision = decide(obs, cfg)
         result.observation, result.plan = decision.observation, decision.plan
         result.actions = [
@@ -199,6 +206,11 @@ def _checked_pass(
             for a in decision.plan.actions
         ]
         result.errors.extend(e for e in (obs.api_error, obs.signal_error) if e)
+        if refused is not None:
+            # A running fleet whose plan or price stops passing (Vultr raised the price above
+            # the ceiling, retired the plan): no create, but drains and deletes go on, or
+            # instances on their way out would bill on. The pass still ends as a usage error.
+            result.errors.append(f"{refused.message}: nothing is created ({refused.hint})")
         if not result.dry_run:
             # Bad input (no snapshot, or one not complete) stops the pass before any change.
             creates = decision.plan.creates if price is not None else 0
@@ -206,7 +218,9 @@ def _checked_pass(
                 cfg.worker_database_url()
             snapshot = _snapshot(cfg, parts, ledger) if creates else ""
             apply(cfg, parts, ledger, obs, decision, snapshot, result)
-        result.exit_code = EXIT_RUNTIME if result.errors else EXIT_OK
+        result.exit_code = (
+            EXIT_USAGE if refused is not None else EXIT_RUNTIME if result.errors else EXIT_OK
+        )
         failed = False
     except VultrscaleError as exc:
         result.exit_code = exc.exit_code

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from vultrscale.memory import (
     memory_parts,
 )
 from vultrscale.model import Instance, InstanceState, ServiceState, Signals, WorkerView
-from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_pass
+from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_forever, run_pass
 from vultrscale.vultr.errors import ApiUnreachable, AuthError
 
 START = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
@@ -422,8 +422,38 @@ def test_a_remembered_price_is_still_held_against_the_ceiling(tmp_path: Path) ->
     low = dataclasses.replace(
         fleet.cfg, budget=dataclasses.replace(fleet.cfg.budget, monthly_ceiling_usd=5.0)
     )
-    with pytest.raises(UsageError, match="lower than one instance-month"):
-        run_pass(low, fresh_process(fleet)[0])
+    fleet.queue(40)
+    posts = fleet.cloud.posts
+    result = run_pass(low, fresh_process(fleet)[0])
+    assert result.exit_code == EXIT_USAGE and fleet.cloud.posts == posts
+    assert any("lower than one instance-month" in e for e in result.errors)
+
+
+def test_a_price_rise_above_the_ceiling_holds_creates_but_not_drains_and_deletes(
+    tmp_path: Path,
+) -> None:
+    from vultrscale.memory import PLAN
+
+    fleet = Fleet(tmp_path, budget={"monthly_ceiling_usd": 25.0})  # the plan: $10 a month
+    a, b = fleet.bring_up(8)
+    fleet.drain_now(a)
+    fleet.drain.services[a] = ServiceState.INACTIVE  # drained: due for its delete
+    fleet.cloud.plans[PLAN.id] = dataclasses.replace(PLAN, monthly_cost=30.0, hourly_cost=0.045)
+    fleet.queue(40)  # demand for more than the two
+    fleet.clock.advance(PRICE_TTL.total_seconds() + 1)  # the price is asked again
+    posts = fleet.cloud.posts
+
+    result = fleet.run()
+    assert result.exit_code == EXIT_USAGE
+    assert any("lower than one instance-month" in e for e in result.errors)
+    assert fleet.cloud.deletes == 1 and a not in fleet.states()  # drained, deleted
+    assert fleet.cloud.posts == posts  # nothing created
+
+    events = len(fleet.ledger.events)
+    last = run_forever(
+        fleet.cfg, fleet.parts, interval=timedelta(seconds=30), max_passes=3
+    )  # the loop goes on through refused passes
+    assert last == EXIT_USAGE and len(fleet.ledger.events) == events + 3
 
 
 def test_each_observed_instance_has_every_field_a_constructed_one_has(tmp_path: Path) -> None:
