@@ -131,9 +131,10 @@ def load_private_key(key_path: str | os.PathLike[str]) -> paramiko.PKey:
             hint="Use a key without a passphrase, dedicated to the scaler "
             f"(`ssh-keygen -t ed25519 -N '' -f {path}`).",
         ) from None
-    except (paramiko.SSHException, ValueError, OSError, binascii.Error):
+    except (paramiko.SSHException, paramiko.UnknownKeyType, ValueError, OSError, binascii.Error):
         raise UsageError(
-            f"SSH private key {path} could not be read as an OpenSSH or PEM private key",
+            f"SSH private key {path} could not be read as an OpenSSH or PEM private key "
+            "of a type paramiko supports (ed25519, ECDSA, RSA)",
             hint="Point fleet.ssh_key at a private key made by ssh-keygen.",
         ) from None
 
@@ -162,7 +163,7 @@ def _parse_host_key(target: HostTarget) -> paramiko.PKey:
         )
     try:
         return paramiko.PKey.from_type_string(fields[0], base64.b64decode(fields[1]))
-    except (paramiko.SSHException, ValueError, binascii.Error) as exc:
+    except (paramiko.SSHException, paramiko.UnknownKeyType, ValueError, binascii.Error) as exc:
         raise SSHError(
             f"{target.label}: the pinned host key is not a valid OpenSSH public key ({exc})",
             hint="Replace the instance; its ledger row holds a damaged host key.",
@@ -259,6 +260,8 @@ class SSHDrain:
                 return fn(target)
             except SSHError as exc:
                 return exc
+            except Exception as exc:  # whatever else a peer provokes: that host's error only
+                return SSHError(f"{_where(target)}: SSH failed: {type(exc).__name__}: {exc}")
 
         workers = min(self.max_parallel, len(targets))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vultrscale-ssh") as pool:
@@ -375,6 +378,13 @@ class SSHDrain:
                     hint="The instance does not serve the key the scaler generated for it.",
                 ) from None
             raise SSHError(f"{where}: SSH failed: {text}") from None
+        except EOFError:
+            client.close()  # paramiko's word for a peer that closed the connection mid-login
+            raise HostUnreachable(
+                f"{where} closed the connection during the SSH handshake",
+                hint="sshd may be restarting or the instance shutting down; the drain retries "
+                "on the next pass.",
+            ) from None
         except OSError as exc:
             client.close()
             raise HostUnreachable(
@@ -416,11 +426,25 @@ class SSHDrain:
         client.close()
 
     def _exec(self, client: paramiko.SSHClient, command: str) -> tuple[int, str, str]:
+        import paramiko
+
         transport = client.get_transport()
         if transport is None or not transport.is_active():
             raise EOFError("connection closed")
         deadline = time.monotonic() + self.command_timeout
         channel = transport.open_session(timeout=self.command_timeout)
+        # paramiko waits for the answer to the exec request with no timeout of its own: a host
+        # that never answers would hold the pass, and the fleet's lock, for good. At the
+        # deadline the channel is closed, which ends every wait on it.
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            channel.close()
+
+        watchdog = threading.Timer(self.command_timeout, expire)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             channel.settimeout(self.command_timeout)
             channel.exec_command(command)
@@ -428,10 +452,17 @@ class SSHDrain:
             err = _read_all(channel.recv_stderr, deadline)
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
                 raise _CommandTimeout("no exit status")
+            if expired.is_set():
+                raise _CommandTimeout("no answer")
             return channel.recv_exit_status(), out, err
         except TimeoutError as exc:
             raise _CommandTimeout(str(exc)) from None
+        except (paramiko.SSHException, EOFError, OSError):
+            if expired.is_set():
+                raise _CommandTimeout("no answer") from None
+            raise
         finally:
+            watchdog.cancel()
             channel.close()
 
 

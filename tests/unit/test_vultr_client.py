@@ -261,6 +261,31 @@ def test_connection_lost_after_sending_create_is_ambiguous(
     assert info.value.label == CREATE["label"]
 
 
+def _undecodable() -> httpx.Response:
+    # A proxy or a maintenance page that says gzip and sends something else.
+    return httpx.Response(
+        200, headers={"Content-Encoding": "gzip"}, stream=httpx.ByteStream(b"not gzip")
+    )
+
+
+def test_a_body_that_cannot_be_decoded_is_retried_then_unreachable_not_a_crash(
+    api: respx.MockRouter, client: VultrClient, slept: SleepRecorder
+):
+    route = api.get("/v2/instances").mock(return_value=_undecodable())
+    with pytest.raises(ApiUnreachable, match="DecodingError"):
+        client.list_instances()
+    assert route.call_count == client.max_attempts and len(slept.waits) == client.max_attempts - 1
+
+
+def test_a_create_answered_with_an_undecodable_body_is_ambiguous(
+    api: respx.MockRouter, client: VultrClient
+):
+    route = api.post("/v2/instances").mock(return_value=_undecodable())
+    with pytest.raises(AmbiguousCreate):
+        client.create_instance(**CREATE)
+    assert route.call_count == 1
+
+
 def test_read_timeout_on_create_is_ambiguous(api: respx.MockRouter, client: VultrClient):
     route = api.post("/v2/snapshots").mock(side_effect=httpx.ReadTimeout("timed out"))
     with pytest.raises(AmbiguousCreate):
@@ -473,7 +498,7 @@ def test_get_user_data_decodes(api: respx.MockRouter, client: VultrClient):
     assert client.get_user_data("abc") == "#cloud-config\n"
 
 
-def test_plans_are_cached_per_client(api: respx.MockRouter, client: VultrClient):
+def test_plans_are_read_as_vultr_prices_them_now(api: respx.MockRouter, client: VultrClient):
     plans = {
         "plans": [
             {"id": "vc2-1c-1gb", "vcpu_count": 1, "ram": 1024, "monthly_cost": 5, "type": "vc2"},
@@ -489,14 +514,17 @@ def test_plans_are_cached_per_client(api: respx.MockRouter, client: VultrClient)
     route = api.get("/v2/plans").mock(return_value=httpx.Response(200, json=plans))
     first = client.list_plans()
     plan = client.get_plan("vc2-1c-2gb")
-    assert route.call_count == 1
     assert [p.id for p in first] == ["vc2-1c-1gb", "vc2-1c-2gb"]
     assert first[0].hourly_cost is None and first[0].monthly_cost == 5.0
     assert plan.hourly_cost == 0.015 and plan.locations == ("ewr", "ams")
     with pytest.raises(NotFound):
         client.get_plan("vc2-99c-1tb")
-    assert route.call_count == 1
     assert route.calls.last.request.url.params["per_page"] == "500"
+
+    # A long-lived client (reconcile --loop) sees a new price: the pass decides how often to ask.
+    plans["plans"][1]["monthly_cost"] = 30
+    route.return_value = httpx.Response(200, json=plans)
+    assert client.get_plan("vc2-1c-2gb").monthly_cost == 30.0
 
 
 def test_region_availability_snapshots_and_charges(api: respx.MockRouter, client: VultrClient):

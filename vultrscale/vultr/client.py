@@ -175,7 +175,6 @@ class VultrClient:
         self._backoff = tenacity.wait_exponential(multiplier=0.5, max=8.0) + tenacity.wait_random(
             0, 0.25
         )
-        self._plans: dict[str | None, list[VPlan]] = {}
         self.requests_made = 0
         self._http = httpx.Client(
             base_url=self.base_url,
@@ -309,15 +308,14 @@ class VultrClient:
 
     def list_plans(self, plan_type: str | None = None) -> list[VPlan]:
         """Every plan (all pages) of ``plan_type`` (``vc2``, ``vhf``, ...; None: the API's
-        default). Cached for the life of this client: prices change rarely."""
-        if plan_type not in self._plans:
-            params = {"type": plan_type}
-            items = self._paginate("/v2/plans", "plans", params)
-            self._plans[plan_type] = [VPlan.from_api(d) for d in items]
-        return list(self._plans[plan_type])
+        default), as Vultr prices them now. Not cached here: how long a price may be trusted
+        is the reconcile pass's decision (``reconcile.PRICE_TTL``), and a client lives as long
+        as ``reconcile --loop`` does."""
+        items = self._paginate("/v2/plans", "plans", {"type": plan_type})
+        return [VPlan.from_api(d) for d in items]
 
     def get_plan(self, plan_id: str) -> VPlan:
-        """One plan, from the cached list. Raises NotFound."""
+        """One plan, as listed now. Raises NotFound."""
         for plan in self.list_plans():
             if plan.id == plan_id:
                 return plan
@@ -426,7 +424,7 @@ class VultrClient:
         self.requests_made += 1
         try:
             response = self._http.request(method, path, params=params, json=json_body)
-        except httpx.TransportError as exc:
+        except httpx.HTTPError as exc:  # transport errors, and a body that cannot be decoded
             failure = exc
         else:
             self._log_attempt(method, path, response.status_code, attempt, started)
