@@ -161,8 +161,6 @@ class MemoryCloud:
         pass
 
 
-
-
 @dataclass
 class MemoryLedger:
     """The FleetLedger port for one fleet. ``workers`` is what the ``workers`` table would say

@@ -141,8 +141,6 @@ def adopt(
     )
 
 
-
-
 def transition(
     conn: psycopg.Connection[Any],
     label: str,
