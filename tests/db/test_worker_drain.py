@@ -7,6 +7,7 @@ waiting on a condition there; nothing else of the worker is replaced.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,7 +53,7 @@ def test_a_job_finishing_during_the_give_back_is_completed_not_run_again(
     class LateFinish(Worker):
         def _flush_done(self, conn: psycopg.Connection) -> None:
             super()._flush_done(conn)
-            running = list(self._running.values())
+            running = list(self._running)
             if running and running[0].stopping and not release.is_set():
                 # The drain deadline passed and its last flush ran: now the handler returns.
                 release.set()
@@ -97,3 +98,45 @@ def test_a_given_back_sync_handler_cannot_run_another_step(
     assert isinstance(outcome[0], LeaseLost)
     assert jobs(conn) == {job_id: ("ready", 0)}
     assert q.load_steps(conn, job_id) == {}
+
+
+def test_a_job_claimed_again_while_its_lost_run_still_runs_keeps_its_new_lease(
+    db_url: str, conn: psycopg.Connection
+) -> None:
+    """The lease of a long job runs out (as in a database outage longer than the lease); the same
+    worker reaps the job and claims it again while the first run still executes. The first run's
+    end must not drop the second from the heartbeat, or the job is reaped and run again until it
+    is dead."""
+    (job_id,) = q.enqueue(conn, [{}], max_attempts=5)
+    lease = 2.0
+    runs: list[int] = []
+    release = {1: threading.Event(), 2: threading.Event()}
+
+    def handle(job: Job) -> None:
+        runs.append(job.attempt)
+        release[job.attempt].wait(30)  # no steps: a plain long side effect
+
+    lines: list[str] = []
+    settings = WorkerSettings(
+        app="test:handle", concurrency=2, lease_seconds=lease, drain_seconds=1, worker_id="w-t"
+    )
+    w = Worker(settings, db_url, handle, say=lines.append)
+    t = _start(w)
+    try:
+        wait_for(lambda: runs == [1], "the first run", 10)
+        conn.execute("UPDATE job_leases SET expires_at = now() - interval '1 second'")
+        wait_for(lambda: runs == [1, 2], "the same worker to claim the job again", 15)
+        release[1].set()
+        wait_for(lambda: any("lease lost" in line for line in lines), "the first run's end", 10)
+
+        time.sleep(3 * lease)  # the second run's lease must be renewed all this while
+        assert jobs(conn) == {job_id: ("leased", 2)}, lines
+        release[2].set()
+        wait_for(lambda: jobs(conn)[job_id] == ("succeeded", 2), "the second run to succeed", 10)
+        assert runs == [1, 2]
+    finally:
+        release[1].set()
+        release[2].set()
+        w.request_stop()
+        t.join(15)
+    assert not t.is_alive()

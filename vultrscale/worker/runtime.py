@@ -272,7 +272,9 @@ class Worker:
         )
         self.say = say
         self.summary = Summary()
-        self._running: dict[int, Job] = {}
+        # Every run in hand, by identity: this worker may claim a job again (its lease lost)
+        # while the earlier run of it still executes; each run leaves only itself.
+        self._running: set[Job] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -286,7 +288,7 @@ class Worker:
         self._db: WorkerDatabase | None = None
         self.outage = Outage(settings.outage_budget_seconds)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._futures: dict[int, concurrent.futures.Future[Any]] = {}
+        self._futures: dict[Job, concurrent.futures.Future[Any]] = {}
         self._watched: list[threading.Thread] = []
         self._thread_errors: dict[str, BaseException] = {}
         self._heartbeat_ok = time.monotonic()  # send time of the last successful renewal
@@ -499,7 +501,7 @@ class Worker:
                 if self._threads_stop.is_set():
                     return
                 with self._lock:
-                    held = [j for j in self._running.values() if not j.given_back and not j.lost]
+                    held = [j for j in self._running if not j.given_back and not j.lost]
                 sent = time.monotonic()
                 try:
                     if conn is None or conn.closed:
@@ -563,7 +565,7 @@ class Worker:
         with self._lock:
             late = [
                 j
-                for j in self._running.values()
+                for j in self._running
                 if not j.lost and not j.given_back and j._renewed_at < limit
             ]
         for job in late:
@@ -603,9 +605,9 @@ class Worker:
                     )
             finally:
                 with self._lock:
-                    self._futures.pop(job.id, None)
+                    self._futures.pop(job, None)
                     if not handed_on:
-                        self._running.pop(job.id, None)
+                        self._running.discard(job)
                 self._wake.set()
 
     def _execute(self, job: Job) -> bool:
@@ -613,12 +615,16 @@ class Worker:
         completion in the main thread (the job stays running, and heartbeated, until then)."""
         s = self.settings
         assert self._db is not None
+        if job.lost:  # given back, or its lease gone, before a slot was free: never start it
+            if not job.given_back:
+                self.summary.add("lost")
+            return False
         error: BaseException | None = None
         try:
             if self._loop is not None:
                 fut = asyncio.run_coroutine_threadsafe(self._guarded(job), self._loop)
                 with self._lock:
-                    self._futures[job.id] = fut
+                    self._futures[job] = fut
                 raised = fut.result()
                 if raised is not None:
                     raise raised
@@ -691,7 +697,7 @@ class Worker:
         written = queue.complete_many(conn, self.worker_id, [(j.id, j.token) for j in done])
         with self._lock:
             for job in done:
-                self._running.pop(job.id, None)
+                self._running.discard(job)
         self.summary.add("succeeded", len(written))
         for job in done:
             if job.id not in written:
@@ -762,7 +768,7 @@ class Worker:
                 )
                 job._renewed_at = sent
                 with self._lock:
-                    self._running[job.id] = job
+                    self._running.add(job)
                 self._work.put(job)
             self.summary.add("taken", len(claimed))
             if claimed:
@@ -789,21 +795,22 @@ class Worker:
             # Slots put a success on _done under this lock, after checking given_back: what is
             # on _done now finished, everything else running is given back and stays so.
             finished = self._take_done()
-            done_ids = {j.id for j in finished}
-            leftover = [j for j in self._running.values() if j.id not in done_ids]
+            finished_runs = set(finished)
+            leftover = [j for j in self._running if j not in finished_runs]
+            held = [j for j in leftover if not j.lost]  # a run whose lease is gone gives nothing
             for job in leftover:
                 job._mark_given_back()  # first: the slot writes nothing more, steps refuse
         if finished:
             self._with_db(lambda conn: self._complete(conn, finished))
-        if leftover:
-            pairs = [(j.id, j.token) for j in leftover]
+        if held:
+            pairs = [(j.id, j.token) for j in held]
             back = self._with_db(lambda conn: queue.give_back_many(conn, self.worker_id, pairs))
             self.summary.add("given_back", len(back))
-            for job in leftover:
+            for job in held:
                 if job.id in back:
                     self.say(f"job {job.id}: given back to the queue (the worker is stopping).")
         with self._lock:
-            futures = [self._futures.get(j.id) for j in leftover]
+            futures = [self._futures.get(j) for j in leftover]
         for fut in futures:
             if fut is not None:
                 fut.cancel()
@@ -821,7 +828,7 @@ class Worker:
         s = self.settings
         assert self._pool is not None
         with self._lock:
-            running = list(self._running.values())
+            running = list(self._running)
         self.say(
             f"Stopping: no new jobs; {len(running)} running job(s) get up to "
             f"{s.drain_seconds:g} s to finish."
