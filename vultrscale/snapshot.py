@@ -217,7 +217,9 @@ def resume(
 ) -> BakeResult:
     """Wait for an existing snapshot (after ``--no-wait`` or a timeout), record it, prune.
 
-    Nothing is created. The snapshot joins the fleet's list if it was not in it yet.
+    Nothing is created. The snapshot joins the fleet's list if it was not in it yet (a bake
+    whose POST had an unclear outcome, or whose record failed, is finished this way), and so
+    may be pruned by a later bake; one recorded for another fleet is refused (exit 2).
     """
     clock = clock or SystemClock()
     fleet = cfg.fleet.name
@@ -225,6 +227,14 @@ def resume(
     _check_args(keep, timeout)
     with store.connect(database_url) as conn:
         previous = store.recorded_snapshot(conn, fleet)
+        owner = store.snapshot_fleet(conn, snapshot_id)
+    if owner is not None and owner != fleet:
+        raise UsageError(
+            f"snapshot {snapshot_id} is recorded for fleet {owner!r}, not {fleet!r}; nothing "
+            "was changed",
+            hint=f"Resume it with that fleet's config, or boot {fleet!r} from it with "
+            "fleet.snapshot_id (a snapshot named there is never pruned).",
+        )
     try:
         snap = client.get_snapshot(snapshot_id)
     except NotFound as exc:
@@ -303,8 +313,10 @@ def _find_created(
         if attempt:
             clock.sleep(LOOKUP_INTERVAL)
         try:
-            found = [
-                s for s in client.list_snapshots(description=description) if s.id not in existing
+            found = [  # the filter's matching rules are not documented: compare it ourselves
+                s
+                for s in client.list_snapshots(description=description)
+                if s.id not in existing and s.description == description
             ]
         except (ServerError, ApiUnreachable, RateLimited):
             continue

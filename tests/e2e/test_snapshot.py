@@ -209,6 +209,19 @@ def test_timeout_records_nothing_as_the_fleets_snapshot_and_resume_finishes(
         assert store.recorded_snapshot(conn, "workers") == err.snapshot_id
 
 
+def test_resume_refuses_a_snapshot_recorded_for_another_fleet(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    theirs = snapshots.bake(client, db_url, _cfg("others"), base_instance, clock=clock)
+    with pytest.raises(UsageError) as info:
+        snapshots.resume(client, db_url, _cfg("workers"), theirs.snapshot_id, clock=clock)
+    assert "recorded for fleet 'others', not 'workers'" in info.value.message
+    assert "fleet.snapshot_id" in info.value.hint
+    with store.connect(db_url) as conn:
+        assert store.fleet_snapshots(conn, "workers") == []
+        assert store.recorded_snapshot(conn, "others") == theirs.snapshot_id
+
+
 def test_unknown_instance_is_a_usage_error_and_creates_nothing(
     client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str
 ) -> None:

@@ -96,6 +96,15 @@ def fleet_snapshots(conn: psycopg.Connection, fleet: str) -> list[FleetSnapshot]
     return [FleetSnapshot(*row) for row in rows]
 
 
+def snapshot_fleet(conn: psycopg.Connection, snapshot_id: str) -> str | None:
+    """The fleet a snapshot is recorded for, or None if none has it."""
+    with _translated(f"reading the fleet of snapshot {snapshot_id}"):
+        row = conn.execute(
+            "SELECT fleet FROM fleet_snapshots WHERE snapshot_id = %s", (snapshot_id,)
+        ).fetchone()
+    return row[0] if row else None
+
+
 def forget_snapshot(conn: psycopg.Connection, snapshot_id: str) -> None:
     """Remove the snapshot's row (it was deleted at Vultr, or is gone).
 
