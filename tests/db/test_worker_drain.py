@@ -140,3 +140,30 @@ def test_a_job_claimed_again_while_its_lost_run_still_runs_keeps_its_new_lease(
         w.request_stop()
         t.join(15)
     assert not t.is_alive()
+
+
+def test_the_drain_time_counts_from_the_stop_even_when_the_draining_mark_is_slow(
+    db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd's TimeoutStopSec counts from SIGTERM: a database slow to take the worker's
+    draining mark must not push the give-back past it (the SIGKILL would come first)."""
+    (job_id,) = q.enqueue(conn, [{}])
+    real = q.set_draining
+
+    def slow_mark(c: psycopg.Connection, worker_id: str) -> None:
+        time.sleep(5)
+        real(c, worker_id)
+
+    monkeypatch.setattr(q, "set_draining", slow_mark)
+
+    def handle(job: Job) -> None:
+        wait_for(lambda: job.lost, "the give-back", 30)
+
+    w = Worker(_settings(1.0), db_url, handle, say=lambda _: None)
+    t = _start(w)
+    started = time.monotonic()
+    w.request_stop()
+    wait_for(lambda: jobs(conn)[job_id] == ("ready", 0), "the give-back", 10)
+    assert time.monotonic() - started < 3.5, "the drain waited for the draining mark first"
+    t.join(15)
+    assert not t.is_alive()

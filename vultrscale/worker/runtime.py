@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import importlib
 import inspect
 import os
@@ -275,6 +276,7 @@ class Worker:
         # Every run in hand, by identity: this worker may claim a job again (its lease lost)
         # while the earlier run of it still executes; each run leaves only itself.
         self._running: set[Job] = set()
+        self._stop_requested: float | None = None  # monotonic time of the first stop request
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -299,6 +301,8 @@ class Worker:
         """Begin the drain; a second call skips the wait (what SIGTERM/SIGINT do)."""
         if self._stop.is_set():
             self._fast.set()
+        else:  # the drain time counts from here, as systemd's TimeoutStopSec does
+            self._stop_requested = time.monotonic()
         self._stop.set()
         self._wake.set()
 
@@ -815,6 +819,11 @@ class Worker:
             if fut is not None:
                 fut.cancel()
 
+    def _announce_draining(self) -> None:
+        # Best effort, whatever the database does: the pool may even be closed under it.
+        with contextlib.suppress(Exception):
+            self._with_db(lambda c: queue.set_draining(c, self.worker_id))
+
     def _give_back_after_fatal(self) -> None:
         try:
             self._give_back_unfinished()
@@ -836,8 +845,13 @@ class Worker:
         for job in running:
             job._mark_stopping()
         self._marked_draining = True  # our own mark: the heartbeat need not announce it
-        self._with_db(lambda c: queue.set_draining(c, self.worker_id))
-        deadline = time.monotonic() + s.drain_seconds
+        deadline = (self._stop_requested or time.monotonic()) + s.drain_seconds
+        # The database's mark only tells others; our own already stops claims. Sent aside, so
+        # a database that is slow or away now does not eat the drain time.
+        announce = threading.Thread(
+            target=self._announce_draining, name="vultrscale-draining", daemon=True
+        )
+        announce.start()
         while not self._fast.is_set():
             self._check_health()
             if not self._done.empty():
@@ -852,5 +866,7 @@ class Worker:
             self._wake.clear()
         self._give_back_unfinished()
         self._shutdown_threads()
+        if not self._fast.is_set():
+            announce.join(max(0.0, deadline - time.monotonic()))  # the mark, then the stop
         self._with_db(lambda c: queue.mark_stopped(c, self.worker_id))
         self._pool.close(timeout=2)
