@@ -496,6 +496,7 @@ class Worker:
         s = self.settings
         conn: psycopg.Connection | None = None
         failures = 0
+        expired = 0  # jobs marked lost while the database was away, said when it is back
         wait = s.heartbeat_seconds
         try:
             while True:
@@ -522,7 +523,7 @@ class Worker:
                         conn.close()
                     conn = None
                     self._database_failed(exc)
-                    self._expire_locally()
+                    expired += self._expire_locally()
                     # Retry soon, and often enough to mark jobs lost before their leases end.
                     wait = min(
                         0.1 * 2 ** min(failures - 1, 10),
@@ -541,7 +542,8 @@ class Worker:
                         job._mark_lost()
                         lost.append(job)
                 if not self.outage.checked.is_set():
-                    self._recovered(held, lost)
+                    self._recovered(held, lost, expired)
+                    expired = 0
                 if draining and not self._marked_draining:
                     self._marked_draining = True
                     self.say("Marked draining in the database: claiming no more jobs.")
@@ -549,21 +551,23 @@ class Worker:
             if conn is not None:
                 conn.close()
 
-    def _recovered(self, held: list[Job], lost: list[Job]) -> None:
+    def _recovered(self, held: list[Job], lost: list[Job], expired: int) -> None:
         """The database answered the heartbeat after an outage and the leases were re-checked
-        (jobs that lost theirs are marked): drop dead pooled connections, open the gate."""
+        (jobs that lost theirs are marked; ``expired`` were marked lost during the outage, their
+        leases run out unrenewed): drop dead pooled connections, open the gate."""
         assert self._pool is not None
         self._pool.check()
         took = self.outage.end()
         self.say(
             f"database back after {took:.1f} s: {len(held) - len(lost)} lease(s) kept, "
-            f"{len(lost)} lost; claiming again."
+            f"{len(lost) + expired} lost; claiming again."
         )
         for job in lost:
             self.say(f"job {job.id}: lease lost during the outage; abandoning it.")
 
-    def _expire_locally(self) -> None:
-        """Mark held jobs lost once their lease is nearly out without a renewal we know of."""
+    def _expire_locally(self) -> int:
+        """Mark held jobs lost once their lease is nearly out without a renewal we know of;
+        return how many."""
         s = self.settings
         limit = time.monotonic() - (s.lease_seconds - s.lost_margin_seconds)
         with self._lock:
@@ -575,6 +579,7 @@ class Worker:
         for job in late:
             job._mark_lost()
             self.say(f"job {job.id}: lease not renewed in time; treating it as lost.")
+        return len(late)
 
     async def _guarded(self, job: Job) -> BaseException | None:
         # The loop must never see SystemExit/KeyboardInterrupt from a handler: run_forever
