@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from vultrscale.config import QueueConfig
+from vultrscale.db import queue as queue_mod
 from vultrscale.db import signals as signals_mod
 from vultrscale.db.signals import explain_ready_count, read_signals
 from vultrscale.errors import ConfigError, DatabaseError
@@ -202,6 +203,23 @@ def test_transaction_is_read_only(db_url: str) -> None:
     )
     with pytest.raises(DatabaseError, match="read-only transaction"):
         read_signals(db_url, cfg)
+
+
+def test_custom_sql_cannot_end_the_read_only_transaction_and_write(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        queue_mod.enqueue(conn, [{}] * 3)
+        before = conn.execute("SELECT count(*) FROM jobs").fetchone()
+    assert before == (3,)
+    cfg = QueueConfig(
+        preset="custom",
+        ready_sql="SELECT count(*) FROM jobs; COMMIT; DELETE FROM jobs; SELECT 1",
+        in_flight_sql="SELECT 0",
+        oldest_ready_seconds_sql="SELECT 0",
+    )
+    with pytest.raises(DatabaseError, match="multiple commands"):
+        read_signals(db_url, cfg)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone() == before
 
 
 def test_transaction_is_repeatable_read_and_read_only(db_url: str) -> None:

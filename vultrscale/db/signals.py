@@ -432,10 +432,13 @@ def _custom(
 ) -> Signals:
     def run(key: str) -> float:
         text = cast(LiteralString, getattr(cfg, key))
+        # Always the extended protocol (binary results ask for it, parameters or not): it runs
+        # exactly one statement, so no "...; COMMIT; DELETE ..." can leave the read-only
+        # transaction. The simple protocol runs every statement of the string.
         if "%(queue)s" in text:
-            cur.execute(text, {"queue": queue})
+            cur.execute(text, {"queue": queue}, binary=True)
         else:
-            cur.execute(text)
+            cur.execute(text, binary=True)
         return _one_number(cur, f"queue.{key}")
 
     return Signals(
