@@ -303,6 +303,26 @@ def _wait_for(check, timeout: float = 20.0):  # type: ignore[no-untyped-def]
     return loop()
 
 
+def test_procrastinate_preset_reads_a_3_3_schema(pg_url: str) -> None:
+    """The README promises Procrastinate >= 3.1; the event type 'retried' came in 3.4 (a
+    literal of an enum value the schema lacks fails the whole read)."""
+    from pathlib import Path
+
+    import procrastinate
+
+    migrations = Path(procrastinate.__file__).parent / "sql" / "migrations"
+    upto_3_3 = sorted(p for p in migrations.glob("*.sql") if p.name < "03.04")
+    assert upto_3_3 and upto_3_3[-1].name.startswith("03.03")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for path in upto_3_3:
+            conn.execute(path.read_bytes())
+        conn.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, args) VALUES ('q', 't', '{}')"
+        )
+    s = read_signals(pg_url, QueueConfig(preset="procrastinate"))
+    assert (s.ready, s.in_flight) == (1, 0)
+
+
 def test_procrastinate_preset_matches_procrastinate(pg_url: str) -> None:
     import procrastinate
 

@@ -346,7 +346,7 @@ def _procrastinate(
                 UNION ALL
                 SELECT (SELECT max(e.at) FROM procrastinate_events e
                          WHERE e.job_id = u.id
-                           AND e.type IN ('deferred', 'deferred_for_retry', 'retried'))
+                           AND e.type::text IN ('deferred', 'deferred_for_retry', 'retried'))
                   FROM (SELECT id FROM procrastinate_jobs
                          WHERE status = 'todo' AND scheduled_at IS NULL{q}
                          ORDER BY id LIMIT {scan}) u
