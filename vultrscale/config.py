@@ -340,7 +340,7 @@ def worker_login(cfg: Config) -> WorkerLogin:
             f"WORKER_DATABASE_URL logs in as {role}, the scaler's own role: workers can write the "
             f"scaler's tables; use the role {want or 'made for the workers'} instead"
         )
-    elif want and role != want:
+    elif want and role != want and cfg.queue.preset == "vultrscale":
         warnings.append(
             f"WORKER_DATABASE_URL logs in as {role or '(no user named)'}, but `vultrscale db "
             f"init` grants worker.db_role = {want}: name that role in the URL"

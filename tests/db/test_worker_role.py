@@ -410,3 +410,35 @@ def test_db_init_refuses_a_role_that_owns_the_tables(
         admin.execute("ALTER TABLE fleet_events OWNER TO current_user")
         admin.execute(f"DROP OWNED BY {name}")
         admin.execute(f"DROP ROLE {name}")
+
+
+def test_with_a_foreign_queue_db_init_leaves_the_apps_worker_role_alone(
+    db_url: str, admin: psycopg.Connection
+) -> None:
+    """Procrastinate's (or PgQueuer's) workers are the app's: their role needs the app's tables.
+    Following config check's advice to name it in worker.db_role must not strip it."""
+    name = f"vs_app_{uuid.uuid4().hex[:10]}"
+    admin.execute(f"CREATE ROLE {name} LOGIN")
+    try:
+        admin.execute("CREATE TABLE app_jobs (id int)")
+        admin.execute(f"GRANT SELECT, UPDATE ON app_jobs TO {name}")
+        env = {
+            "DATABASE_URL": db_url,
+            "WORKER_DATABASE_URL": _as(db_url, name, WORKER_PW),
+            "VULTRSCALE_WORKER_DB_ROLE": name,
+            "VULTRSCALE_QUEUE_PRESET": "procrastinate",
+        }
+        cfg = config_mod.load(None, env, None, require_file=False)
+        assert not any("name that role" in w for w in config_mod.worker_login(cfg).warnings)
+
+        lines = "\n".join(roles.init_database(db_url, cfg))
+        assert "no role is managed" in lines
+        kept = admin.execute(
+            "SELECT has_table_privilege(%(r)s, 'app_jobs', 'SELECT'),"
+            " has_table_privilege(%(r)s, 'app_jobs', 'UPDATE')",
+            {"r": name},
+        ).fetchone()
+        assert kept == (True, True)
+    finally:
+        admin.execute(f"DROP OWNED BY {name}")
+        admin.execute(f"DROP ROLE {name}")

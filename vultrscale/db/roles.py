@@ -158,6 +158,14 @@ def init_database(database_url: str, cfg: Config) -> list[str]:
     """
     lines = [f"Schema is at version {schema.migrate(database_url)}."]
     role = cfg.worker.db_role
+    if cfg.queue.preset != "vultrscale":
+        # The workers are the app's own (Procrastinate, PgQueuer, ...): their role needs the
+        # app's tables, and WORKER_GRANTS' revoke-all would strip it.
+        return [
+            *lines,
+            f"queue.preset = {cfg.queue.preset}: your own workers run the jobs, so no role is "
+            "managed for them (their role keeps the privileges your queue library needs).",
+        ]
     if not role:
         return [
             *lines,
