@@ -138,6 +138,11 @@ def conninfo_problem(text: str, name: str = "DATABASE_URL") -> str | None:
     )
 
 
+# The libpq connection keywords whose values are secrets: the password, and the passphrase of
+# the client's SSL key.
+_LIBPQ_SECRETS = ("password", "sslpassword")
+
+
 def http_userinfo(url: str) -> str | None:
     """The ``user:password`` part of an http(s) URL, if it has one."""
     m = _HTTP_URL.match(url)
@@ -191,8 +196,9 @@ def mask_url(url: str) -> str:
     parsed = parse_conninfo(url)
     if parsed is None:
         return "(a connection string libpq cannot read)"
-    if parsed.get("password"):
-        parsed["password"] = "***"
+    for key in _LIBPQ_SECRETS:
+        if parsed.get(key):
+            parsed[key] = "***"
     if url.lstrip().lower().startswith(("postgresql://", "postgres://")):
         return _as_url(parsed)
     from psycopg.conninfo import make_conninfo
@@ -225,7 +231,7 @@ def _as_url(parsed: dict[str, str]) -> str:
             )
         )
     dbname = quote(rest.pop("dbname", ""), safe="")
-    query = urlencode(rest)
+    query = urlencode(rest, safe="*")  # a masked value reads ***, not %2A%2A%2A
     return (
         f"postgresql://{userinfo + '@' if userinfo else ''}{netloc}"
         f"{'/' + dbname if dbname else ''}{'?' + query if query else ''}"
@@ -241,9 +247,11 @@ def secret_values(values: Iterable[str | None]) -> list[str]:
     for value in values:
         if value:
             out.append(value)
-            pw = url_password(value)
-            if pw:
-                out.extend(dict.fromkeys([pw, quote(pw, safe=""), quote(pw)]))
+            parsed = None if _HTTP_URL.match(value) else parse_conninfo(value)
+            ssl = [parsed[k] for k in _LIBPQ_SECRETS[1:] if parsed and parsed.get(k)]
+            for pw in (url_password(value), *ssl):
+                if pw:
+                    out.extend(dict.fromkeys([pw, quote(pw, safe=""), quote(pw)]))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from vultrscale import config
 from vultrscale.cli import main
-from vultrscale.errors import ConfigError
+from vultrscale.errors import ConfigError, secret_values
 
 SECRET_KEY = "VULTRKEYabcdefghijklmnopqrstuvwxyz0123"
 SECRET_PW = "hunter2-pa55word"
@@ -190,3 +191,20 @@ def test_secret_repr_never_shows_the_value() -> None:
 def test_passwords_with_url_characters_are_masked(url: str) -> None:
     assert SECRET_PW not in config.mask_url(url)
     assert SECRET_PW in (config.url_password(url) or "")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://app:pw@db/jobs?sslmode=verify-full&sslpassword={SECRET_PW}",
+        f"host=db user=app password=pw sslpassword={SECRET_PW} dbname=jobs",
+    ],
+    ids=["url", "conninfo"],
+)
+def test_the_ssl_key_passphrase_is_a_secret_too(url: str) -> None:
+    masked = config.mask_url(url)
+    assert SECRET_PW not in masked and "sslpassword=***" in masked
+    assert SECRET_PW in secret_values([url])
+    secrets = config.Secrets.from_env({"DATABASE_URL": url})
+    assert SECRET_PW in secrets.values()
+    assert SECRET_PW not in json.dumps(config.Config(secrets=secrets).masked())
