@@ -465,7 +465,7 @@ def load(
         rest = name[len("VULTRSCALE_") :].lower()
         section, _, key = rest.partition("_")
         if section in _SECTIONS and key:
-            layered[section][key] = _from_env(value)
+            layered[section][key] = _FromEnv(value)
     for dotted, value in (flags or {}).items():
         if value is None:
             continue
@@ -494,6 +494,11 @@ def load(
     return cfg
 
 
+class _FromEnv(str):
+    """A setting as the environment gives it: text, read as a TOML value only for a setting that
+    is not text (``VULTRSCALE_WORKER_QUEUE=2024`` is the queue "2024", not a number)."""
+
+
 def _from_env(value: str) -> Any:
     """Environment values are strings; let TOML read numbers and booleans."""
     try:
@@ -513,6 +518,10 @@ def _build_section(section: str, cls: type, raw: dict[str, Any], problems: list[
             problems.append(f"{where}: unknown key (known in [{section}]: {known})")
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
+        if isinstance(value, _FromEnv) and (
+            key == "floor" or isinstance(default, bool | int | float | timedelta | tuple)
+        ):
+            value = _from_env(value)
         try:
             if key == "floor":
                 kwargs[key] = _build_floors(value, problems)

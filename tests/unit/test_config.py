@@ -208,3 +208,17 @@ def test_the_ssl_key_passphrase_is_a_secret_too(url: str) -> None:
     secrets = config.Secrets.from_env({"DATABASE_URL": url})
     assert SECRET_PW in secrets.values()
     assert SECRET_PW not in json.dumps(config.Config(secrets=secrets).masked())
+
+
+def test_text_settings_from_the_environment_stay_text() -> None:
+    env = {
+        "VULTRSCALE_WORKER_QUEUE": "2024",  # what user-data writes for a queue named 2024
+        "VULTRSCALE_FLEET_NAME": "true",
+        "VULTRSCALE_POLICY_MAX_INSTANCES": "3",
+        "VULTRSCALE_WORKER_DRAIN_SECONDS": "12.5",
+        "VULTRSCALE_POLICY_BILLING_HOUR_AWARE": "false",
+    }
+    cfg = config.load(None, env, None, require_file=False)
+    assert (cfg.worker.queue, cfg.fleet.name) == ("2024", "true")
+    assert cfg.policy.max_instances == 3 and cfg.worker.drain_seconds == 12.5
+    assert cfg.policy.billing_hour_aware is False
