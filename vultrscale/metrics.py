@@ -20,6 +20,9 @@ from vultrscale.errors import RuntimeFailure, UsageError
 from vultrscale.model import InstanceState
 from vultrscale.reconcile import PassResult
 
+# What a gauge shows for a figure the pass could not read (the queue, the price).
+_UNKNOWN = float("nan")
+
 
 class Metrics:
     def __init__(self, fleet: str) -> None:
@@ -78,25 +81,32 @@ class Metrics:
                 self.instances.labels(f, state.value).set(
                     sum(1 for i in obs.instances if i.state is state)
                 )
-            if obs.signals is not None:
-                s = obs.signals
-                self.ready.labels(f).set(s.ready)
-                self.in_flight.labels(f).set(s.in_flight)
-                self.expired.labels(f).set(s.expired_leases)
-                self.oldest.labels(f).set(s.oldest_ready_seconds)
+            s = obs.signals
+            # Unread this pass: NaN, not the last figures (a stale queue depth looks healthy).
+            for gauge, value in (
+                (self.ready, s.ready if s else _UNKNOWN),
+                (self.in_flight, s.in_flight if s else _UNKNOWN),
+                (self.expired, s.expired_leases if s else _UNKNOWN),
+                (self.oldest, s.oldest_ready_seconds if s else _UNKNOWN),
+            ):
+                gauge.labels(f).set(value)
         if plan is not None:
             self.desired.labels(f).set(plan.desired)
             self.target.labels(f).set(plan.target)
-            if plan.month_to_date_usd is not None:
-                self.month_to_date.labels(f).set(plan.month_to_date_usd)
+            mtd = plan.month_to_date_usd
+            self.month_to_date.labels(f).set(_UNKNOWN if mtd is None else mtd)
             if not result.dry_run:
                 for action in plan.actions:
                     self.actions.labels(f, action.kind.value).inc()
 
+    def failed(self, exit_code: int) -> None:
+        """A pass that ended in an error before it had a result (the database down, say)."""
+        self.passes.labels(self.fleet, str(exit_code)).inc()
+
     def write_textfile(self, path: str) -> None:
         """Write the Prometheus text format atomically (temp file + rename)."""
         try:
-            write_to_textfile(path, self.registry)
+            write_to_textfile(str(Path(path).expanduser()), self.registry)
         except OSError as exc:
             raise RuntimeFailure(
                 f"cannot write metrics to {path}: {exc.strerror or exc}",

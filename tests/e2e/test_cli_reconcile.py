@@ -14,7 +14,8 @@ import pytest
 from tests.e2e.cli_world import scaler_key, simulator_with_snapshot
 from vultrscale import cloudinit
 from vultrscale.cli import main
-from vultrscale.db import queue
+from vultrscale.db import ledger, queue
+from vultrscale.errors import RuntimeFailure
 from vultrscale.sim.app import Simulator
 from vultrscale.sim.server import ServerHandle
 
@@ -153,3 +154,33 @@ def test_an_unwritable_metrics_file_or_an_insecure_key_refuses_the_pass_and_reco
         rows = conn.execute("SELECT exit_code, errors FROM fleet_events ORDER BY id").fetchall()
     assert [code for code, _ in rows] == [2, 2]
     assert "no-such-dir" in rows[0][1][0] and "0644" in rows[1][1][0]
+
+
+def test_a_pass_that_finds_the_lock_held_leaves_the_metrics_file_alone(
+    cli_env, capsys, tmp_path: Path
+) -> None:
+    metrics = tmp_path / "vultrscale.prom"
+    code, _ = run(capsys, "reconcile", "--metrics-file", str(metrics))
+    assert code == 0
+    before = metrics.read_text()
+    assert 'vultrscale_queue_ready{fleet="workers"}' in before
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as other:
+        assert ledger.try_lock(other, "workers")  # another pass is running
+        code, _ = run(capsys, "reconcile", "--metrics-file", str(metrics))
+    assert code == 0
+    assert metrics.read_text() == before  # not replaced by a file without the fleet's gauges
+
+
+def test_json_prints_one_document_when_the_metrics_cannot_be_written(
+    cli_env, capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vultrscale import metrics as metrics_mod
+
+    def refuse(self: object, path: str) -> None:
+        raise RuntimeFailure(f"cannot write metrics to {path}: disk full")
+
+    monkeypatch.setattr(metrics_mod.Metrics, "write_textfile", refuse)
+    code, out = run(capsys, "reconcile", "--json", "--metrics-file", str(tmp_path / "m.prom"))
+    assert code == 1
+    doc = json.loads(out)  # one document, not the pass's followed by the error's
+    assert "cannot write metrics" in doc["error"]

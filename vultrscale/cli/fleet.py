@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated
 
@@ -9,7 +10,7 @@ import typer
 
 from vultrscale import params
 from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
-from vultrscale.errors import UsageError, VultrscaleError
+from vultrscale.errors import RuntimeFailure, UsageError, VultrscaleError
 from vultrscale.wiring import api_key, build_parts, database_url
 
 if TYPE_CHECKING:
@@ -87,17 +88,23 @@ def reconcile_cmd(
             metrics.serve(metrics_port)
 
     def report(result: PassResult) -> None:
+        # The metrics first: a failure to write them is then the one document --json prints.
+        if metrics is not None and not result.lock_held:  # another pass's figures stand
+            metrics.observe(result)
+            if metrics_file:
+                metrics.write_textfile(metrics_file)
         if as_json:
             print_json(result.to_json())
         else:
             print_pass(result)
-        if metrics is not None:
-            metrics.observe(result)
-            if metrics_file:
-                metrics.write_textfile(metrics_file)
 
     def report_error(exc: VultrscaleError) -> None:
-        fail(exc.message, exc.hint, exc.exit_code)
+        if metrics is not None:
+            metrics.failed(exc.exit_code)
+            if metrics_file:
+                with contextlib.suppress(RuntimeFailure):  # the pass's own error is the one said
+                    metrics.write_textfile(metrics_file)
+        fail(exc.message, exc.hint, exc.exit_code, as_json=as_json)
 
     try:
         if not loop:
