@@ -424,6 +424,11 @@ def load(
         try:
             data = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
             source = str(cfg_path)
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                [f"{cfg_path} is not UTF-8 text (byte {exc.start} cannot be read)"],
+                hint="Save the config file as UTF-8.",
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(
                 [f"{cfg_path} is not valid TOML: {exc}"],

@@ -112,7 +112,9 @@ def fleet_table(instances: tuple[Instance, ...], now: datetime, fleet: str) -> T
     from rich import box
 
     table = Table(title=f"fleet {fleet}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("label", no_wrap=True)
+    # A long label (an unlabelled@<uuid> the scaler tracks) is cut, not the figures beside it;
+    # --json has it whole.
+    table.add_column("label", no_wrap=True, max_width=24, overflow="ellipsis")
     table.add_column("state", no_wrap=True)
     table.add_column("ip", no_wrap=True)
     table.add_column("age", justify="right", no_wrap=True)

@@ -180,8 +180,9 @@ def test_custom_preset(populated: str) -> None:
         ("SELECT 1 FROM generate_series(1, 2)", "got 2 row"),
         ("SELECT 'soon'::text", "expected a number"),
         ("SELECT 1 FROM jobs WHERE false", "got 0 row"),
+        ("SELECT 'Infinity'::float8", "expected a finite number"),
     ],
-    ids=["null", "two-rows", "text", "no-row"],
+    ids=["null", "two-rows", "text", "no-row", "infinity"],
 )
 def test_custom_no_data_is_never_zero(db_url: str, oldest_sql: str, message: str) -> None:
     cfg = QueueConfig(

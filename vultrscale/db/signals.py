@@ -219,8 +219,8 @@ def _one_number(cur: psycopg.Cursor[Any], what: str) -> float:
             f"{what}: expected a number, got a {type(value).__name__}",
             hint="Each signal query must return exactly one number.",
         ) from None
-    if math.isnan(number) or number < 0:
-        raise DatabaseError(f"{what}: got {number}, expected a number >= 0")
+    if not math.isfinite(number) or number < 0:  # NaN, infinity: no count, no age
+        raise DatabaseError(f"{what}: got {number}, expected a finite number >= 0")
     return number
 
 
