@@ -122,8 +122,10 @@ def _pick(
 ) -> str:
     """One answer: a number or an id from ``choices`` when there are any, else any text
     (empty only when ``optional``)."""
+    from vultrscale.status import one_line
+
     for n, c in enumerate(choices or [], 1):
-        say(f"  {n:3d}. {c.id:<24} {c.about}")
+        say(f"  {n:3d}. {one_line(c.id):<24} {one_line(c.about)}")  # text from the API
     ids = [c.id for c in choices or []]
     while True:
         answer = prompt(what, default).strip()

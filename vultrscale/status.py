@@ -24,9 +24,10 @@ _STATE_STYLE = {
 }
 
 
-# C0 and C1 control characters but newline and tab: text from outside (labels, tags, API and
-# database messages) must not move the cursor, clear the screen or retitle the terminal.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 and C1 control characters but newline and tab, and the bidirectional overrides and
+# isolates: text from outside (labels, tags, API and database messages) must not move the
+# cursor, clear the screen, retitle the terminal or show its characters in another order.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def clean(value: object) -> str:
@@ -34,9 +35,15 @@ def clean(value: object) -> str:
     return _CONTROL.sub("", str(value))
 
 
+def one_line(value: object) -> str:
+    """``clean``, on one line: for a name (a label, a description) shown in a table or a list,
+    where a newline would pass for another row."""
+    return " ".join(clean(value).split("\n"))
+
+
 def plain(value: object, style: str = "") -> Text:
     """Text from outside as a table cell or line: never read as rich markup, no escapes."""
-    return Text(clean(value), style=style)
+    return Text(one_line(value), style=style)
 
 
 def age(since: datetime | None, now: datetime) -> str:

@@ -30,3 +30,11 @@ def test_a_long_label_is_cut_and_the_figures_beside_it_are_whole() -> None:
     row = next(line for line in lines if "unlabelled@" in line)
     assert "booting" in row and "203.0.113.77" in row and "12.34" in row and "7m" in row
     assert long not in row and "…" in row
+
+
+def test_outside_text_cannot_reorder_or_split_a_row() -> None:
+    from vultrscale.status import one_line, plain
+
+    label = "evil\u202eabc\ndef\x1b]0;title\x07"
+    assert one_line(label) == "evilabc def]0;title"
+    assert plain(label).plain == "evilabc def]0;title"
