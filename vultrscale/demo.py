@@ -82,7 +82,7 @@ def parse_bursts(text: str) -> tuple[Burst, ...]:
             burst = Burst(float(at), int(jobs))
         except ValueError:
             burst = None
-        if not sep or burst is None or burst.at < 0 or burst.jobs < 1:
+        if not sep or burst is None or not 0 <= burst.at < 1e6 or not 1 <= burst.jobs <= 100_000:
             raise UsageError(
                 f"--bursts: {part.strip()!r} is not SECONDS:JOBS",
                 hint='Write e.g. --bursts "0:24,40:12" (24 jobs at once, 12 more after 40 s).',

@@ -71,7 +71,7 @@ def test_not_ok(changes: dict[str, Any]) -> None:
 
 def test_bursts() -> None:
     assert demo.parse_bursts("40:12, 0:24") == (demo.Burst(0, 24), demo.Burst(40, 12))
-    for bad in ("", "24", "0:0", "-1:3", "a:b", "0:24,"):
+    for bad in ("", "24", "0:0", "-1:3", "a:b", "0:24,", "nan:4", "inf:4", "0:1000000"):
         with pytest.raises(UsageError, match="SECONDS:JOBS"):
             demo.parse_bursts(bad)
 

@@ -221,8 +221,9 @@ def test_csv_with_and_without_a_header(tmp_path: Path) -> None:
         ("0,1\n1,2,3\n", "line 2: expected 2 columns"),
         ("arrival_seconds,duration_seconds\n0,1\n-4,1\n", "line 3: arrival_seconds is negative"),
         ("0,0\n", "line 1: duration_seconds must be above 0"),
+        ("1e12,10\n", "line 1: 1e+12 s is past a year"),
     ],
-    ids=["not-a-number", "three-columns", "negative-arrival", "zero-duration"],
+    ids=["not-a-number", "three-columns", "negative-arrival", "zero-duration", "huge"],
 )
 def test_a_bad_csv_row_names_its_line_and_exits_2(
     tmp_path: Path, body: str, message: str, capsys: pytest.CaptureFixture[str]
@@ -355,3 +356,11 @@ def test_skipping_saturated_passes_changes_no_outcome(policy_changes: dict) -> N
     for key in ("passes", "passes_skipped"):
         doc.pop(key), every.pop(key)
     assert doc == every
+
+
+@pytest.mark.parametrize("price", ["nan", "inf", "0", "-3"])
+def test_a_monthly_price_that_is_no_price_exits_2(
+    price: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--days", "1", "--monthly-usd", price]) == 2
+    assert "--monthly-usd must be above 0" in capsys.readouterr().err

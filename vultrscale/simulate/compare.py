@@ -87,8 +87,11 @@ def plan_price(cfg: Config, monthly: float | None = None) -> PlanPrice:
     from vultrscale.sim import data
 
     if monthly is not None:
-        if monthly <= 0:
-            raise UsageError(f"--monthly-usd must be above 0, got {monthly}")
+        if not 0 < monthly <= 1_000_000:  # also refuses NaN and infinity
+            raise UsageError(
+                f"--monthly-usd must be above 0 and at most 1000000, got {monthly}",
+                hint="Give the plan's monthly cost in dollars, e.g. --monthly-usd 10.",
+            )
         return PlanPrice(cfg.fleet.plan, monthly)
     for p in data.PLANS:
         if p["id"] == cfg.fleet.plan:

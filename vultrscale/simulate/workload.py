@@ -145,6 +145,10 @@ def shape(name: str, *, days: int, seed: int, jobs_per_day: int | None = None) -
     return from_jobs(name, jobs, span=span, note=note)
 
 
+# A replay covers at most a year: a CSV time beyond it is a mistake, not a workload.
+MAX_CSV_SECONDS = 366 * 86400.0
+
+
 def load_csv(path: str | Path) -> Trace:
     """Jobs from a CSV file: ``arrival_seconds,duration_seconds`` per row, header optional.
 
@@ -190,6 +194,12 @@ def _csv_row(path: Path, lineno: int, row: list[str]) -> tuple[float, float]:
         raise UsageError(f"{where}: arrival_seconds is negative ({arrival:g})", hint=hint)
     if duration <= 0:
         raise UsageError(f"{where}: duration_seconds must be above 0 ({duration:g})", hint=hint)
+    if arrival > MAX_CSV_SECONDS or duration > MAX_CSV_SECONDS:
+        raise UsageError(
+            f"{where}: {max(arrival, duration):g} s is past a year ({MAX_CSV_SECONDS:g} s), the "
+            "longest replay",
+            hint=hint,
+        )
     return arrival, duration
 
 
