@@ -132,3 +132,21 @@ def test_an_error_is_redacted_with_the_secrets_of_the_env_file_too(
     assert cli.fail("boom near Dot3nvSecret", "retry", 1) == 1
     err = capsys.readouterr().err
     assert "Dot3nvSecret" not in err and "boom near" in err
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ("NaN", "NaN and infinite numbers"),
+        ('{"n": 1e999}', "NaN and infinite numbers"),
+        ('{"s": "a\\u0000b"}', "cannot store the character"),
+    ],
+    ids=["nan", "infinity", "nul"],
+)
+def test_an_enqueue_payload_postgres_cannot_store_is_exit_2_before_connecting(
+    payload: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+    assert cli.main(["enqueue", "--payload", payload]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "cannot reach the database" not in err

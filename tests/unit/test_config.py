@@ -226,7 +226,7 @@ def test_text_settings_from_the_environment_stay_text() -> None:
 
 def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "vultrscale.toml"
-    path.write_bytes(b"[fleet]\nname = \"caf\xe9\"\n")  # Latin-1
+    path.write_bytes(b'[fleet]\nname = "caf\xe9"\n')  # Latin-1
     with pytest.raises(ConfigError, match="is not UTF-8 text") as info:
         config.load(path, {})
     assert info.value.exit_code == 2

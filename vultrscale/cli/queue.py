@@ -184,6 +184,19 @@ def enqueue_cmd(
             f"--payload is not valid JSON: {exc.msg} at character {exc.pos}.",
             hint="Quote the whole payload for the shell, e.g. --payload '{\"step_seconds\": 1}'.",
         ) from None
+    # What Postgres' jsonb refuses, refused here with the reason instead of a database error.
+    try:
+        stored = json.dumps(doc, allow_nan=False)
+    except ValueError:
+        raise UsageError(
+            "--payload: NaN and infinite numbers are not JSON Postgres can store.",
+            hint="Leave them out of the payload.",
+        ) from None
+    if "\\u0000" in stored:
+        raise UsageError(
+            "--payload: Postgres cannot store the character \\u0000 in JSON.",
+            hint="Leave it out of the payload.",
+        )
     from vultrscale.cli._common import load_config
     from vultrscale.config import mask_url
 
