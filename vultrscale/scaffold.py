@@ -151,11 +151,15 @@ def _toml(value: str) -> str:
 
 
 def refuse_existing(config_path: Path, *, force: bool) -> None:
-    """UsageError naming the first of the two files that exists, unless ``force``."""
-    if force:
-        return
+    """UsageError naming the first of the two files that exists (``--force`` overwrites files)
+    or that can never be written (a directory, a link: even with ``force``)."""
     for path in (config_path, config_path.parent / ".env"):
-        if path.exists():
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise UsageError(
+                f"{path} is {'a link' if path.is_symlink() else 'not a file'}; nothing written.",
+                hint="Move it away, or write elsewhere with --config PATH.",
+            )
+        if path.exists() and not force:
             raise UsageError(
                 f"{path} exists; nothing written.",
                 hint="Move it away, or pass --force to overwrite it.",

@@ -96,6 +96,21 @@ def test_an_existing_file_is_not_overwritten_without_force(
     assert stat.S_IMODE((here / ".env").stat().st_mode) == 0o600
 
 
+@pytest.mark.parametrize("existing", ["vultrscale.toml", ".env"])
+def test_a_directory_or_a_link_in_the_way_writes_nothing_even_with_force(
+    here: Path, existing: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (here / existing).mkdir()
+    assert main(["init", "--defaults", "--force"]) == 2
+    assert "is not a file; nothing written" in capsys.readouterr().err
+    assert sorted(p.name for p in here.iterdir()) == [existing]
+    (here / existing).rmdir()
+    (here / existing).symlink_to(here / "elsewhere")  # dangling: a write would create it
+    assert main(["init", "--defaults", "--force"]) == 2
+    assert "is a link; nothing written" in capsys.readouterr().err
+    assert sorted(p.name for p in here.iterdir()) == [existing]
+
+
 def test_the_template_has_the_readme_reference_keys(here: Path) -> None:
     """The README's config reference and the written file name the same keys."""
     block = README.read_text().split("## Configuration", 1)[1].split("```toml\n", 1)[1]
