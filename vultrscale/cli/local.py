@@ -95,13 +95,19 @@ def demo_cmd(
     from vultrscale import demo
     from vultrscale.cli import views
 
+    logs_dir = Path(logs).expanduser().resolve() if logs else None
+    if logs_dir is not None and logs_dir.exists() and not logs_dir.is_dir():
+        raise UsageError(  # before Postgres and the workers start, not after
+            f"--logs {logs}: {logs_dir} exists and is not a directory",
+            hint="Name a directory (it is created if missing).",
+        )
     settings = demo.Settings(
         duration=duration.total_seconds(),
         bursts=demo.parse_bursts(bursts),
         job_seconds=demo.parse_job_seconds(job_seconds),
         seed=seed,
         chaos=chaos,
-        logs_dir=Path(logs).expanduser().resolve() if logs else None,
+        logs_dir=logs_dir,
     )
     # with --json, stdout carries only the summary
     out = views.console(stderr=as_json)
