@@ -364,3 +364,11 @@ def test_a_monthly_price_that_is_no_price_exits_2(
 ) -> None:
     assert main(["simulate", "--days", "1", "--monthly-usd", price]) == 2
     assert "--monthly-usd must be above 0" in capsys.readouterr().err
+
+
+def test_json_of_a_day_with_no_work_is_valid_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["simulate", "--days", "1", "--jobs-per-day", "0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
+    assert doc  # no Infinity, no NaN: a ratio with no lower bound is null

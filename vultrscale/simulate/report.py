@@ -56,7 +56,8 @@ class PolicyResult:
         d = asdict(self)
         d.pop("samples")
         d.pop("cost_curve")
-        d["ratio_to_lower_bound"] = round(self.ratio, 3)
+        # No lower bound (no work): no ratio. JSON has no infinity; null says "none".
+        d["ratio_to_lower_bound"] = round(self.ratio, 3) if math.isfinite(self.ratio) else None
         d["scale_events"] = self.scale_events
         for k in ("instance_hours", "lower_bound_hours", "wait_p50", "wait_p95", "wait_max"):
             d[k] = round(d[k], 2)
