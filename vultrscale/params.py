@@ -26,6 +26,12 @@ MIN_DEMO_DURATION = timedelta(seconds=10)
 MAX_ENQUEUE_COUNT = 100_000
 # Attempts per job and snapshots kept: far above any real use, below int overflow in Postgres.
 MAX_SMALL_COUNT = 1000
+# `simulate` replays a year at most, and holds every job of a replay in memory: a built-in
+# shape's days times jobs per day stay under MAX_REPLAY_JOBS (ten times the 30-day benchmark,
+# which replays 232k jobs in about 5 s).
+MAX_SIMULATE_DAYS = 366
+MAX_JOBS_PER_DAY = 100_000
+MAX_REPLAY_JOBS = 2_500_000
 
 
 def duration(minimum: timedelta = timedelta(0)) -> Callable[[object], timedelta]:
@@ -65,6 +71,11 @@ def _whole(value: object, low: int, high: int, what: str) -> int:
 def count(maximum: int = MAX_SMALL_COUNT) -> Callable[[object], int]:
     """An N flag: a whole number from 1 to ``maximum``."""
     return lambda value: _whole(value, 1, maximum, f"allowed 1 to {maximum}")
+
+
+def count_or_zero(maximum: int) -> Callable[[object], int]:
+    """An N flag that may be 0: a whole number from 0 to ``maximum``."""
+    return lambda value: _whole(value, 0, maximum, f"allowed 0 to {maximum}")
 
 
 def port(value: object) -> int:

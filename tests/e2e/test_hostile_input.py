@@ -125,6 +125,8 @@ CASES = [
     c('flag-demo-logs-a-file', 'demo --duration 2m --logs vultrscale.toml', 2, 'not a directory'),
     c('flag-enqueue-payload-nan', 'enqueue --payload NaN', 2, 'NaN and infinite'),
     c('flag-simulate-monthly-nan', 'simulate --days 1 --monthly-usd nan', 2, '--monthly-usd'),
+    c('flag-simulate-days-huge', 'simulate --days 36500', 2, '--days'),
+    c('flag-simulate-replay-huge', 'simulate --days 366 --jobs-per-day 100000', 2, 'more than a replay holds'),
     c('flag-enqueue-queue-injection', ('enqueue', '--queue', 'a b;drop'), 2, '--queue'),
     c('flag-enqueue-queue-empty', ('enqueue', '--queue', ''), 2, '--queue'),
     c('flag-enqueue-count-zero', 'enqueue --count 0', 2, '--count'),

@@ -255,11 +255,20 @@ def simulate_cmd(
     since: Annotated[
         str, typer.Option("--since", metavar="DURATION", help="With --from-db: how far back.")
     ] = "7d",
-    days: Annotated[int, typer.Option("--days", metavar="N", help="Days of a built-in shape.")] = 7,
+    days: Annotated[
+        int,
+        typer.Option(
+            "--days",
+            parser=params.count(params.MAX_SIMULATE_DAYS),
+            metavar="N",
+            help="Days of a built-in shape.",
+        ),
+    ] = 7,
     jobs_per_day: Annotated[
         int | None,
         typer.Option(
             "--jobs-per-day",
+            parser=params.count_or_zero(params.MAX_JOBS_PER_DAY),
             metavar="N",
             help="Volume of a built-in shape (bursty-day 600 per weekday, steady 2000, spiky 400).",
         ),

@@ -49,6 +49,14 @@ def load_trace(opts: Options, database_url: str) -> workload.Trace:
 
         return workload.from_history(history.finished_jobs(database_url, since), since=since)
     if opts.workload in workload.SHAPES:
+        from vultrscale.params import MAX_REPLAY_JOBS
+
+        if opts.jobs_per_day and opts.days * opts.jobs_per_day > MAX_REPLAY_JOBS:
+            raise UsageError(
+                f"{opts.days} days of {opts.jobs_per_day} jobs is more than a replay holds "
+                f"({MAX_REPLAY_JOBS:,} jobs)",
+                hint="Replay fewer days, or a lower --jobs-per-day: the policies compare the same.",
+            )
         return workload.shape(
             opts.workload, days=opts.days, seed=opts.seed, jobs_per_day=opts.jobs_per_day
         )
