@@ -806,18 +806,18 @@ class Worker:
             finished = self._take_done()
             finished_runs = set(finished)
             leftover = [j for j in self._running if j not in finished_runs]
-            held = [j for j in leftover if not j.lost]  # a run whose lease is gone gives nothing
             for job in leftover:
                 job._mark_given_back()  # first: the slot writes nothing more, steps refuse
         if finished:
             self._with_db(lambda conn: self._complete(conn, finished))
-        if held:
-            pairs = [(j.id, j.token) for j in held]
+        if leftover:
+            # Fenced by token: a run whose lease is gone (an earlier run of a job claimed
+            # again) gives nothing back; each job is said once.
+            pairs = [(j.id, j.token) for j in leftover]
             back = self._with_db(lambda conn: queue.give_back_many(conn, self.worker_id, pairs))
             self.summary.add("given_back", len(back))
-            for job in held:
-                if job.id in back:
-                    self.say(f"job {job.id}: given back to the queue (the worker is stopping).")
+            for job_id in sorted(back):
+                self.say(f"job {job_id}: given back to the queue (the worker is stopping).")
         with self._lock:
             futures = [self._futures.get(j) for j in leftover]
         for fut in futures:
