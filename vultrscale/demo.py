@@ -598,8 +598,13 @@ class _Run:
                 except (ValueError, TypeError, KeyError, AttributeError):
                     last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
                     error = f"the pass exited {run.code}: {last}"
-            if seen is not None and seen.drains:
-                chaos.on_drains(time.monotonic() - self.started, seen.drains)
+            drains = seen.drains if seen is not None else ()
+            if not drains and run.code is None:
+                # A pass killed after it marked instances draining reports nothing of it, and
+                # the next may find their workers already stopped: ask the ledger.
+                drains = _draining(conn, cfg.fleet.name)
+            if drains:
+                chaos.on_drains(time.monotonic() - self.started, drains)
             self.note_faults(chaos)
             self.after_pass(conn, cfg, seen, None, error)
             remaining = self.settings.interval - (time.monotonic() - began)
@@ -808,3 +813,11 @@ def run(
     """Run the demo to its end and return the summary; everything it started is stopped again,
     also on an exception or KeyboardInterrupt. Setting ``stop`` ends the run after its pass."""
     return _Run(settings, on_tick, say, stop or threading.Event()).run(database_url)
+
+
+def _draining(conn: Any, fleet: str) -> tuple[str, ...]:
+    """The labels of the fleet's instances the ledger has draining."""
+    from vultrscale.db import ledger
+    from vultrscale.model import InstanceState
+
+    return tuple(r.label for r in ledger.rows(conn, fleet) if r.state is InstanceState.DRAINING)
