@@ -248,8 +248,8 @@ def secret_values(values: Iterable[str | None]) -> list[str]:
         if value:
             out.append(value)
             parsed = None if _HTTP_URL.match(value) else parse_conninfo(value)
-            ssl = [parsed[k] for k in _LIBPQ_SECRETS[1:] if parsed and parsed.get(k)]
-            for pw in (url_password(value), *ssl):
+            ssl = parsed.get("sslpassword") if parsed else None  # the client key's passphrase
+            for pw in (url_password(value), ssl):
                 if pw:
                     out.extend(dict.fromkeys([pw, quote(pw, safe=""), quote(pw)]))
     return out

@@ -14,6 +14,7 @@ Three decisions live here, beside ``policy.decide`` (which sizes the fleet):
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -152,9 +153,7 @@ def by_label(listed: Iterable[_L], rows: Mapping[str, LedgerRow]) -> dict[str, _
       holds that label for another instance (a create intent, not yet given an id, is its row);
     - any other goes by ``<label>@<id>`` (``unlabelled@<id>`` without a label)."""
     listed = list(listed)
-    claims: dict[str, int] = {}
-    for v in listed:
-        claims[v.label] = claims.get(v.label, 0) + 1
+    claims = Counter(v.label for v in listed)
     known = {r.instance_id: label for label, r in rows.items() if r.instance_id}
     out = {known[v.id]: v for v in listed if v.id in known}
     for v in listed:

@@ -549,7 +549,7 @@ def decide(obs: Observed, cfg: Config) -> Decision:
         )
     for step in steps:
         if step.verdict is Verdict.DELETE:
-            rows[step.label] = _with_state(rows[step.label], InstanceState.DELETING)
+            rows[step.label] = rows[step.label].moved(InstanceState.DELETING, now)
     bills = budget.ledger_bills([*{**obs.rows, **rows}.values(), *obs.gone], obs.price, now)
     observation = Observation(
         instances=tuple(_instance(obs, r, bills[r.label]) for r in rows.values()),
@@ -564,12 +564,6 @@ def decide(obs: Observed, cfg: Config) -> Decision:
     )
     plan = policy.decide(observation, cfg, now)
     return Decision(transitions, tuple(steps), rows, observation, plan)
-
-
-def _with_state(row: LedgerRow, state: InstanceState) -> LedgerRow:
-    from dataclasses import replace
-
-    return replace(row, state=state)
 
 
 def _not_after(when: datetime | None, now: datetime) -> datetime | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -129,7 +130,16 @@ def test_a_job_claimed_again_while_its_lost_run_still_runs_keeps_its_new_lease(
         release[1].set()
         wait_for(lambda: any("lease lost" in line for line in lines), "the first run's end", 10)
 
-        time.sleep(2.5 * lease)  # the second run's lease must be renewed all this while
+        def expiry() -> datetime | None:
+            row = conn.execute(
+                "SELECT expires_at FROM job_leases WHERE job_id = %s", (job_id,)
+            ).fetchone()
+            return row[0] if row else None
+
+        first = expiry()
+        assert first is not None
+        later = first + timedelta(seconds=lease)  # renewed for a whole lease after that
+        wait_for(lambda: (e := expiry()) is not None and e >= later, "renewals", 3 * lease)
         assert jobs(conn) == {job_id: ("leased", 2)}, lines
         release[2].set()
         wait_for(lambda: jobs(conn)[job_id] == ("succeeded", 2), "the second run to succeed", 10)
@@ -149,9 +159,10 @@ def test_the_drain_time_counts_from_the_stop_even_when_the_draining_mark_is_slow
     draining mark must not push the give-back past it (the SIGKILL would come first)."""
     (job_id,) = q.enqueue(conn, [{}])
     real = q.set_draining
+    answered = threading.Event()  # the database takes the mark only once the test says so
 
     def slow_mark(c: psycopg.Connection, worker_id: str) -> None:
-        time.sleep(5)
+        answered.wait(30)
         real(c, worker_id)
 
     monkeypatch.setattr(q, "set_draining", slow_mark)
@@ -163,7 +174,10 @@ def test_the_drain_time_counts_from_the_stop_even_when_the_draining_mark_is_slow
     t = _start(w)
     started = time.monotonic()
     w.request_stop()
-    wait_for(lambda: jobs(conn)[job_id] == ("ready", 0), "the give-back", 10)
-    assert time.monotonic() - started < 3.5, "the drain waited for the draining mark first"
+    try:
+        wait_for(lambda: jobs(conn)[job_id] == ("ready", 0), "the give-back", 10)
+        assert time.monotonic() - started < 3.5, "the drain waited for the draining mark first"
+    finally:
+        answered.set()
     t.join(15)
     assert not t.is_alive()
