@@ -85,9 +85,17 @@ def test_a_peer_that_drops_the_handshake_is_that_hosts_unreachable_error(
     client_key: Path,
 ) -> None:
     def drop(conn: socket.socket) -> None:
+        conn.settimeout(10)
         conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-        conn.recv(4096)  # the client's banner and key exchange
-        conn.close()  # sshd killed, or the instance shutting down
+        conn.recv(4096)  # the client's banner (and perhaps its key exchange)
+        # End our side with a FIN, as a shutting-down sshd does, then read whatever the client
+        # still sends until it closes: closing with unread bytes would send a reset instead,
+        # a different failure ("connection reset") that this test is not about.
+        conn.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError):
+            while conn.recv(4096):
+                pass
+        conn.close()
 
     _private, public = generate_host_key()
     with _listen(drop) as port, SSHDrain(str(client_key)) as drain:
