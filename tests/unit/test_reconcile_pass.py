@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -252,6 +253,47 @@ def test_a_metrics_target_that_cannot_be_written_refuses_the_pass(
     assert "missing-dir" in refused.value.message
     assert fleet.cloud.posts == 0 and fleet.ledger.instances == {}
     assert [e["exit_code"] for e in fleet.ledger.events] == [EXIT_USAGE]
+
+
+def _gauge(m: metrics.Metrics, name: str, **labels: str) -> float | None:
+    return m.registry.get_sample_value(name, {"fleet": "workers", **labels})
+
+
+def test_queue_gauges_read_nan_when_a_pass_could_not_read_the_queue(fleet: Fleet) -> None:
+    m = metrics.Metrics("workers")
+    fleet.queue(12, in_flight=3)
+    m.observe(fleet.run())
+    assert _gauge(m, "vultrscale_queue_ready") == 12.0
+    fleet.signals.error = "connection refused"
+    fleet.clock.advance(30)
+    m.observe(fleet.run())
+    # a stale depth would look like a healthy queue: the figures say "unknown" instead
+    for name in ("vultrscale_queue_ready", "vultrscale_queue_in_flight"):
+        value = _gauge(m, name)
+        assert value is not None and math.isnan(value), name
+    assert _gauge(m, "vultrscale_instances", state="running") is not None
+
+
+def test_a_pass_that_failed_before_its_result_is_counted_by_its_exit_code(tmp_path: Path) -> None:
+    m = metrics.Metrics("workers")
+    m.failed(1)
+    m.failed(1)
+    target = tmp_path / "vultrscale.prom"
+    m.write_textfile(str(target))
+    assert _gauge(m, "vultrscale_passes_total", exit_code="1") == 2.0
+    assert 'vultrscale_passes_total{exit_code="1",fleet="workers"} 2.0' in target.read_text()
+
+
+def test_a_metrics_file_under_home_is_written_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "textfile").mkdir()
+    metrics.check_textfile("~/textfile/vultrscale.prom")
+    metrics.Metrics("workers").write_textfile("~/textfile/vultrscale.prom")
+    assert (tmp_path / "textfile" / "vultrscale.prom").is_file()
+    assert not (tmp_path / "~").exists()  # not a directory named "~" under the working one
 
 
 def test_a_missing_snapshot_is_refused_before_a_drain_deletes_anything(fleet: Fleet) -> None:
