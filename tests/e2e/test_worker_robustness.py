@@ -160,6 +160,9 @@ def test_a_heartbeat_stuck_behind_a_lock_marks_the_job_lost_and_the_worker_goes_
             locker.rollback()
     assert any("statement timeout" in line for line in w.out), w.text()
     wait_for(lambda: jobs(conn)[job_id] == ("succeeded", 2), "the job to run again", 20)
+    # The line that ends the outage counts the job marked lost during it.
+    back = [line for line in w.out if line.startswith("database back after")]
+    assert back and "0 lease(s) kept, 1 lost" in back[0], w.text()
     assert w.proc.poll() is None, w.text()
     w.signal(signal.SIGTERM)
     assert w.wait() == 0, w.text()

@@ -294,6 +294,9 @@ class Worker:
         self._watched: list[threading.Thread] = []
         self._thread_errors: dict[str, BaseException] = {}
         self._heartbeat_ok = time.monotonic()  # send time of the last successful renewal
+        # Jobs marked lost locally while an outage lasts (by the heartbeat or the main loop's
+        # health check), said when it ends; under _lock.
+        self._lost_in_outage = 0
 
     # --- public --------------------------------------------------------------------------------
 
@@ -496,7 +499,6 @@ class Worker:
         s = self.settings
         conn: psycopg.Connection | None = None
         failures = 0
-        expired = 0  # jobs marked lost while the database was away, said when it is back
         wait = s.heartbeat_seconds
         try:
             while True:
@@ -523,7 +525,7 @@ class Worker:
                         conn.close()
                     conn = None
                     self._database_failed(exc)
-                    expired += self._expire_locally()
+                    self._expire_locally()
                     # Retry soon, and often enough to mark jobs lost before their leases end.
                     wait = min(
                         0.1 * 2 ** min(failures - 1, 10),
@@ -542,8 +544,7 @@ class Worker:
                         job._mark_lost()
                         lost.append(job)
                 if not self.outage.checked.is_set():
-                    self._recovered(held, lost, expired)
-                    expired = 0
+                    self._recovered(held, lost)
                 if draining and not self._marked_draining:
                     self._marked_draining = True
                     self.say("Marked draining in the database: claiming no more jobs.")
@@ -551,23 +552,25 @@ class Worker:
             if conn is not None:
                 conn.close()
 
-    def _recovered(self, held: list[Job], lost: list[Job], expired: int) -> None:
+    def _recovered(self, held: list[Job], lost: list[Job]) -> None:
         """The database answered the heartbeat after an outage and the leases were re-checked
-        (jobs that lost theirs are marked; ``expired`` were marked lost during the outage, their
-        leases run out unrenewed): drop dead pooled connections, open the gate."""
+        (``lost``: the held jobs whose lease is gone, now marked): drop dead pooled connections,
+        open the gate. Held jobs marked lost locally while the renewal was on its way count as
+        lost, not kept: the worker has abandoned them (their lease runs out unrenewed)."""
         assert self._pool is not None
         self._pool.check()
-        took = self.outage.end()
+        with self._lock:
+            kept = sum(1 for j in held if not j.lost)
+            gone, self._lost_in_outage = len(lost) + self._lost_in_outage, 0
+            took = self.outage.end()
         self.say(
-            f"database back after {took:.1f} s: {len(held) - len(lost)} lease(s) kept, "
-            f"{len(lost) + expired} lost; claiming again."
+            f"database back after {took:.1f} s: {kept} lease(s) kept, {gone} lost; claiming again."
         )
         for job in lost:
             self.say(f"job {job.id}: lease lost during the outage; abandoning it.")
 
-    def _expire_locally(self) -> int:
-        """Mark held jobs lost once their lease is nearly out without a renewal we know of;
-        return how many."""
+    def _expire_locally(self) -> None:
+        """Mark held jobs lost once their lease is nearly out without a renewal we know of."""
         s = self.settings
         limit = time.monotonic() - (s.lease_seconds - s.lost_margin_seconds)
         with self._lock:
@@ -576,10 +579,12 @@ class Worker:
                 for j in self._running
                 if not j.lost and not j.given_back and j._renewed_at < limit
             ]
+            for job in late:
+                job._mark_lost()
+            if not self.outage.checked.is_set():
+                self._lost_in_outage += len(late)
         for job in late:
-            job._mark_lost()
             self.say(f"job {job.id}: lease not renewed in time; treating it as lost.")
-        return len(late)
 
     async def _guarded(self, job: Job) -> BaseException | None:
         # The loop must never see SystemExit/KeyboardInterrupt from a handler: run_forever
