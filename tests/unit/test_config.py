@@ -230,3 +230,20 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="is not UTF-8 text") as info:
         config.load(path, {})
     assert info.value.exit_code == 2
+
+
+def test_the_shipped_env_example_copied_to_env_overrides_no_setting_of_the_file(
+    tmp_path: Path,
+) -> None:
+    """README: copy .env.example to .env next to vultrscale.toml. Its worker lines are
+    examples; set, they would beat the file's [worker] section (an empty app is invalid)."""
+    example = Path(__file__).resolve().parents[2] / ".env.example"
+    (tmp_path / ".env").write_text(example.read_text())
+    path = write(tmp_path, '[worker]\napp = "myjobs:handle"\nconcurrency = 8\ndrain_seconds = 45\n')
+    cfg = config.load(path, env={})
+    assert (cfg.worker.app, cfg.worker.concurrency, cfg.worker.drain_seconds) == (
+        "myjobs:handle",
+        8,
+        45,
+    )
+    assert cfg.secrets.database_url.reveal().startswith("postgresql://vultrscale:")
