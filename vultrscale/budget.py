@@ -120,7 +120,9 @@ def ledger_bills(
     Each row is billed at the price it was created at (its ``monthly_cost``, else the plan's
     current ``price``, else 0; its ``hourly_rate``, else monthly / 672) from its creation until
     it went (``gone_at``) or ``now``. The sum of the values is the fleet's month to date
-    (``Observation.month_to_date_usd``); each value is that instance's ``billed_usd``.
+    (``Observation.month_to_date_usd``); each value is that instance's ``billed_usd``. Live
+    rows come first: a later row with a label already billed (a gone row whose label was
+    taken) is summed under a key of its own.
     """
     start, end = month_bounds(now)
     now = utc(now)
@@ -130,7 +132,10 @@ def ledger_bills(
         monthly = r.monthly_cost if r.monthly_cost is not None else current
         hourly = r.hourly_rate or monthly / HOURS_PER_MONTH
         stop = _utc(r.gone_at) if r.gone_at is not None else now
-        bills[r.label] = _billed(_utc(r.created_at), stop, hourly, monthly, start, end)
+        key = r.label
+        if key in bills:  # a gone row whose label an instance adopted this pass took: both bill
+            key = f"{key}@{len(bills)}"
+        bills[key] = _billed(_utc(r.created_at), stop, hourly, monthly, start, end)
     return bills
 
 

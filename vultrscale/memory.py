@@ -39,6 +39,7 @@ from vultrscale.model import (
     ServiceState,
     Signals,
     WorkerView,
+    retired_label,
 )
 from vultrscale.ports import Session
 from vultrscale.vultr.errors import InstanceLocked, NotFound
@@ -275,6 +276,13 @@ class MemoryLedger:
     ) -> None:
         from vultrscale.lifecycle import adopted_row
 
+        old = self.instances.get(label)
+        if old is not None and old.state is InstanceState.GONE:  # as the Postgres ledger does
+            del self.instances[label]
+            retired = retired_label(label, old.instance_id)
+            self.instances[retired] = replace(old, label=retired)
+        elif old is not None:
+            return  # a live row with the label: left alone, as in Postgres
         v = VInstance(id=instance_id, label=label, plan=plan, region=region)
         row = adopted_row(self.fleet, label, v, state, created_at, now)
         self.instances[label] = replace(

@@ -113,6 +113,12 @@ class LedgerRow:
         return self.created_at
 
 
+def retired_label(label: str, instance_id: str | None) -> str:
+    """The label a gone row takes once a later instance is adopted under its label (a name
+    used before, by hand): the row stays, and its cost stays in the month's bill."""
+    return f"{label}@{instance_id or 'none'}"
+
+
 # The column of fleet_instances each state stamps the first time a row enters it.
 STATE_STAMPS: dict[InstanceState, str] = {
     InstanceState.PENDING: "posted_at",

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from vultrscale import budget, metrics, ssh
 from vultrscale import config as config_mod
-from vultrscale import metrics, ssh
 from vultrscale.clock import FakeClock
 from vultrscale.errors import EXIT_USAGE, HostKeyMismatch, UsageError
 from vultrscale.memory import (
@@ -609,6 +609,58 @@ def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoptio
     fleet.clock.advance(15 * 60 + 1)
     replaced = fleet.run()
     assert [x["kind"] for x in replaced.actions if x["label"] == "worker-by-hand"] == ["replace"]
+
+
+def test_a_label_used_again_by_hand_after_its_instance_went_keeps_both_in_the_bill(
+    fleet: Fleet,
+) -> None:
+    from datetime import timedelta
+
+    from vultrscale.vultr.models import VInstance
+
+    def by_hand(iid: str, created: datetime) -> VInstance:
+        return VInstance(
+            id=iid,
+            label="worker-by-hand",
+            status="active",
+            power_status="running",
+            server_status="ok",
+            main_ip="10.9.0.1",
+            region="ewr",
+            plan="vc2-1c-2gb",
+            date_created=created,
+            tags=(fleet.cfg.fleet.tag,),
+        )
+
+    fleet.queue(4)
+    first = by_hand("hand-1", fleet.clock.now())
+    fleet.cloud.instances[first.id] = first
+    fleet.run()  # adopted
+    fleet.clock.advance(3 * 3600)
+    del fleet.cloud.instances[first.id]  # deleted by hand at Vultr
+    fleet.run()
+    assert "worker-by-hand" not in fleet.states()
+    fleet.clock.advance(3600)
+    second = by_hand("hand-2", fleet.clock.now() - timedelta(minutes=5))
+    fleet.cloud.instances[second.id] = second  # made again by hand, under the same name
+
+    result = fleet.run()
+    rows = {r.label: r for r in fleet.ledger.rows(START)}
+    old, new = rows["worker-by-hand@hand-1"], rows["worker-by-hand"]
+    assert (old.state, old.instance_id) == (S.GONE, "hand-1")
+    assert (new.instance_id, new.created_at) == ("hand-2", second.date_created)
+    assert old.gone_at is not None and old.created_at == first.date_created
+    everything = fleet.ledger.rows(START)  # the gone row, the new one, and the queue's worker
+    expected = sum(budget.ledger_bills(everything, None, fleet.clock.now()).values())
+    gone_bill = budget.ledger_bills([old], None, fleet.clock.now())[old.label]
+    assert gone_bill == pytest.approx(3 * 0.015)
+    assert result.observation is not None
+    # The pass that adopted it bills both, the gone row's hours and the new instance's (the
+    # new row's price is stored by that pass: within it, it is the plan's monthly / 672).
+    assert result.observation.month_to_date_usd == pytest.approx(expected, abs=1e-3)
+    fleet.clock.advance(30)
+    again = fleet.run().observation
+    assert again is not None and again.month_to_date_usd == pytest.approx(expected)
 
 
 def test_tagged_instances_without_a_label_of_their_own_are_tracked_and_held_to_the_cap(

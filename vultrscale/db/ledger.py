@@ -26,6 +26,7 @@ from vultrscale.model import (
     PlanPrice,
     Signals,
     WorkerView,
+    retired_label,
 )
 from vultrscale.ports import Session
 
@@ -116,29 +117,42 @@ def adopt(
     hourly_rate: float | None,
     monthly_cost: float | None,
 ) -> None:
-    """Record a tagged instance the ledger did not know (made by hand, or a lost intent)."""
-    conn.execute(
-        "INSERT INTO fleet_instances (label, fleet, state, instance_id, plan, region, "
-        "hourly_rate, monthly_cost, created_at, posted_at, state_since, last_error) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-        "ON CONFLICT (label) DO UPDATE SET instance_id = EXCLUDED.instance_id, "
-        "state = EXCLUDED.state, state_since = EXCLUDED.state_since, gone_at = NULL, "
-        "draining_at = NULL, deleting_at = NULL, last_error = EXCLUDED.last_error",
-        (
-            label,
-            fleet,
-            state.value,
-            instance_id,
-            plan,
-            region,
-            hourly_rate,
-            monthly_cost,
-            created_at,
-            created_at,
-            now,
-            "adopted: tagged at Vultr but missing from the ledger",
-        ),
-    )
+    """Record a tagged instance the ledger did not know (made by hand, or a lost intent).
+
+    A gone row with the same label (a name used before) is kept under its retired label, so
+    this month's bill keeps its cost and the new row starts afresh: its own creation time, no
+    stamps, no pinned key. A live row with the label (another fleet's) is left alone."""
+    with conn.transaction():
+        gone = conn.execute(
+            "SELECT instance_id FROM fleet_instances WHERE label = %s AND state = 'gone' "
+            "FOR UPDATE",
+            (label,),
+        ).fetchone()
+        if gone is not None:
+            conn.execute(
+                "UPDATE fleet_instances SET label = %s WHERE label = %s",
+                (retired_label(label, gone[0]), label),
+            )
+        conn.execute(
+            "INSERT INTO fleet_instances (label, fleet, state, instance_id, plan, region, "
+            "hourly_rate, monthly_cost, created_at, posted_at, state_since, last_error) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (label) DO NOTHING",
+            (
+                label,
+                fleet,
+                state.value,
+                instance_id,
+                plan,
+                region,
+                hourly_rate,
+                monthly_cost,
+                created_at,
+                created_at,
+                now,
+                "adopted: tagged at Vultr but missing from the ledger",
+            ),
+        )
 
 
 def transition(

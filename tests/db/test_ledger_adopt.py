@@ -1,0 +1,68 @@
+"""The Postgres ledger's adoption of a tagged stranger under a label a gone row has: the gone
+row and its cost stay (under its retired label), the new row starts afresh."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from vultrscale import budget
+from vultrscale.db import ledger
+from vultrscale.model import InstanceState
+
+T0 = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
+
+
+def _adopt(conn: psycopg.Connection, iid: str, created: datetime, fleet: str = "workers") -> None:
+    ledger.adopt(
+        conn,
+        fleet=fleet,
+        label="worker-by-hand",
+        instance_id=iid,
+        state=InstanceState.BOOTING,
+        plan="vc2-1c-2gb",
+        region="ewr",
+        created_at=created,
+        now=created + timedelta(minutes=1),
+        hourly_rate=0.015,
+        monthly_cost=10.0,
+    )
+
+
+def test_a_label_used_again_after_its_instance_went_keeps_the_gone_row_and_starts_afresh(
+    db_url: str,
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        _adopt(conn, "hand-1", T0)
+        conn.execute(
+            "UPDATE fleet_instances SET host_key = 'ssh-ed25519 AAAAold' WHERE label = %s",
+            ("worker-by-hand",),
+        )
+        ledger.transition(conn, "worker-by-hand", InstanceState.RUNNING, T0 + timedelta(hours=1))
+        ledger.transition(conn, "worker-by-hand", InstanceState.GONE, T0 + timedelta(hours=3))
+        later = T0 + timedelta(hours=4)
+        _adopt(conn, "hand-2", later)
+
+        rows = {r.label: r for r in ledger.rows(conn, "workers", since=budget.month_bounds(T0)[0])}
+    assert set(rows) == {"worker-by-hand", "worker-by-hand@hand-1"}
+    old, new = rows["worker-by-hand@hand-1"], rows["worker-by-hand"]
+    assert (old.state, old.created_at, old.gone_at) == (
+        InstanceState.GONE,
+        T0,
+        T0 + timedelta(hours=3),
+    )
+    # nothing of the gone instance carries over: its creation, stamps and pinned key
+    assert (new.instance_id, new.state, new.created_at) == ("hand-2", InstanceState.BOOTING, later)
+    assert (new.running_at, new.gone_at, new.host_key) == (None, None, None)
+    bills = budget.ledger_bills([new, old], None, later + timedelta(minutes=30))
+    assert bills == {"worker-by-hand": 0.015, "worker-by-hand@hand-1": 3 * 0.015}
+
+
+def test_adoption_leaves_another_fleets_live_row_of_the_same_label_alone(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        _adopt(conn, "theirs-1", T0, fleet="other")
+        _adopt(conn, "ours-1", T0 + timedelta(hours=1))
+        (row,) = ledger.rows(conn, "other")
+        assert ledger.rows(conn, "workers") == []
+    assert (row.fleet, row.instance_id, row.created_at) == ("other", "theirs-1", T0)
