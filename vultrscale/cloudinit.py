@@ -157,10 +157,34 @@ def render_user_data(
         "service_unit": f"{cfg.fleet.service}.service",
     }
     # The label also appears in a comment line; it is checked above to be one plain word.
-    quoted = {k: (v if k == "label" else json.dumps(v)) for k, v in values.items()}
+    quoted = {k: (v if k == "label" else yaml_quoted(k, v)) for k, v in values.items()}
     text = _substitute(USER_DATA_TEMPLATE, read_template(USER_DATA_TEMPLATE), quoted)
     check_user_data(text, values)
     return text
+
+
+# Escaped beyond printable ASCII: raw, YAML refuses DEL and reads NEL, LS and PS as line breaks.
+_NOT_ASCII = re.compile(r"[^\x20-\x7e]")
+
+
+def yaml_quoted(key: str, value: str) -> str:
+    """``value`` as a YAML double-quoted scalar that reads back exactly: JSON's escapes (YAML's
+    double-quoted style takes them), every character outside ASCII escaped, and those beyond
+    U+FFFF as one ``\\UXXXXXXXX`` (JSON's surrogate pair reads back as two lone surrogates).
+    A lone surrogate (bytes that were not UTF-8) has no form that reads back: UsageError."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"the user-data's {key} holds bytes that are not UTF-8 text",
+            hint="Check the settings and secrets it is made of (the .env file, the environment).",
+        ) from None
+
+    def escape(m: re.Match[str]) -> str:
+        code = ord(m.group())
+        return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+    return _NOT_ASCII.sub(escape, json.dumps(value, ensure_ascii=False))
 
 
 def check_user_data(text: str, expected: dict[str, str] | None = None) -> dict[str, Any]:
