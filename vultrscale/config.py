@@ -392,9 +392,18 @@ def read_dotenv(path: Path) -> dict[str, str]:
     """KEY=VALUE lines of a .env file (``export`` and quotes allowed); absent file: empty."""
     if not path.is_file():
         return {}
+    import io
+
     from dotenv import dotenv_values
 
-    return {k: v for k, v in dotenv_values(path).items() if v is not None}
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"cannot read {path}: {exc.strerror}"]) from None
+    # Bytes that are not UTF-8 kept as the environment keeps them (lone surrogates): `load`
+    # names the variable instead of failing on the whole file.
+    text = io.StringIO(raw.decode("utf-8", errors="surrogateescape"))
+    return {k: v for k, v in dotenv_values(stream=text).items() if v is not None}
 
 
 def load(
@@ -445,6 +454,12 @@ def load(
     # .env next to the config file (or in the working directory): weaker than the real env.
     dotenv = read_dotenv(cfg_path.parent / ".env" if source != "defaults" else Path(".env"))
     merged_env = {**dotenv, **env}
+    # Bytes that are not UTF-8 reach os.environ as lone surrogates: no library takes them (libpq
+    # and httpx raise UnicodeEncodeError). Said here by name, never by value (it may be a secret).
+    for name in sorted(n for n in merged_env if n in _READ_AS_TEXT or n.startswith("VULTRSCALE_")):
+        if not _is_text(merged_env[name]):
+            problems.append(f"{name} is not UTF-8 text (in the environment or .env)")
+            del merged_env[name]
 
     if "secrets" in data or any(k in data for k in ("api_key", "database_url")):
         problems.append(
@@ -497,6 +512,18 @@ def load(
         raise ConfigError(problems)
     assert cfg is not None
     return cfg
+
+
+# The variables read besides VULTRSCALE_*: the secrets and the API's address.
+_READ_AS_TEXT = frozenset({"VULTR_API_KEY", "DATABASE_URL", "WORKER_DATABASE_URL", "VULTR_API_URL"})
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _FromEnv(str):

@@ -118,7 +118,7 @@ def parse_conninfo(text: str) -> dict[str, str] | None:
 
     try:
         parsed = {k: str(v) for k, v in conninfo_to_dict(text).items() if v is not None}
-    except psycopg.Error:
+    except (psycopg.Error, UnicodeError):  # bytes that are not UTF-8: not a string libpq reads
         return None
     # libpq reads "postgresql://u:p/w@h/db" as host "u", port "p", dbname "w@h/db": an
     # unencoded '/', '?' or '@' in a password moves it into fields that are printed.
@@ -251,7 +251,10 @@ def secret_values(values: Iterable[str | None]) -> list[str]:
             ssl = parsed.get("sslpassword") if parsed else None  # the client key's passphrase
             for pw in (url_password(value), ssl):
                 if pw:
-                    out.extend(dict.fromkeys([pw, quote(pw, safe=""), quote(pw)]))
+                    # surrogateescape: bytes that were not UTF-8 spelled as a URL spells them
+                    spelled = [quote(pw, safe="", errors="surrogateescape")]
+                    spelled.append(quote(pw, errors="surrogateescape"))
+                    out.extend(dict.fromkeys([pw, *spelled]))
     return out
 
 

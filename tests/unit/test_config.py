@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -247,3 +248,21 @@ def test_the_shipped_env_example_copied_to_env_overrides_no_setting_of_the_file(
         45,
     )
     assert cfg.secrets.database_url.reveal().startswith("postgresql://vultrscale:")
+
+
+@pytest.mark.parametrize("where", ["environment", ".env"])
+def test_a_secret_that_is_not_utf8_is_named_not_shown_and_refused_with_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    path = write(tmp_path, "[policy]\nmax_instances = 2\n")
+    raw = b"postgresql://scaler:pw-sec\xffret@db.example/jobs"
+    if where == ".env":
+        (tmp_path / ".env").write_bytes(b"DATABASE_URL=" + raw + b"\n")
+    else:  # as os.environ holds bytes that are not UTF-8
+        monkeypatch.setenv("DATABASE_URL", raw.decode("utf-8", "surrogateescape"))
+    with pytest.raises(ConfigError, match="DATABASE_URL is not UTF-8 text"):
+        config.load(path, dict(os.environ))
+    assert main(["--config", str(path), "config", "check"]) == 2
+    out = capsys.readouterr()
+    assert "DATABASE_URL is not UTF-8 text" in out.err
+    assert "pw-sec" not in out.out + out.err and "Traceback" not in out.err
