@@ -675,6 +675,11 @@ def validate(cfg: Config) -> list[str]:
             f"worker.db_role: {w.db_role!r} must be lowercase letters, digits and '_' "
             "(at most 63, not starting with a digit), or empty to manage roles yourself"
         )
+    elif w.db_role == "public" or w.db_role.startswith("pg_"):
+        p.append(
+            f"worker.db_role: {w.db_role!r} is reserved by Postgres (public, pg_*): name a role "
+            "of its own, e.g. vultrscale_worker"
+        )
     if q.preset not in ("vultrscale", "procrastinate", "pgqueuer", "custom"):
         p.append(
             f"queue.preset: {q.preset!r} must be one of vultrscale, procrastinate, pgqueuer, custom"

@@ -442,3 +442,30 @@ def test_with_a_foreign_queue_db_init_leaves_the_apps_worker_role_alone(
     finally:
         admin.execute(f"DROP OWNED BY {name}")
         admin.execute(f"DROP ROLE {name}")
+
+
+@pytest.mark.parametrize("grant", ["membership", "createrole"])
+def test_db_init_leaves_the_workers_role_no_way_to_the_scalers_privileges(
+    db_url: str, worker_role: Role, admin: psycopg.Connection, grant: str
+) -> None:
+    cfg = _config(db_url, worker_role.name, worker_role.url)
+    if grant == "membership":  # it could SET ROLE to the scaler's own and write its tables
+        (scaler,) = admin.execute("SELECT current_user").fetchone() or ("",)
+        admin.execute(f'GRANT "{scaler}" TO {worker_role.name}')
+        with pytest.raises(UsageError, match=f"is a member of {scaler}") as refused:
+            roles.init_database(db_url, cfg)
+        assert f"REVOKE {scaler} FROM {worker_role.name}" in (refused.value.hint or "")
+        admin.execute(f'REVOKE "{scaler}" FROM {worker_role.name}')
+    else:  # it could grant itself any role, the scaler's own included
+        admin.execute(f"ALTER ROLE {worker_role.name} CREATEROLE CREATEDB")
+        roles.init_database(db_url, cfg)
+    attributes = admin.execute(
+        "SELECT rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = %s", (worker_role.name,)
+    ).fetchone()
+    assert attributes == (False, False)
+    member_of = admin.execute(
+        "SELECT count(*) FROM pg_auth_members m JOIN pg_roles w ON w.oid = m.member"
+        " WHERE w.rolname = %s",
+        (worker_role.name,),
+    ).fetchone()
+    assert member_of == (0,)

@@ -266,3 +266,10 @@ def test_a_secret_that_is_not_utf8_is_named_not_shown_and_refused_with_exit_2(
     out = capsys.readouterr()
     assert "DATABASE_URL is not UTF-8 text" in out.err
     assert "pw-sec" not in out.out + out.err and "Traceback" not in out.err
+
+
+@pytest.mark.parametrize("role", ["public", "pg_monitor"])
+def test_a_workers_role_postgres_reserves_is_a_config_error(tmp_path: Path, role: str) -> None:
+    # `db init` would fail half-way with "role name is reserved" (exit 1, a misleading hint)
+    with pytest.raises(ConfigError, match="reserved by Postgres"):
+        config.load(write(tmp_path, f'[worker]\ndb_role = "{role}"\n'), {})

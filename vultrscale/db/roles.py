@@ -72,7 +72,8 @@ _ROLE_HINT = (
 
 
 def _check_role(conn: psycopg.Connection, role: str) -> bool:
-    """Whether ``role`` exists; UsageError if it is the scaler's own or a superuser."""
+    """Whether ``role`` exists; UsageError if it is the scaler's own, a superuser, a replication
+    role, a member of another role, or an owner of tables here: no grant could limit it."""
     row = conn.execute("SELECT current_user").fetchone()
     if row and row[0] == role:
         raise UsageError(
@@ -80,13 +81,31 @@ def _check_role(conn: psycopg.Connection, role: str) -> bool:
             hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
         )
     row = conn.execute(
-        "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = %s", (role,)
+        "SELECT rolsuper OR rolbypassrls OR rolreplication FROM pg_roles WHERE rolname = %s",
+        (role,),
     ).fetchone()
     if row and row[0]:
         raise UsageError(
-            f"worker.db_role = {role} is a superuser (or bypasses row security): no grant "
-            "could limit it",
+            f"worker.db_role = {role} is a superuser (or bypasses row security, or may "
+            "replicate): no grant could limit it",
             hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
+        )
+    # A member acts with its roles' privileges (inherited, or by SET ROLE): the scaler's own,
+    # pg_write_all_data, ... Our grants cannot take that back; the membership must go.
+    groups = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT g.rolname FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid"
+            " JOIN pg_roles w ON w.oid = m.member WHERE w.rolname = %s ORDER BY 1",
+            (role,),
+        )
+    ]
+    if groups:
+        raise UsageError(
+            f"worker.db_role = {role} is a member of {', '.join(groups)}: it may act with "
+            "their privileges, which no grant on the tables takes back",
+            hint=f"REVOKE {', '.join(groups)} FROM {role}; or name a role of its own for the "
+            "workers, e.g. vultrscale_worker.",
         )
     owns = conn.execute(
         "SELECT 1 FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner"
@@ -110,7 +129,8 @@ def apply_worker_role(conn: psycopg.Connection, role: str, password: str | None)
     exists = _check_role(conn, role)
     ident = sql.Identifier(role)
     verb = sql.SQL("ALTER" if exists else "CREATE")
-    conn.execute(sql.SQL("{} ROLE {} LOGIN").format(verb, ident))
+    # No role or database of its own making: a CREATEROLE role could grant itself the scaler's.
+    conn.execute(sql.SQL("{} ROLE {} LOGIN NOCREATEROLE NOCREATEDB").format(verb, ident))
     if password:
         hashed = conn.pgconn.encrypt_password(password.encode(), role.encode())
         conn.execute(
