@@ -25,6 +25,7 @@ from vultrscale.memory import (
 from vultrscale.model import Instance, InstanceState, ServiceState, Signals, WorkerView
 from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_forever, run_pass
 from vultrscale.vultr.errors import ApiUnreachable, AuthError
+from vultrscale.vultr.models import VInstance
 
 START = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
 S = InstanceState
@@ -580,16 +581,10 @@ def test_a_running_instance_whose_worker_goes_quiet_is_replaced_boot_timeout_lat
     assert "into its boot" in next(x["reason"] for x in replaced.actions if x["label"] == a)
 
 
-def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoption(
-    fleet: Fleet,
-) -> None:
-    from datetime import timedelta
-
-    from vultrscale.vultr.models import VInstance
-
-    fleet.queue(4)
+def _by_hand(fleet: Fleet, iid: str, created: datetime) -> VInstance:
+    """A running instance made by hand at Vultr with the fleet's tag, label worker-by-hand."""
     hand = VInstance(
-        id="hand-1",
+        id=iid,
         label="worker-by-hand",
         status="active",
         power_status="running",
@@ -597,10 +592,18 @@ def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoptio
         main_ip="10.9.0.1",
         region="ewr",
         plan="vc2-1c-2gb",
-        date_created=fleet.clock.now() - timedelta(hours=2),  # made long before we saw it
+        date_created=created,
         tags=(fleet.cfg.fleet.tag,),
     )
-    fleet.cloud.instances[hand.id] = hand
+    fleet.cloud.instances[iid] = hand
+    return hand
+
+
+def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoption(
+    fleet: Fleet,
+) -> None:
+    fleet.queue(4)
+    hand = _by_hand(fleet, "hand-1", fleet.clock.now() - timedelta(hours=2))  # made long before
 
     adopted = fleet.run()
     assert fleet.states()["worker-by-hand"] == "booting"
@@ -614,35 +617,15 @@ def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoptio
 def test_a_label_used_again_by_hand_after_its_instance_went_keeps_both_in_the_bill(
     fleet: Fleet,
 ) -> None:
-    from datetime import timedelta
-
-    from vultrscale.vultr.models import VInstance
-
-    def by_hand(iid: str, created: datetime) -> VInstance:
-        return VInstance(
-            id=iid,
-            label="worker-by-hand",
-            status="active",
-            power_status="running",
-            server_status="ok",
-            main_ip="10.9.0.1",
-            region="ewr",
-            plan="vc2-1c-2gb",
-            date_created=created,
-            tags=(fleet.cfg.fleet.tag,),
-        )
-
     fleet.queue(4)
-    first = by_hand("hand-1", fleet.clock.now())
-    fleet.cloud.instances[first.id] = first
+    first = _by_hand(fleet, "hand-1", fleet.clock.now())
     fleet.run()  # adopted
     fleet.clock.advance(3 * 3600)
     del fleet.cloud.instances[first.id]  # deleted by hand at Vultr
     fleet.run()
     assert "worker-by-hand" not in fleet.states()
     fleet.clock.advance(3600)
-    second = by_hand("hand-2", fleet.clock.now() - timedelta(minutes=5))
-    fleet.cloud.instances[second.id] = second  # made again by hand, under the same name
+    second = _by_hand(fleet, "hand-2", fleet.clock.now() - timedelta(minutes=5))  # the same name
 
     result = fleet.run()
     rows = {r.label: r for r in fleet.ledger.rows(START)}
