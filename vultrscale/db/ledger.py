@@ -474,17 +474,7 @@ class PgStore:
                 return conn
             except psycopg.Error:
                 conn.close()
-        conn = pg.connect(self.url)
-        try:
-            with pg.translated("fleet ledger: setting the session time zone", self.url):
-                # Times come back in UTC, the tzinfo the pass computes in: compared and
-                # subtracted per instance many times a pass, datetimes of another tzinfo
-                # (even "Etc/UTC") each ask for their offset, and the pure core takes 1.7x.
-                conn.execute("SET TIME ZONE 'UTC'")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return pg.connect(self.url)  # its times in UTC, the tzinfo the pass computes in
 
     def _release(self, conn: psycopg.Connection[Any]) -> None:
         """Keep ``conn`` for the next session if asked and clean: idle, its locks released.
