@@ -417,7 +417,6 @@ def load(
     if require_file is not None:
         must_exist = require_file
 
-    problems: list[str] = []
     data: dict[str, Any] = {}
     source = "defaults"
     if cfg_path.is_file():
@@ -444,8 +443,25 @@ def load(
 
     # .env next to the config file (or in the working directory): weaker than the real env.
     dotenv = read_dotenv(cfg_path.parent / ".env" if source != "defaults" else Path(".env"))
-    merged_env = {**dotenv, **env}
+    return _resolve(data, {**dotenv, **env}, flags or {}, source)
 
+
+def check_text(text: str, where: str) -> None:
+    """ConfigError listing every problem ``config check`` would find in ``text`` as the config
+    file ``where``, read on its own (no environment, no .env, no secrets); None if it loads."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{where} would not be valid TOML: {exc}"]) from None
+    _resolve(data, {}, {}, where)
+
+
+def _resolve(
+    data: dict[str, Any], merged_env: Mapping[str, str], flags: Mapping[str, Any], source: str
+) -> Config:
+    """The config from a file's ``data``, the environment (.env merged in) and the flags;
+    ConfigError listing every problem."""
+    problems: list[str] = []
     if "secrets" in data or any(k in data for k in ("api_key", "database_url")):
         problems.append(
             "secrets are not read from the config file: set VULTR_API_KEY and DATABASE_URL "
@@ -471,7 +487,7 @@ def load(
         section, _, key = rest.partition("_")
         if section in _SECTIONS and key:
             layered[section][key] = _FromEnv(value)
-    for dotted, value in (flags or {}).items():
+    for dotted, value in flags.items():
         if value is None:
             continue
         section, _, key = dotted.partition(".")
