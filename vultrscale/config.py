@@ -33,6 +33,8 @@ from vultrscale.errors import mask_url as mask_url  # re-exported: part of confi
 from vultrscale.errors import url_password as url_password
 
 DEFAULT_API_URL = "https://api.vultr.com"
+# The secrets, read only from the environment or the .env next to the config file.
+SECRET_NAMES = ("VULTR_API_KEY", "DATABASE_URL", "WORKER_DATABASE_URL")
 DEFAULT_CONFIG_NAME = "vultrscale.toml"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -206,6 +208,9 @@ class Secrets:
     worker_database_url: Secret = field(default_factory=lambda: Secret(""))
     # user:password of a VULTR_API_URL that carries them (a proxy with basic auth)
     api_url_userinfo: Secret = field(default_factory=lambda: Secret(""))
+    # The secrets set but empty in the environment while the .env has a value: the environment
+    # wins (README "Configuration"), so the .env's value is hidden, and saying "not set" misleads.
+    hidden_by_env: frozenset[str] = frozenset()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Secrets:
@@ -216,6 +221,17 @@ class Secrets:
             worker_database_url=Secret(env.get("WORKER_DATABASE_URL", "").strip()),
             api_url_userinfo=Secret(http_userinfo(env.get("VULTR_API_URL", "").strip()) or ""),
         )
+
+    def missing(self, name: str, hint: str) -> UsageError:
+        """The error for the secret ``name`` that a command needs and does not have: not set,
+        or set but empty in the environment over a value in the .env."""
+        if name in self.hidden_by_env:
+            return UsageError(
+                f"{name} is set but empty in the environment, which overrides its value in the "
+                ".env.",
+                hint=f"Unset it (`unset {name}`) to use the .env's value, or give it a value.",
+            )
+        return UsageError(f"{name} is not set.", hint=hint)
 
     def values(self) -> list[str]:
         """Every secret string, including the password inside the database URLs."""
@@ -257,6 +273,8 @@ class Config:
         never put there unless the user asked for it."""
         if self.secrets.worker_database_url:
             return self.secrets.worker_database_url
+        if "WORKER_DATABASE_URL" in self.secrets.hidden_by_env:
+            raise self.secrets.missing("WORKER_DATABASE_URL", "")
         if not self.worker.use_scaler_database_url:
             raise UsageError(
                 "WORKER_DATABASE_URL is not set: new instances would boot with the scaler's own "
@@ -268,6 +286,8 @@ class Config:
                     " use_scaler_database_url = true in [worker]."
                 ),
             )
+        if "DATABASE_URL" in self.secrets.hidden_by_env:
+            raise self.secrets.missing("DATABASE_URL", "")
         if not self.secrets.database_url:
             raise UsageError(
                 "DATABASE_URL is not set: the worker would not know where its queue is",
@@ -289,10 +309,13 @@ class Config:
             "DATABASE_URL": mask_url(db) if db else "(not set)",
             "WORKER_DATABASE_URL": mask_url(wdb) if wdb else _NO_WORKER_URL[scaler_url_ok],
         }
+        for name in self.secrets.hidden_by_env:
+            out["environment"][name] = _HIDDEN_BY_ENV
         out["source"] = self.source
         return out
 
 
+_HIDDEN_BY_ENV = "(set but empty in the environment, which overrides its value in the .env)"
 _NO_WORKER_URL = {
     True: "(not set: DATABASE_URL is used, worker.use_scaler_database_url = true)",
     False: "(not set: reconcile and cloud-init render refuse to create instances)",
@@ -443,7 +466,10 @@ def load(
 
     # .env next to the config file (or in the working directory): weaker than the real env.
     dotenv = read_dotenv(cfg_path.parent / ".env" if source != "defaults" else Path(".env"))
-    return _resolve(data, {**dotenv, **env}, flags or {}, source)
+    hidden = frozenset(
+        n for n in SECRET_NAMES if n in env and not env[n].strip() and dotenv.get(n, "").strip()
+    )
+    return _resolve(data, {**dotenv, **env}, flags or {}, source, hidden)
 
 
 def check_text(text: str, where: str) -> None:
@@ -457,7 +483,11 @@ def check_text(text: str, where: str) -> None:
 
 
 def _resolve(
-    data: dict[str, Any], merged_env: Mapping[str, str], flags: Mapping[str, Any], source: str
+    data: dict[str, Any],
+    merged_env: Mapping[str, str],
+    flags: Mapping[str, Any],
+    source: str,
+    hidden: frozenset[str] = frozenset(),
 ) -> Config:
     """The config from a file's ``data``, the environment (.env merged in) and the flags;
     ConfigError listing every problem."""
@@ -503,7 +533,7 @@ def _resolve(
             "VULTR_API_URL is not an http(s) URL (example: https://api.vultr.com; "
             "a proxy with credentials: https://USER:PASSWORD@proxy.example)"
         )
-    secrets = Secrets.from_env(merged_env)
+    secrets = dataclasses.replace(Secrets.from_env(merged_env), hidden_by_env=hidden)
     problems.extend(secrets.problems())
     cfg = None
     if not problems:

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from vultrscale.config import FleetConfig, check_text
+from vultrscale.config import SECRET_NAMES, FleetConfig, check_text
 from vultrscale.errors import ConfigError, RuntimeFailure, UsageError, VultrscaleError
 
 if TYPE_CHECKING:
     from vultrscale.vultr.client import VultrClient
 
 # The variables the user fills in .env; init never writes a value for them.
-SECRETS = ("VULTR_API_KEY", "DATABASE_URL", "WORKER_DATABASE_URL")
+SECRETS = SECRET_NAMES
 
 
 @dataclass(frozen=True)
