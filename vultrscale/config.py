@@ -33,6 +33,8 @@ from vultrscale.errors import mask_url as mask_url  # re-exported: part of confi
 from vultrscale.errors import url_password as url_password
 
 DEFAULT_API_URL = "https://api.vultr.com"
+# The secrets, read only from the environment or the .env next to the config file.
+SECRET_NAMES = ("VULTR_API_KEY", "DATABASE_URL", "WORKER_DATABASE_URL")
 DEFAULT_CONFIG_NAME = "vultrscale.toml"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -206,6 +208,9 @@ class Secrets:
     worker_database_url: Secret = field(default_factory=lambda: Secret(""))
     # user:password of a VULTR_API_URL that carries them (a proxy with basic auth)
     api_url_userinfo: Secret = field(default_factory=lambda: Secret(""))
+    # The secrets set but empty in the environment while the .env has a value: the environment
+    # wins (README "Configuration"), so the .env's value is hidden, and saying "not set" misleads.
+    hidden_by_env: frozenset[str] = frozenset()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Secrets:
@@ -216,6 +221,17 @@ class Secrets:
             worker_database_url=Secret(env.get("WORKER_DATABASE_URL", "").strip()),
             api_url_userinfo=Secret(http_userinfo(env.get("VULTR_API_URL", "").strip()) or ""),
         )
+
+    def missing(self, name: str, hint: str) -> UsageError:
+        """The error for the secret ``name`` that a command needs and does not have: not set,
+        or set but empty in the environment over a value in the .env."""
+        if name in self.hidden_by_env:
+            return UsageError(
+                f"{name} is set but empty in the environment, which overrides its value in the "
+                ".env.",
+                hint=f"Unset it (`unset {name}`) to use the .env's value, or give it a value.",
+            )
+        return UsageError(f"{name} is not set.", hint=hint)
 
     def values(self) -> list[str]:
         """Every secret string, including the password inside the database URLs."""
@@ -257,6 +273,8 @@ class Config:
         never put there unless the user asked for it."""
         if self.secrets.worker_database_url:
             return self.secrets.worker_database_url
+        if "WORKER_DATABASE_URL" in self.secrets.hidden_by_env:
+            raise self.secrets.missing("WORKER_DATABASE_URL", "")
         if not self.worker.use_scaler_database_url:
             raise UsageError(
                 "WORKER_DATABASE_URL is not set: new instances would boot with the scaler's own "
@@ -268,6 +286,8 @@ class Config:
                     " use_scaler_database_url = true in [worker]."
                 ),
             )
+        if "DATABASE_URL" in self.secrets.hidden_by_env:
+            raise self.secrets.missing("DATABASE_URL", "")
         if not self.secrets.database_url:
             raise UsageError(
                 "DATABASE_URL is not set: the worker would not know where its queue is",
@@ -289,10 +309,13 @@ class Config:
             "DATABASE_URL": mask_url(db) if db else "(not set)",
             "WORKER_DATABASE_URL": mask_url(wdb) if wdb else _NO_WORKER_URL[scaler_url_ok],
         }
+        for name in self.secrets.hidden_by_env:
+            out["environment"][name] = _HIDDEN_BY_ENV
         out["source"] = self.source
         return out
 
 
+_HIDDEN_BY_ENV = "(set but empty in the environment, which overrides its value in the .env)"
 _NO_WORKER_URL = {
     True: "(not set: DATABASE_URL is used, worker.use_scaler_database_url = true)",
     False: "(not set: reconcile and cloud-init render refuse to create instances)",
@@ -426,7 +449,6 @@ def load(
     if require_file is not None:
         must_exist = require_file
 
-    problems: list[str] = []
     data: dict[str, Any] = {}
     source = "defaults"
     if cfg_path.is_file():
@@ -453,14 +475,41 @@ def load(
 
     # .env next to the config file (or in the working directory): weaker than the real env.
     dotenv = read_dotenv(cfg_path.parent / ".env" if source != "defaults" else Path(".env"))
-    merged_env = {**dotenv, **env}
+    hidden = frozenset(
+        n for n in SECRET_NAMES if n in env and not env[n].strip() and dotenv.get(n, "").strip()
+    )
+    return _resolve(data, {**dotenv, **env}, flags or {}, source, hidden)
+
+
+def check_text(text: str, where: str) -> None:
+    """ConfigError listing every problem ``config check`` would find in ``text`` as the config
+    file ``where``, read on its own (no environment, no .env, no secrets); None if it loads."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{where} would not be valid TOML: {exc}"]) from None
+    _resolve(data, {}, {}, where)
+
+
+def _resolve(
+    data: dict[str, Any],
+    merged_env: Mapping[str, str],
+    flags: Mapping[str, Any],
+    source: str,
+    hidden: frozenset[str] = frozenset(),
+) -> Config:
+    """The config from a file's ``data``, the environment (.env merged in) and the flags;
+    ConfigError listing every problem."""
+    problems: list[str] = []
     # Bytes that are not UTF-8 reach os.environ as lone surrogates: no library takes them (libpq
     # and httpx raise UnicodeEncodeError). Said here by name, never by value (it may be a secret).
-    for name in sorted(n for n in merged_env if n in _READ_AS_TEXT or n.startswith("VULTRSCALE_")):
-        if not _is_text(merged_env[name]):
-            problems.append(f"{name} is not UTF-8 text (in the environment or .env)")
-            del merged_env[name]
-
+    undecodable = sorted(
+        n
+        for n, v in merged_env.items()
+        if (n in _READ_AS_TEXT or n.startswith("VULTRSCALE_")) and not _is_text(v)
+    )
+    problems.extend(f"{n} is not UTF-8 text (in the environment or .env)" for n in undecodable)
+    merged_env = {n: v for n, v in merged_env.items() if n not in undecodable}
     if "secrets" in data or any(k in data for k in ("api_key", "database_url")):
         problems.append(
             "secrets are not read from the config file: set VULTR_API_KEY and DATABASE_URL "
@@ -486,7 +535,7 @@ def load(
         section, _, key = rest.partition("_")
         if section in _SECTIONS and key:
             layered[section][key] = _FromEnv(value)
-    for dotted, value in (flags or {}).items():
+    for dotted, value in flags.items():
         if value is None:
             continue
         section, _, key = dotted.partition(".")
@@ -502,7 +551,7 @@ def load(
             "VULTR_API_URL is not an http(s) URL (example: https://api.vultr.com; "
             "a proxy with credentials: https://USER:PASSWORD@proxy.example)"
         )
-    secrets = Secrets.from_env(merged_env)
+    secrets = dataclasses.replace(Secrets.from_env(merged_env), hidden_by_env=hidden)
     problems.extend(secrets.problems())
     cfg = None
     if not problems:
@@ -515,7 +564,7 @@ def load(
 
 
 # The variables read besides VULTRSCALE_*: the secrets and the API's address.
-_READ_AS_TEXT = frozenset({"VULTR_API_KEY", "DATABASE_URL", "WORKER_DATABASE_URL", "VULTR_API_URL"})
+_READ_AS_TEXT = frozenset({*SECRET_NAMES, "VULTR_API_URL"})
 
 
 def _is_text(value: str) -> bool:

@@ -7,20 +7,23 @@ fills them in. Nothing is written when either file exists, unless ``force``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from vultrscale.config import FleetConfig
-from vultrscale.errors import UsageError, VultrscaleError
+from vultrscale.config import SECRET_NAMES, FleetConfig, check_text
+from vultrscale.errors import ConfigError, RuntimeFailure, UsageError, VultrscaleError
 
 if TYPE_CHECKING:
     from vultrscale.vultr.client import VultrClient
 
 # The variables the user fills in .env; init never writes a value for them.
-SECRETS = ("VULTR_API_KEY", "DATABASE_URL", "WORKER_DATABASE_URL")
+SECRETS = SECRET_NAMES
 
 
 @dataclass(frozen=True)
@@ -144,15 +147,69 @@ def config_text(a: Answers) -> str:
     return _CONFIG.format(region=_toml(a.region), plan=_toml(a.plan), snapshot=_toml(a.snapshot_id))
 
 
-def _toml(value: str) -> str:
-    import json
+# TOML basic strings: these characters escaped, control characters as \uXXXX, every other
+# character as itself (json.dumps is not TOML: it writes a character above U+FFFF as a pair of
+# \uD8xx\uDCxx escapes, which TOML refuses).
+_TOML_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+}
 
-    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+def _toml(value: str) -> str:
+    """``value`` as a TOML basic string."""
+    out = []
+    for ch in value:
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif ch < " " or ch == "\x7f":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+# Which config key each answer becomes, and the flag that gives it.
+_KEYS = (
+    ("region", "fleet.region", "--region"),
+    ("plan", "fleet.plan", "--plan"),
+    ("snapshot_id", "fleet.snapshot_id", "--snapshot"),
+)
+_BAD_ANSWER_HINT = (
+    "Nothing was written. Give a valid --region, --plan or --snapshot (or answer again): "
+    "the values named above."
+)
+
+
+def checked_text(a: Answers, config_path: Path) -> str:
+    """The config text for ``a``, loaded by the config module as ``config check`` would load
+    the file; ConfigError (exit 2) naming each answer it refuses."""
+    unreadable = []
+    for attr, key, flag in _KEYS:
+        value = getattr(a, attr)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that were not UTF-8 on the command line
+            unreadable.append(f"{key} ({flag}): {value!r} is not UTF-8 text")
+    if unreadable:
+        raise ConfigError(unreadable, hint=_BAD_ANSWER_HINT)
+    text = config_text(a)
+    try:
+        check_text(text, str(config_path))
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, hint=_BAD_ANSWER_HINT) from None
+    return text
 
 
 def refuse_existing(config_path: Path, *, force: bool) -> None:
     """UsageError naming the first of the two files that exists (``--force`` overwrites files)
-    or that can never be written (a directory, a link: even with ``force``)."""
+    or that can never be written (a directory, a link: even with ``force``), or the first
+    existing directory above them that is not a directory."""
     for path in (config_path, config_path.parent / ".env"):
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise UsageError(
@@ -164,20 +221,101 @@ def refuse_existing(config_path: Path, *, force: bool) -> None:
                 f"{path} exists; nothing written.",
                 hint="Move it away, or pass --force to overwrite it.",
             )
+    above = next((p for p in _ancestors(config_path.parent) if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UsageError(
+            f"{above} is not a directory, so {config_path} cannot be written; nothing written.",
+            hint="Write elsewhere with --config PATH.",
+        )
+
+
+def _ancestors(directory: Path) -> list[Path]:
+    """``directory`` and the directories above it, innermost first."""
+    return [directory, *directory.parents]
 
 
 def write(config_path: Path, answers: Answers, *, force: bool) -> list[Path]:
     """Write the config and the .env next to it (where the config loader reads it); nothing
-    when either exists, unless ``force``. The .env is mode 0600 from its first byte."""
+    when either exists, unless ``force``, and nothing when an answer is not valid config. Both
+    are written to temporary files next to them first and renamed into place only once both
+    are whole, so a failure (a full disk) leaves neither, nor a directory it made. The .env is
+    mode 0600 from its first byte."""
+    text = checked_text(answers, config_path)
     refuse_existing(config_path, force=force)
     env_path = config_path.parent / ".env"
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(config_text(answers), encoding="utf-8")
-    fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # an existing file (--force) keeps no wider mode
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(_ENV)
+    made: list[Path] = []
+    try:
+        for directory in reversed([p for p in _ancestors(config_path.parent) if not p.exists()]):
+            try:
+                directory.mkdir()
+            except OSError as exc:
+                raise _WriteFailed(directory, exc) from None
+            made.append(directory)
+        _write_together([(config_path, text, 0o666), (env_path, _ENV, 0o600)])
+    except _WriteFailed as failed:
+        for directory in reversed(made):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise cannot_write(failed.path, failed.error) from None
     return [config_path, env_path]
+
+
+class _WriteFailed(Exception):
+    def __init__(self, path: Path, error: OSError) -> None:
+        self.path, self.error = path, error
+
+
+def _write_together(files: list[tuple[Path, str, int]]) -> None:
+    """Each (path, text, mode) written whole to a temporary file in its directory, then all
+    renamed over their paths; _WriteFailed naming the path on any error, the temporaries
+    removed, and a file this call had just put where none was removed again."""
+    temps: list[Path] = []
+    placed: list[Path] = []
+    path = files[0][0]
+    try:
+        for path, text, mode in files:
+            temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            temps.append(temp)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        for (path, _, _), temp in zip(files, temps, strict=True):
+            existed = path.exists()
+            os.replace(temp, path)
+            if not existed:
+                placed.append(path)
+    except OSError as exc:
+        for p in (*temps, *placed):  # an overwritten file (--force) cannot come back
+            with contextlib.suppress(OSError):
+                p.unlink(missing_ok=True)
+        raise _WriteFailed(path, exc) from None
+
+
+# A path that cannot be written because of where it is (read-only, not a directory): the
+# --config path is wrong, exit 2, as a --metrics-file whose directory is not writable. Anything
+# else (a full disk, an I/O error) is a runtime failure, exit 1, as a failed metrics write.
+_WRONG_PLACE = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EEXIST,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+    }
+)
+
+
+def cannot_write(path: Path, exc: OSError) -> VultrscaleError:
+    """The error for a file init could not write (nothing was left behind)."""
+    message = f"cannot write {path}: {exc.strerror or exc}; nothing written."
+    if exc.errno in _WRONG_PLACE:
+        return UsageError(message, hint="Write elsewhere with --config PATH, or make it writable.")
+    return RuntimeFailure(message, hint="Free space on that disk (or fix it), then run init again.")
 
 
 def next_steps(written: Sequence[Path]) -> list[str]:

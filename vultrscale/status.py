@@ -236,6 +236,6 @@ def events_table(events: list[dict[str, Any]]) -> Table:
             at.strftime("%m-%d %H:%M:%S") if isinstance(at, datetime) else str(at),
             str(e.get("exit_code")),
             plain(summary),
-            plain("\n".join(details) or "-"),
+            Text("\n").join(plain(d) for d in details) if details else Text("-"),
         )
     return table

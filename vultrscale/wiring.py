@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vultrscale.errors import UsageError
-
 if TYPE_CHECKING:
     from vultrscale.config import Config
     from vultrscale.reconcile import Parts
@@ -25,10 +23,10 @@ API_KEY_HINT = (
 )
 
 
-def require(value: str, name: str, hint: str) -> str:
+def require(cfg: Config, value: str, name: str, hint: str) -> str:
     """A secret the command cannot run without; exit 2 with ``hint`` when it is missing."""
     if not value:
-        raise UsageError(f"{name} is not set.", hint=hint)
+        raise cfg.secrets.missing(name, hint)
     return value
 
 
@@ -36,13 +34,15 @@ def database_url(cfg: Config, *, worker: bool = False) -> str:
     """The scaler's DATABASE_URL (``worker``: WORKER_DATABASE_URL first) as the config read it;
     exit 2 when it is not set."""
     s = cfg.secrets
+    if worker and "WORKER_DATABASE_URL" in s.hidden_by_env:  # not DATABASE_URL behind its back
+        raise s.missing("WORKER_DATABASE_URL", DB_HINT)
     url = (s.worker_database_url.reveal() if worker else "") or s.database_url.reveal()
-    return require(url, "DATABASE_URL", DB_HINT)
+    return require(cfg, url, "DATABASE_URL", DB_HINT)
 
 
 def api_key(cfg: Config) -> str:
     """VULTR_API_KEY as the config read it; exit 2 when it is not set."""
-    return require(cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
+    return require(cfg, cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
 
 
 def user_data_renderer(

@@ -50,6 +50,18 @@ def test_enqueue_inserts_jobs(
         assert rows.fetchall() == [("q1", "ready", 0, 5, {"step_seconds": 1})] * 3
 
 
+def test_enqueue_stores_text_that_only_looks_like_an_escape_of_u0000(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backslash followed by "u0000" is six characters jsonb stores; only the character
+    U+0000 itself is refused."""
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert cli.main(["enqueue", "--payload", '{"s": "\\\\u0000", "\\\\u0000": 1}']) == 0
+    with psycopg.connect(db_url) as conn:
+        stored = conn.execute("SELECT payload FROM jobs").fetchall()
+    assert stored == [({"s": "\\u0000", "\\u0000": 1},)]
+
+
 def test_enqueue_bad_json_exits_2_and_inserts_nothing(
     db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

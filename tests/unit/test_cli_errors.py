@@ -140,8 +140,24 @@ def test_an_error_is_redacted_with_the_secrets_of_the_env_file_too(
         ("NaN", "NaN and infinite numbers"),
         ('{"n": 1e999}', "NaN and infinite numbers"),
         ('{"s": "a\\u0000b"}', "cannot store the character"),
+        ('{"k\\u0000": 1}', "cannot store the character"),
+        ('["\\ud800"]', "holds a lone surrogate"),
+        ('{"\\udfff": 1}', "holds a lone surrogate"),
+        ('"\udcff"', "holds a lone surrogate"),  # the byte 0xff, as Python reads it from argv
+        ("[" * 3000 + "]" * 3000, "nested too deeply"),
+        ("9" * 5000, "Send long numbers as strings"),
     ],
-    ids=["nan", "infinity", "nul"],
+    ids=[
+        "nan",
+        "infinity",
+        "nul",
+        "nul-in-key",
+        "lone-surrogate",
+        "surrogate-key",
+        "raw-byte",
+        "deep",
+        "digits",
+    ],
 )
 def test_an_enqueue_payload_postgres_cannot_store_is_exit_2_before_connecting(
     payload: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -150,3 +166,4 @@ def test_an_enqueue_payload_postgres_cannot_store_is_exit_2_before_connecting(
     assert cli.main(["enqueue", "--payload", payload]) == 2
     err = capsys.readouterr().err
     assert message in err and "cannot reach the database" not in err
+    assert "unexpected" not in err and "Fix:" in err

@@ -41,6 +41,29 @@ def test_an_events_table_shows_a_database_message_with_brackets_literally() -> N
     assert "[link=http://x]fleet[/link]" in text and "pwned" in text and "\x1b" not in text
 
 
+def test_an_events_row_shows_each_action_result_and_error_on_a_line_of_its_own() -> None:
+    table = status.events_table(
+        [
+            {
+                "at": datetime(2026, 11, 30, tzinfo=UTC),
+                "exit_code": 1,
+                "plan": {"desired": 2, "target": 2, "clamps": ["cap 2"]},
+                "actions": [{"kind": "create", "label": "w-1", "reason": "queue 8"}],
+                "results": [{"label": "w-1", "result": "created"}],
+                "errors": ["w-0: host\nkey changed"],  # a newline inside one detail stays inside
+            }
+        ]
+    )
+    lines = [line.rstrip() for line in _render(table).splitlines()]
+    cells = [line.rsplit("│", 2)[-2].strip() for line in lines if line.count("│") >= 4]
+    assert [c for c in cells if c][-4:] == [
+        "clamp: cap 2",
+        "create w-1: queue 8",
+        "w-1: created",
+        "error: w-0: host key changed",
+    ]
+
+
 def test_our_consoles_do_not_highlight_words() -> None:
     out = views.console()
     assert out._highlight is False  # noqa: SLF001 - the setting itself is what is promised

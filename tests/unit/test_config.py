@@ -11,7 +11,7 @@ import pytest
 
 from vultrscale import config
 from vultrscale.cli import main
-from vultrscale.errors import ConfigError, secret_values
+from vultrscale.errors import ConfigError, UsageError, secret_values
 
 SECRET_KEY = "VULTRKEYabcdefghijklmnopqrstuvwxyz0123"
 SECRET_PW = "hunter2-pa55word"
@@ -62,6 +62,53 @@ def test_dotenv_next_to_the_config_is_weaker_than_the_environment(tmp_path: Path
     cfg = config.load(path, {"DATABASE_URL": "postgresql://x:y@h/other"})
     assert cfg.secrets.api_key.reveal() == SECRET_KEY
     assert cfg.secrets.database_url.reveal().endswith("/other")
+
+
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [
+        ("VULTR_API_KEY", ["instances"]),
+        ("DATABASE_URL", ["events"]),
+        ("WORKER_DATABASE_URL", ["worker", "--app", "json:loads"]),
+    ],
+)
+def test_a_secret_set_empty_in_the_environment_over_the_dotenv_is_named_as_such(
+    name: str,
+    command: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The environment wins over the .env (README), so an empty variable hides the .env's
+    value: the error says so instead of "not set ... set it in the .env"."""
+    monkeypatch.chdir(tmp_path)
+    for other in (*config.SECRET_NAMES, "VULTRSCALE_CONFIG", "VULTR_API_URL"):
+        monkeypatch.delenv(other, raising=False)
+    write(tmp_path, "")
+    (tmp_path / ".env").write_text(
+        f"VULTR_API_KEY={SECRET_KEY}\nDATABASE_URL=postgresql://a:{SECRET_PW}@127.0.0.1:1/db\n"
+        f"WORKER_DATABASE_URL=postgresql://vultrscale_worker:{SECRET_PW}@127.0.0.1:1/db\n"
+    )
+    monkeypatch.setenv(name, "")
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert f"Error: {name} is set but empty in the environment, which overrides" in err, err
+    assert f"unset {name}" in err and SECRET_PW not in err
+    assert main(["config", "check", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["environment"][name]
+    assert "set but empty in the environment" in shown
+
+
+def test_new_instances_name_an_empty_worker_database_url_that_hides_the_dotenv(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "[worker]\nuse_scaler_database_url = true\n")
+    (tmp_path / ".env").write_text(
+        "DATABASE_URL=postgresql://a:b@h/db\nWORKER_DATABASE_URL=postgresql://w:c@h/db\n"
+    )
+    cfg = config.load(path, {"WORKER_DATABASE_URL": ""})
+    with pytest.raises(UsageError, match="WORKER_DATABASE_URL is set but empty in the env"):
+        cfg.worker_database_url()  # not the scaler's DATABASE_URL behind the user's back
 
 
 def test_every_problem_is_reported_at_once_with_its_key(tmp_path: Path) -> None:

@@ -4,8 +4,14 @@ in-process simulator) or take typed values when the API fails."""
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import resource
+import signal
 import stat
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -120,6 +126,85 @@ def test_the_template_has_the_readme_reference_keys(here: Path) -> None:
     assert {s: sorted(v) for s, v in written.items()} == {
         s: sorted(v) for s, v in reference.items()
     }
+
+
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        (["--region", "\U0001f600"], ["fleet.region"]),
+        (["--region", "New York", "--plan", ""], ["fleet.region", "fleet.plan"]),
+    ],
+)
+def test_an_answer_config_check_would_refuse_is_exit_2_and_writes_nothing(
+    here: Path, args: list[str], refused: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["init", "--defaults", *args]) == 2
+    err = capsys.readouterr().err
+    assert all(key in err for key in refused), err
+    assert "Nothing was written" in err and "unexpected" not in err
+    assert list(here.iterdir()) == []
+
+
+def test_any_text_config_check_takes_is_written_as_toml_it_reads_back(here: Path) -> None:
+    """A character above U+FFFF (json.dumps escapes it as a surrogate pair, invalid TOML),
+    quotes, backslashes and control characters: the snapshot id loads back as given."""
+    odd = 'snap-\U0001f600-"q"-\\-\t-\x7f-\x01'
+    assert main(["init", "--defaults", "--snapshot", odd]) == 0
+    assert config.load(here / "vultrscale.toml", env={}).fleet.snapshot_id == odd
+
+
+def test_a_config_path_under_a_file_is_exit_2_and_writes_nothing(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (here / "prod").write_text("a file\n")
+    assert main(["--config", "prod/eu/fleet.toml", "init", "--defaults"]) == 2
+    err = capsys.readouterr().err
+    assert "prod is not a directory" in err and "unexpected" not in err
+    assert [p.name for p in here.iterdir()] == ["prod"]
+
+
+def test_a_failure_writing_the_env_leaves_neither_file(
+    here: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up at the second file: the first is not left behind either, so a rerun
+    needs no --force."""
+    real_open = os.open
+
+    def full_disk(path: str | os.PathLike[str], *args: object, **kwargs: object) -> int:
+        if ".env" in os.fspath(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", full_disk)
+    assert main(["--config", "new/fleet.toml", "init", "--defaults"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write new/.env: No space left on device" in err and "unexpected" not in err
+    assert list(here.iterdir()) == []  # not the config, not a temporary, not the directory
+    monkeypatch.setattr(os, "open", real_open)
+    assert main(["--config", "new/fleet.toml", "init", "--defaults"]) == 0
+
+
+def _file_size_limit() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+
+
+@pytest.mark.e2e  # a fresh interpreter under a file size limit
+def test_a_write_the_system_refuses_is_exit_1_and_leaves_no_file(here: Path) -> None:
+    """A real failed write (past RLIMIT_FSIZE, as on a full disk): one error line, no file."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "vultrscale.cli", "init", "--defaults"],
+        capture_output=True,
+        text=True,
+        preexec_fn=_file_size_limit,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "Error: cannot write vultrscale.toml: File too large; nothing written.",
+        "Fix: Free space on that disk (or fix it), then run init again.",
+    ]
+    assert list(here.iterdir()) == []
 
 
 class Script:

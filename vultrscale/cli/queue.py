@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from datetime import timedelta
 from typing import Annotated
 
@@ -14,6 +16,42 @@ from vultrscale.cli._common import examples, group, shown, state
 from vultrscale.errors import UsageError
 from vultrscale.model import DEFAULT_MAX_ATTEMPTS
 from vultrscale.wiring import database_url
+
+_SHORTER = "Send long numbers as strings (in quotes)."
+_STORABLE = (
+    "Leave it out of the payload; write a character above U+FFFF as itself or as a pair of "
+    "escapes (\\ud83d\\ude00), and pass the payload as UTF-8."
+)
+# A code point Python holds in a str but Unicode text cannot: an unpaired \ud800-\udfff
+# escape, or a byte that was not UTF-8 on the command line (it arrives as \udc80-\udcff).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def payload_problem(doc: object) -> str | None:
+    """What Postgres' jsonb cannot store in a decoded JSON value, or None: NaN or an infinite
+    number, the character U+0000, a lone surrogate (in keys and strings alike). Iterative, so a
+    deeply nested payload is walked without recursion."""
+    todo = [doc]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            return "NaN and infinite numbers are not JSON Postgres can store"
+        elif isinstance(value, str):
+            if "\x00" in value:
+                return "Postgres cannot store the character \\u0000 in JSON"
+            if _SURROGATE.search(value):
+                return (
+                    f"{ascii(value)[:60]} holds a lone surrogate (a \\ud800-\\udfff escape "
+                    "without its pair, or a byte that is not UTF-8), which is not Unicode text "
+                    "Postgres can store"
+                )
+    return None
+
 
 app = group()
 db_app = group(help="The database schema.")
@@ -184,19 +222,17 @@ def enqueue_cmd(
             f"--payload is not valid JSON: {exc.msg} at character {exc.pos}.",
             hint="Quote the whole payload for the shell, e.g. --payload '{\"step_seconds\": 1}'.",
         ) from None
-    # What Postgres' jsonb refuses, refused here with the reason instead of a database error.
-    try:
-        stored = json.dumps(doc, allow_nan=False)
-    except ValueError:
+    except RecursionError:
         raise UsageError(
-            "--payload: NaN and infinite numbers are not JSON Postgres can store.",
-            hint="Leave them out of the payload.",
+            "--payload is nested too deeply to read (arrays or objects inside each other).",
+            hint="Flatten the payload.",
         ) from None
-    if "\\u0000" in stored:
-        raise UsageError(
-            "--payload: Postgres cannot store the character \\u0000 in JSON.",
-            hint="Leave it out of the payload.",
-        )
+    except ValueError as exc:  # an integer longer than Python reads (4300 digits)
+        raise UsageError(f"--payload cannot be read: {exc}.", hint=_SHORTER) from None
+    # What Postgres' jsonb refuses, refused here with the reason instead of a database error.
+    problem = payload_problem(doc)
+    if problem:
+        raise UsageError(f"--payload: {problem}.", hint=_STORABLE)
     from vultrscale.cli._common import load_config
     from vultrscale.config import mask_url
 
