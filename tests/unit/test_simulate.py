@@ -165,6 +165,49 @@ def test_every_job_is_accounted_for(name: str) -> None:
         assert world.c.finished + world.c.dead <= len(trace)
 
 
+@pytest.mark.parametrize("name", ["always-on", "naive", "keda", "vultrscale"])
+def test_a_job_finished_in_the_grace_is_paid_for_under_every_policy(name: str) -> None:
+    # One 5 s job 10 s before the trace's end (a CSV span: rounded up to the hour): every
+    # instance that runs it is created at or after that end, inside the grace.
+    trace = _trace([(3590.0, 5.0)])
+    r = _play(name, trace)[2]
+    assert r.finished == 1 or name == "naive"  # naive's delete-when-nothing-ready kills it
+    assert r.billed_hours >= 1 and r.cost_usd >= PRICE.hourly
+    assert r.instance_hours > 0
+    if r.finished:
+        assert r.ratio >= 1
+
+
+@pytest.mark.parametrize("name", ["always-on", "naive", "keda", "vultrscale"])
+def test_instance_hours_are_every_instance_created_to_gone_or_to_the_replay_end(
+    name: str,
+) -> None:
+    # Sixty half-hour jobs at once: the fleet works well past the trace's one-hour span.
+    trace = _trace([(0.0, 1800.0)] * 60)
+    end = trace.span + compare.grace_seconds(CFG, SETUP, trace)  # where the replay stops
+    for pol in compare._policies([name], CFG, trace, PRICE):
+        world, _ = compare.play(pol, trace, CFG, SETUP)
+        r = compare.run_one(
+            compare._policies([name], CFG, trace, PRICE)[0], trace, CFG, SETUP, PRICE
+        )
+        alive = sum(
+            (i.gone_at if i.gone_at is not None else end) - i.created for i in world.instances
+        )
+        assert r.instance_hours == pytest.approx(alive / 3600.0)
+        if r.lost == 0:  # a fleet that did all the work cannot beat the lower bound
+            assert r.ratio >= 1
+        break  # the first (peak) always-on fleet is enough
+
+
+def test_keda_pays_every_started_hour_up_to_its_deletes() -> None:
+    # Five instances, each created at 0 s and deleted after its jobs end past the first
+    # hour: two started hours each, where the span-clipped count said one.
+    r = _play("keda", _trace([(0.0, 1800.0)] * 60))[2]
+    assert r.lost == 0 and r.scale_ups == 5
+    assert r.billed_hours == 10
+    assert r.cost_usd == pytest.approx(10 * PRICE.hourly)
+
+
 def test_the_same_seed_gives_the_same_results_and_another_seed_does_not() -> None:
     setup = compare.Setup(seed=7)
 

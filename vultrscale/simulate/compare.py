@@ -122,6 +122,11 @@ def grace_seconds(cfg: Config, setup: Setup, trace: Trace) -> float:
     return setup.boot_time[1] + trace.longest + cfg.drain.timeout.total_seconds()
 
 
+def replay_end(cfg: Config, setup: Setup, trace: Trace) -> float:
+    """Where every replay stops, and what every policy is measured (and billed) up to."""
+    return trace.span + grace_seconds(cfg, setup, trace)
+
+
 def _policies(
     names: Sequence[str], cfg: Config, trace: Trace, price: PlanPrice
 ) -> list[engine.Policy]:
@@ -166,7 +171,7 @@ def play(
         world,
         pol,
         interval=setup.interval,
-        until=trace.span + grace_seconds(cfg, setup, trace),
+        until=replay_end(cfg, setup, trace),
         sample_every=setup.interval if setup.plot else 0.0,
         progress=progress,
     )
@@ -189,7 +194,7 @@ def run_one(
         world,
         stats,
         price=price,
-        span=trace.span,
+        end=replay_end(cfg, setup, trace),
         jobs_per_instance=cfg.queue.jobs_per_instance,
         curve_points=PLOT_POINTS if setup.plot else 0,
     )

@@ -2,7 +2,9 @@
 
 Billing is Vultr's (``vultrscale.budget``): each instance pays the hourly rate per started
 hour from its creation, at most the monthly price per calendar month. Instance-hours and bills
-are counted over the trace's span; an instance still alive at its end is billed up to it.
+cover everything the replay ran, for every policy alike: each instance from its creation to its
+deletion, or to the replay's end (the trace's end plus its grace) if it is still alive then. A
+job finished in the grace ran on an instance, and that instance is paid for.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ class PolicyResult:
     """One policy (or one sweep combination) on one trace."""
 
     policy: str
-    instance_hours: float  # alive (created to deleted), within the trace's span
+    instance_hours: float  # alive: created to deleted, or to the replay's end
     billed_hours: int  # started hours billed
     cost_usd: float
     # Wait: seconds from a job's arrival to its result, less its own run time: queueing,
@@ -100,23 +102,22 @@ def measure(
     stats: RunStats,
     *,
     price: PlanPrice,
-    span: float,
+    end: float,
     jobs_per_instance: int,
     curve_points: int = 0,
 ) -> PolicyResult:
-    """Read the outcome off a world played past ``span`` (the trace's end plus its grace)."""
+    """Read the outcome off a world played to ``end`` (the trace's end plus its grace): every
+    instance it created counts from its creation to its deletion, or to ``end``."""
     trace = world.trace
     alive = 0.0
     hours = 0
     cost = 0.0
     spans: list[tuple[float, float]] = []
     for inst in world.instances:
-        if inst.created >= span:
-            continue
-        end = min(inst.gone_at if inst.gone_at is not None else span, span)
-        spans.append((inst.created, end))
-        alive += end - inst.created
-        inst_hours, inst_cost = instance_bill(inst.created, end, trace.epoch, price)
+        gone = min(inst.gone_at if inst.gone_at is not None else end, end)
+        spans.append((inst.created, gone))
+        alive += gone - inst.created
+        inst_hours, inst_cost = instance_bill(inst.created, gone, trace.epoch, price)
         hours += inst_hours
         cost += inst_cost
     waits = sorted(
@@ -126,7 +127,7 @@ def measure(
     )
     curve: list[tuple[float, float]] = []
     if curve_points:
-        step = span / curve_points
+        step = end / curve_points
         for k in range(curve_points + 1):
             t = k * step
             curve.append(

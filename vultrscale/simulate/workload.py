@@ -38,7 +38,7 @@ class Trace:
     name: str
     arrivals: tuple[float, ...]
     durations: tuple[float, ...]
-    span: float  # seconds the trace covers; billing and instance-hours are counted over it
+    span: float  # seconds the trace covers; the replay runs past it by a grace (compare.py)
     epoch: datetime = TRACE_EPOCH  # wall-clock time of second 0
     note: str = ""  # how the trace was made, shown with the results
 
