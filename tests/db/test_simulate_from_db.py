@@ -79,3 +79,33 @@ def test_from_db_with_no_finished_jobs_exits_2(
     monkeypatch.setenv("DATABASE_URL", db_url)
     assert main(["simulate", "--from-db"]) == 2
     assert "no finished jobs" in capsys.readouterr().err
+
+
+def test_from_db_reads_utc_whatever_the_session_time_zone(db_url: str) -> None:
+    from datetime import UTC, datetime
+
+    from vultrscale.simulate import workload
+
+    # A database whose sessions default to Berlin time, and jobs around the end of its summer
+    # time (01:00 UTC on 2026-10-25): read in Berlin wall time they reorder and one lasts
+    # less than nothing.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        dbname = conn.info.dbname
+        conn.execute(f"ALTER DATABASE \"{dbname}\" SET TimeZone TO 'Europe/Berlin'")
+        conn.execute(
+            """
+            INSERT INTO jobs (state, created_at, run_at, finished_at)
+            SELECT 'succeeded', due, due, fin FROM (VALUES
+                ('2026-10-25 00:30Z'::timestamptz, '2026-10-25 00:40Z'::timestamptz),
+                ('2026-10-25 00:50Z', '2026-10-25 01:05Z'),
+                ('2026-10-25 01:10Z', '2026-10-25 01:20Z')) AS v(due, fin)
+            """
+        )
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SHOW TimeZone").fetchone() == ("Europe/Berlin",)
+    since = abs(datetime.now(UTC) - datetime(2026, 10, 25, tzinfo=UTC)) + timedelta(days=1)
+    rows = history.finished_jobs(db_url, since)
+    assert [(d.utcoffset(), f.utcoffset()) for d, f in rows] == [(timedelta(0),) * 2] * 3
+    t = workload.from_history(rows, since=since)
+    assert t.arrivals == (1800.0, 3000.0, 4200.0)
+    assert t.durations == (600.0, 900.0, 600.0)

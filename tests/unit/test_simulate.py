@@ -278,6 +278,26 @@ def test_a_bad_csv_row_names_its_line_and_exits_2(
     assert message in err and "Traceback" not in err
 
 
+def test_history_across_a_dst_change_keeps_real_arrivals_and_durations() -> None:
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    # psycopg hands timestamptz back in the session's zone. Berlin leaves summer time at
+    # 01:00 UTC on 2026-10-25 (03:00 CEST becomes 02:00 CET): in wall time the job due at
+    # 01:10 UTC (02:10) comes before the one due at 00:30 UTC (02:30), and the job from
+    # 00:50 to 01:05 UTC (02:50 to 02:05) lasts less than nothing.
+    berlin = ZoneInfo("Europe/Berlin")
+
+    def at(h: int, m: int) -> datetime:
+        return datetime(2026, 10, 25, h, m, tzinfo=UTC).astimezone(berlin)
+
+    rows = [(at(0, 30), at(0, 40)), (at(0, 50), at(1, 5)), (at(1, 10), at(1, 20))]
+    t = workload.from_history(rows, since=timedelta(days=1))
+    assert t.epoch == datetime(2026, 10, 25, tzinfo=UTC)
+    assert t.arrivals == (1800.0, 3000.0, 4200.0)
+    assert t.durations == (600.0, 900.0, 600.0)
+
+
 def test_shapes_are_seeded() -> None:
     a = workload.shape("steady", days=1, seed=1, jobs_per_day=100)
     assert a == workload.shape("steady", days=1, seed=1, jobs_per_day=100)

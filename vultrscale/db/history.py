@@ -7,7 +7,7 @@ rows are returned as (due, finished) pairs and the replay says what that means.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -27,12 +27,17 @@ ORDER BY due, id
 def finished_jobs_in(
     conn: psycopg.Connection[Any], since: timedelta
 ) -> list[tuple[datetime, datetime]]:
-    """(due, finished) of every job created within ``since`` that has finished."""
+    """(due, finished) of every job created within ``since`` that has finished, in UTC.
+
+    psycopg returns timestamptz in the session's TimeZone, and Python subtracts and compares
+    two datetimes of the same zone in wall time: across a DST change that is an hour off.
+    """
     rows = conn.execute(_FINISHED, {"since": since}).fetchall()
-    return [(due, fin) for due, fin in rows]
+    return [(due.astimezone(UTC), fin.astimezone(UTC)) for due, fin in rows]
 
 
 def finished_jobs(url: str, since: timedelta) -> list[tuple[datetime, datetime]]:
     """The same, over a connection of its own; errors become ``DatabaseError``s."""
     with pg.session(url, "cannot read the queue's history") as conn:
+        conn.execute("SET TimeZone TO 'UTC'")  # this session only; no DST in what it reads
         return finished_jobs_in(conn, since)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from vultrscale import budget
 from vultrscale.errors import UsageError
 
 DAY = 86_400.0
@@ -210,7 +211,8 @@ def from_history(rows: Iterable[tuple[datetime, datetime]], *, since: timedelta)
     the duration is finished - due: the job's own run time plus the time it waited in the
     original fleet. It is an upper bound; the replay is pessimistic by that much.
     """
-    pairs = [(due, fin) for due, fin in rows]
+    # In UTC: same-zone datetimes subtract in wall time, an hour off across a DST change.
+    pairs = [(budget.utc(due), budget.utc(fin)) for due, fin in rows]
     if not pairs:
         raise UsageError(
             f"no finished jobs in the queue over the last {since}",
