@@ -109,3 +109,26 @@ def test_from_db_reads_utc_whatever_the_session_time_zone(db_url: str) -> None:
     t = workload.from_history(rows, since=since)
     assert t.arrivals == (1800.0, 3000.0, 4200.0)
     assert t.durations == (600.0, 900.0, 600.0)
+
+
+@pytest.mark.parametrize(("queue", "jobs"), [("mail", 2), ("", 5)], ids=["one-queue", "all"])
+def test_from_db_replays_only_the_configured_queue(
+    db_url: str,
+    queue: str,
+    jobs: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            """
+            INSERT INTO jobs (queue, state, finished_at)
+            SELECT q, 'succeeded', now() FROM unnest(%s::text[]) AS q
+            """,
+            (["mail", "mail", "reports", "reports", "default"],),
+        )
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("VULTRSCALE_QUEUE_QUEUE", queue)  # empty: every queue, as the scaler
+    argv = ["simulate", "--from-db", "--since", "1h", "--policies", "keda", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["jobs"] == jobs

@@ -361,6 +361,23 @@ def test_bad_options_exit_2_before_any_replay(
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("preset", ["procrastinate", "pgqueuer", "custom"])
+def test_from_db_with_another_queue_preset_exits_2_before_reading_anything(
+    preset: str, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.chdir(Path(__file__).parent)  # no vultrscale.toml or .env here
+    monkeypatch.setenv("VULTRSCALE_QUEUE_PRESET", preset)
+    if preset == "custom":  # the custom preset needs its three queries to load
+        for key in ("READY_SQL", "IN_FLIGHT_SQL", "OLDEST_READY_SECONDS_SQL"):
+            monkeypatch.setenv(f"VULTRSCALE_QUEUE_{key}", "SELECT 0")
+    # A URL nothing listens on: reaching it would be a database error (exit 1), not exit 2.
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")
+    assert main(["simulate", "--from-db"]) == 2
+    err = capsys.readouterr().err
+    assert f"queue.preset is '{preset}'" in err and "--workload PATH.csv" in err
+    assert "Traceback" not in err
+
+
 def test_plot_without_matplotlib_exits_2_with_the_extra_to_install(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:

@@ -20,24 +20,26 @@ FROM jobs
 WHERE finished_at IS NOT NULL
   AND state IN ('succeeded', 'failed', 'dead')
   AND created_at >= now() - %(since)s
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY due, id
 """
 
 
 def finished_jobs_in(
-    conn: psycopg.Connection[Any], since: timedelta
+    conn: psycopg.Connection[Any], since: timedelta, queue: str = ""
 ) -> list[tuple[datetime, datetime]]:
-    """(due, finished) of every job created within ``since`` that has finished, in UTC.
+    """(due, finished) of every job of ``queue`` created within ``since`` that has finished,
+    in UTC. An empty ``queue`` means every queue, as ``queue.queue`` does for the scaler.
 
     psycopg returns timestamptz in the session's TimeZone, and Python subtracts and compares
     two datetimes of the same zone in wall time: across a DST change that is an hour off.
     """
-    rows = conn.execute(_FINISHED, {"since": since}).fetchall()
+    rows = conn.execute(_FINISHED, {"since": since, "queue": queue or None}).fetchall()
     return [(due.astimezone(UTC), fin.astimezone(UTC)) for due, fin in rows]
 
 
-def finished_jobs(url: str, since: timedelta) -> list[tuple[datetime, datetime]]:
+def finished_jobs(url: str, since: timedelta, queue: str = "") -> list[tuple[datetime, datetime]]:
     """The same, over a connection of its own; errors become ``DatabaseError``s."""
     with pg.session(url, "cannot read the queue's history") as conn:
         conn.execute("SET TimeZone TO 'UTC'")  # this session only; no DST in what it reads
-        return finished_jobs_in(conn, since)
+        return finished_jobs_in(conn, since, queue)

@@ -34,8 +34,16 @@ class Options:
     as_json: bool = False
 
 
-def load_trace(opts: Options, database_url: str) -> workload.Trace:
+def load_trace(opts: Options, cfg: Config) -> workload.Trace:
     if opts.from_db:
+        if cfg.queue.preset != "vultrscale":
+            raise UsageError(
+                f"--from-db reads the built-in queue's history, but queue.preset is "
+                f"{cfg.queue.preset!r}",
+                hint="Export your queue's jobs to a CSV of arrival_seconds,duration_seconds and "
+                "replay it with --workload PATH.csv.",
+            )
+        database_url = cfg.secrets.database_url.reveal()
         if not database_url:
             raise UsageError(
                 "--from-db needs DATABASE_URL",
@@ -47,7 +55,8 @@ def load_trace(opts: Options, database_url: str) -> workload.Trace:
             raise UsageError(str(exc), hint="Write --since 7d, 36h or 90m.") from None
         from vultrscale.db import history
 
-        return workload.from_history(history.finished_jobs(database_url, since), since=since)
+        rows = history.finished_jobs(database_url, since, cfg.queue.queue)
+        return workload.from_history(rows, since=since)
     if opts.workload in workload.SHAPES:
         from vultrscale.params import MAX_REPLAY_JOBS
 
@@ -105,7 +114,7 @@ def execute(
     configs = None
     if opts.sweeps:
         configs = compare.sweep_configs(compare.parse_sweeps(opts.sweeps), config_path, env)
-    trace = load_trace(opts, cfg.secrets.database_url.reveal())
+    trace = load_trace(opts, cfg)
 
     progress, done = _progress(err)
     try:
