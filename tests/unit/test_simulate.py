@@ -336,6 +336,39 @@ def test_sweep_ranks_the_combinations_by_cost(capsys: pytest.CaptureFixture[str]
     }
 
 
+def test_a_plan_sweep_prices_each_variant_at_its_own_plan(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vultrscale.sim import data
+
+    hourly = {p["id"]: float(p["hourly_cost"]) for p in data.PLANS}
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json",
+            "--sweep", "fleet.plan=vc2-1c-1gb,vc2-2c-4gb"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert len(rows) == 2
+    for r in rows:
+        plan = r["policy"].removeprefix("fleet.plan=")
+        assert r["billed_hours"] > 0  # a day is far below the monthly cap: hours x rate
+        assert r["cost_usd"] == pytest.approx(r["billed_hours"] * hourly[plan], abs=1e-4)
+
+
+def test_a_jobs_per_instance_sweep_gives_each_row_its_own_lower_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json",
+            "--sweep", "queue.jobs_per_instance=2,4"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    bounds = {r["policy"]: r["lower_bound_hours"] for r in doc["results"]}
+    job_hours = doc["workload"]["job_hours"]
+    assert bounds["queue.jobs_per_instance=2"] == pytest.approx(job_hours / 2, abs=0.01)
+    assert bounds["queue.jobs_per_instance=4"] == pytest.approx(job_hours / 4, abs=0.01)
+    assert doc["lower_bound_hours"] is None  # no single bound stands for both rows
+    assert main(argv[:-3] + argv[-2:]) == 0  # the table: its footer names no single bound
+    assert "lower bound: each row's own" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -110,17 +110,23 @@ def execute(
             hint=f"Choose from {', '.join(compare.POLICIES)} (comma-separated).",
         )
     setup = _setup(opts)
-    price = compare.plan_price(cfg, opts.monthly_usd)
     configs = None
     if opts.sweeps:
         configs = compare.sweep_configs(compare.parse_sweeps(opts.sweeps), config_path, env)
+        for label, variant in configs:  # each variant is priced at its own plan: check now
+            try:
+                compare.plan_price(variant, opts.monthly_usd)
+            except UsageError as exc:
+                raise UsageError(f"--sweep {label}: {exc}", hint=exc.hint) from None
+    else:
+        price = compare.plan_price(cfg, opts.monthly_usd)
     trace = load_trace(opts, cfg)
 
     progress, done = _progress(err)
     try:
         if configs is not None:
             result: Comparison = compare.sweep(
-                trace, configs, setup, price=price, progress=progress
+                trace, configs, setup, monthly=opts.monthly_usd, progress=progress
             )
             title = f"vultrscale with {len(configs)} config variant(s), cheapest first"
         else:

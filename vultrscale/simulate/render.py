@@ -64,13 +64,27 @@ def table(cmp: Comparison, *, title: str) -> Table:
 
 def footer(cmp: Comparison) -> list[str]:
     tr = cmp.trace
+    if cmp.lower_bound_hours is None:
+        bound = (
+            "lower bound: each row's own (job time / its jobs per instance: no boot, no idle); "
+            "xLB is each row's instance-hours over it"
+        )
+    else:
+        bound = (
+            f"lower bound: {cmp.lower_bound_hours:.1f} instance-hours (job time / jobs per "
+            "instance: no boot, no idle); xLB is each row's instance-hours over it"
+        )
+    plans = dict.fromkeys((r.plan, r.monthly_usd) for r in cmp.results)
+    if len(plans) > 1:
+        price = "prices (by row's plan): " + ", ".join(f"{p} ${m:.2f}/month" for p, m in plans)
+        price += ", each"
+    else:
+        price = f"price: {cmp.price.plan} ${cmp.price.monthly:.2f}/month, ${cmp.price.hourly:.4f}/h"
     lines = [
         f"workload: {tr.note}; {len(tr)} job(s), {tr.total_job_seconds / 3600:.1f} job-hours "
         f"over {tr.span / 3600:.0f} h",
-        f"lower bound: {cmp.lower_bound_hours:.1f} instance-hours (job time / jobs per "
-        "instance: no boot, no idle); xLB is each row's instance-hours over it",
-        f"price: {cmp.price.plan} ${cmp.price.monthly:.2f}/month, ${cmp.price.hourly:.4f}/h "
-        "per started hour; wait = arrival to result less the job's own run time",
+        bound,
+        f"{price} per started hour; wait = arrival to result less the job's own run time",
         f"lost = not finished {_dur(cmp.grace)} after the trace's end (a boot, the longest job "
         "and a drain) or killed at every attempt; killed = runs cut off by a delete",
     ]

@@ -24,6 +24,8 @@ class PolicyResult:
     """One policy (or one sweep combination) on one trace."""
 
     policy: str
+    plan: str  # the plan it was priced at (a --sweep over fleet.plan prices each at its own)
+    monthly_usd: float
     instance_hours: float  # alive: created to deleted, or to the replay's end
     billed_hours: int  # started hours billed
     cost_usd: float
@@ -143,6 +145,8 @@ def measure(
     c = world.c
     return PolicyResult(
         policy=name,
+        plan=price.plan,
+        monthly_usd=price.monthly,
         instance_hours=alive / 3600.0,
         billed_hours=hours,
         cost_usd=cost,
