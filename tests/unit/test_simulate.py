@@ -208,6 +208,41 @@ def test_keda_pays_every_started_hour_up_to_its_deletes() -> None:
     assert r.cost_usd == pytest.approx(10 * PRICE.hourly)
 
 
+def test_a_lost_job_counts_as_waiting_until_the_replay_end() -> None:
+    # Naive deletes the instance whenever nothing is ready, killing the one running job:
+    # it is killed at every attempt and never finishes.
+    trace = _trace([(0.0, 1800.0)])
+    world, _, r = _play("naive", trace)
+    assert r.lost == 1 and r.finished == 0
+    end = trace.span + compare.grace_seconds(CFG, SETUP, trace)
+    assert r.wait_p50 == r.wait_p95 == r.wait_max == pytest.approx(end - 1800.0)
+    assert r.wait_p50_at_least and r.wait_p95_at_least and r.wait_max_at_least
+    doc = r.to_json()
+    assert doc["wait_p95"] > 0 and doc["wait_p95_at_least"] is True
+
+
+def test_a_lost_job_makes_the_waits_at_and_above_it_floors() -> None:
+    from vultrscale.simulate.report import wait_percentile
+
+    waits = [(10.0, False), (20.0, True), (30.0, False), (40.0, False)]
+    assert wait_percentile(waits, 0.25) == (10.0, False)  # below the lost one: exact
+    assert wait_percentile(waits, 0.50) == (20.0, True)
+    assert wait_percentile(waits, 1.0) == (40.0, True)  # the lost one may really be above it
+    assert wait_percentile([], 0.95) == (0.0, False)
+
+
+def test_the_table_marks_a_wait_that_rests_on_a_lost_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["simulate", "--days", "1", "--workload", "spiky", "--jobs-per-day", "30",
+            "--policies", "naive,keda"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert ">=" in rows["naive"]  # it loses jobs
+    assert ">=" not in rows["keda"]  # it loses none
+
+
 def test_the_same_seed_gives_the_same_results_and_another_seed_does_not() -> None:
     setup = compare.Setup(seed=7)
 

@@ -24,6 +24,11 @@ def _dur(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _wait(seconds: float, at_least: bool) -> str:
+    """A wait, marked >= when lost jobs (waiting still at the replay's end) make it a floor."""
+    return (">=" if at_least else "") + _dur(seconds)
+
+
 def table_width(cmp: Comparison) -> int:
     """The width the table needs so that no column is cut."""
     return _NUMBERS_WIDTH + max((len(r.policy) for r in cmp.results), default=10) + 4
@@ -52,9 +57,9 @@ def table(cmp: Comparison, *, title: str) -> Table:
             f"{r.ratio:.1f}",
             str(r.billed_hours),
             f"{r.cost_usd:.2f}",
-            _dur(r.wait_p50),
-            _dur(r.wait_p95),
-            _dur(r.wait_max),
+            _wait(r.wait_p50, r.wait_p50_at_least),
+            _wait(r.wait_p95, r.wait_p95_at_least),
+            _wait(r.wait_max, r.wait_max_at_least),
             str(r.killed),
             str(r.lost),
             f"{r.scale_ups}/{r.scale_downs}",
@@ -86,7 +91,8 @@ def footer(cmp: Comparison) -> list[str]:
         bound,
         f"{price} per started hour; wait = arrival to result less the job's own run time",
         f"lost = not finished {_dur(cmp.grace)} after the trace's end (a boot, the longest job "
-        "and a drain) or killed at every attempt; killed = runs cut off by a delete",
+        "and a drain) or killed at every attempt; killed = runs cut off by a delete; a lost "
+        "job waits at least to the replay's end, and >= marks a wait that rests on one",
     ]
     return lines + list(cmp.notes)
 

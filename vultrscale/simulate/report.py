@@ -30,10 +30,15 @@ class PolicyResult:
     billed_hours: int  # started hours billed
     cost_usd: float
     # Wait: seconds from a job's arrival to its result, less its own run time: queueing,
-    # boots, and any earlier run that was killed or given back.
+    # boots, and any earlier run that was killed or given back. A lost job has no result: it
+    # counts as waiting at least to the replay's end (less its run time), and a percentile
+    # that rests on such a job is only a floor (its *_at_least flag is set).
     wait_p50: float
     wait_p95: float
     wait_max: float
+    wait_p50_at_least: bool
+    wait_p95_at_least: bool
+    wait_max_at_least: bool
     jobs: int
     finished: int
     killed: int  # runs killed mid-job (an instance deleted under them)
@@ -69,12 +74,14 @@ class PolicyResult:
         return d
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (0 for an empty one)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[rank - 1]
+def wait_percentile(waits: list[tuple[float, bool]], q: float) -> tuple[float, bool]:
+    """Nearest-rank percentile of ascending (wait, is_a_floor) pairs, and whether it is only a
+    floor: it is when a floor sits at or below its rank (raising that one, to whatever the
+    job's true wait is, could raise the percentile). (0, False) for an empty list."""
+    if not waits:
+        return 0.0, False
+    rank = max(1, math.ceil(q * len(waits)))
+    return max(0.0, waits[rank - 1][0]), any(floor for _, floor in waits[:rank])
 
 
 def lower_bound_hours(total_job_seconds: float, jobs_per_instance: int) -> float:
@@ -122,11 +129,18 @@ def measure(
         inst_hours, inst_cost = instance_bill(inst.created, gone, trace.epoch, price)
         hours += inst_hours
         cost += inst_cost
+    # A job never finished waited at least until the replay stopped: (end - arrival - its run
+    # time, a floor). Left out, a policy that loses work would show shorter waits.
     waits = sorted(
-        fin - trace.arrivals[j] - trace.durations[j]
+        (
+            (fin if fin is not None else end) - trace.arrivals[j] - trace.durations[j],
+            fin is None,
+        )
         for j, fin in enumerate(world.finished_at)
-        if fin is not None
     )
+    p50, p50_floor = wait_percentile(waits, 0.50)
+    p95, p95_floor = wait_percentile(waits, 0.95)
+    top, top_floor = wait_percentile(waits, 1.0)
     curve: list[tuple[float, float]] = []
     if curve_points:
         step = end / curve_points
@@ -150,9 +164,12 @@ def measure(
         instance_hours=alive / 3600.0,
         billed_hours=hours,
         cost_usd=cost,
-        wait_p50=max(0.0, percentile(waits, 0.50)),
-        wait_p95=max(0.0, percentile(waits, 0.95)),
-        wait_max=max(0.0, waits[-1]) if waits else 0.0,
+        wait_p50=p50,
+        wait_p95=p95,
+        wait_max=top,
+        wait_p50_at_least=p50_floor,
+        wait_p95_at_least=p95_floor,
+        wait_max_at_least=top_floor,
         jobs=len(trace),
         finished=c.finished,
         killed=c.killed,
