@@ -132,3 +132,21 @@ def test_from_db_replays_only_the_configured_queue(
     argv = ["simulate", "--from-db", "--since", "1h", "--policies", "keda", "--json"]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["workload"]["jobs"] == jobs
+
+
+def test_from_db_with_more_jobs_than_a_replay_holds_exits_2(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vultrscale import params
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (state, finished_at) SELECT 'succeeded', now() "
+            "FROM generate_series(1, 5)"
+        )
+    monkeypatch.setattr(params, "MAX_REPLAY_JOBS", 2)
+    assert len(history.finished_jobs(db_url, timedelta(hours=1))) == 3  # the limit + 1, no more
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert main(["simulate", "--from-db", "--since", "1h"]) == 2
+    err = capsys.readouterr().err
+    assert "more than 2 finished jobs" in err and "--since" in err and "Traceback" not in err

@@ -333,6 +333,32 @@ def test_history_across_a_dst_change_keeps_real_arrivals_and_durations() -> None
     assert t.durations == (600.0, 900.0, 600.0)
 
 
+def test_a_csv_with_more_jobs_than_a_replay_holds_exits_2_at_the_first_one_too_many(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    from vultrscale import params
+
+    monkeypatch.setattr(params, "MAX_REPLAY_JOBS", 3)
+    p = tmp_path / "big.csv"
+    p.write_text("0,1\n1,1\n2,1\n")
+    assert len(workload.load_csv(p)) == 3  # at the limit: fine
+    # One job more, then a bad row: refused at the fourth job, before reading the bad row.
+    p.write_text("0,1\n1,1\n2,1\n3,1\nnot,a number\n")
+    assert main(["simulate", "--workload", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "more than 3 jobs" in err and "Traceback" not in err
+
+
+def test_a_csv_that_is_not_utf8_exits_2_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = tmp_path / "latin1.csv"
+    p.write_bytes("# caf\u00e9 jobs\n0,1\n".encode("latin-1"))
+    assert main(["simulate", "--workload", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "not a UTF-8 text CSV" in err and "Traceback" not in err
+
+
 def test_shapes_are_seeded() -> None:
     a = workload.shape("steady", days=1, seed=1, jobs_per_day=100)
     assert a == workload.shape("steady", days=1, seed=1, jobs_per_day=100)

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from vultrscale import params
 from vultrscale.db import pg
 
 _FINISHED = """
@@ -22,19 +23,25 @@ WHERE finished_at IS NOT NULL
   AND created_at >= now() - %(since)s
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY due, id
+LIMIT %(limit)s
 """
 
 
 def finished_jobs_in(
     conn: psycopg.Connection[Any], since: timedelta, queue: str = ""
 ) -> list[tuple[datetime, datetime]]:
-    """(due, finished) of every job of ``queue`` created within ``since`` that has finished,
-    in UTC. An empty ``queue`` means every queue, as ``queue.queue`` does for the scaler.
+    """(due, finished) in UTC of every job of ``queue`` created within ``since`` that has
+    finished, up to MAX_REPLAY_JOBS + 1 of them (the earliest due). An empty ``queue`` means
+    every queue, as ``queue.queue`` does for the scaler.
 
     psycopg returns timestamptz in the session's TimeZone, and Python subtracts and compares
     two datetimes of the same zone in wall time: across a DST change that is an hour off.
     """
-    rows = conn.execute(_FINISHED, {"since": since, "queue": queue or None}).fetchall()
+    # One past what a replay holds: enough to tell "too many" without reading them all.
+    limit = params.MAX_REPLAY_JOBS + 1
+    rows = conn.execute(
+        _FINISHED, {"since": since, "queue": queue or None, "limit": limit}
+    ).fetchall()
     return [(due.astimezone(UTC), fin.astimezone(UTC)) for due, fin in rows]
 
 

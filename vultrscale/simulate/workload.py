@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from vultrscale import budget
+from vultrscale import budget, params
 from vultrscale.errors import UsageError
 
 DAY = 86_400.0
@@ -153,23 +153,38 @@ MAX_CSV_SECONDS = 366 * 86400.0
 def load_csv(path: str | Path) -> Trace:
     """Jobs from a CSV file: ``arrival_seconds,duration_seconds`` per row, header optional.
 
-    Raises UsageError naming the first bad line.
+    Read row by row, so a file too big to replay is refused at its MAX_REPLAY_JOBS + 1st job,
+    not after it is all in memory. Raises UsageError naming the first bad line.
     """
     p = Path(path)
+    limit = params.MAX_REPLAY_JOBS
+    jobs: list[tuple[float, float]] = []
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open(encoding="utf-8", newline="") as f:
+            reader = csv.reader(f)
+            for row in reader:
+                lineno = reader.line_num
+                if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
+                    continue
+                if lineno == 1 and row[0].strip().lower() == "arrival_seconds":
+                    continue
+                if len(jobs) == limit:
+                    raise UsageError(
+                        f"{p}: more than {limit:,} jobs, more than a replay holds",
+                        hint="Replay a part of it (a shorter period): the policies compare the "
+                        "same.",
+                    )
+                jobs.append(_csv_row(p, lineno, row))
     except OSError as exc:
         raise UsageError(
             f"cannot read the workload file {p}: {exc.strerror}",
             hint="Give a CSV file with arrival_seconds,duration_seconds per row.",
         ) from None
-    jobs: list[tuple[float, float]] = []
-    for lineno, row in enumerate(csv.reader(text.splitlines()), start=1):
-        if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
-            continue
-        if lineno == 1 and row[0].strip().lower() == "arrival_seconds":
-            continue
-        jobs.append(_csv_row(p, lineno, row))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise UsageError(
+            f"{p}: not a UTF-8 text CSV ({exc})",
+            hint="Save it as CSV (UTF-8) with arrival_seconds,duration_seconds per row.",
+        ) from None
     if not jobs:
         raise UsageError(
             f"{p}: no jobs found",
@@ -213,6 +228,12 @@ def from_history(rows: Iterable[tuple[datetime, datetime]], *, since: timedelta)
     """
     # In UTC: same-zone datetimes subtract in wall time, an hour off across a DST change.
     pairs = [(budget.utc(due), budget.utc(fin)) for due, fin in rows]
+    if len(pairs) > params.MAX_REPLAY_JOBS:  # the query reads one more than this at most
+        raise UsageError(
+            f"more than {params.MAX_REPLAY_JOBS:,} finished jobs in the queue over the last "
+            f"{since}, more than a replay holds",
+            hint="Replay a shorter period with --since.",
+        )
     if not pairs:
         raise UsageError(
             f"no finished jobs in the queue over the last {since}",
