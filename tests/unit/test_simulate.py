@@ -505,6 +505,30 @@ def test_plot_draws_a_png(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_plot_format_matplotlib_cannot_write_exits_2_before_any_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.setattr(compare, "compare", lambda *a, **k: pytest.fail("replayed"))
+    out = tmp_path / "fleet.xyz"
+    assert main(["simulate", "--days", "1", "--plot", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot draw a .xyz file" in err and ".png" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_plot_name_without_extension_reports_the_png_it_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "20", "--policies", "keda",
+            "--plot", str(tmp_path / "fleet")]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    written = tmp_path / "fleet.png"
+    assert json.loads(capsys.readouterr().out)["plot"] == str(written)
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(argv) == 0
+    assert f"plot written to {written}" in capsys.readouterr().out.replace("\n", "")
+
+
 def test_parse_boot_time() -> None:
     assert compare.parse_boot_time("12m") == (720.0, 720.0)
     assert compare.parse_boot_time("30s..15m") == (30.0, 900.0)

@@ -101,8 +101,7 @@ def execute(
 ) -> int:
     """Run the replay the options describe and print it. Bad input raises UsageError (exit 2)
     before any simulation runs."""
-    if opts.plot is not None:
-        render.require_matplotlib()
+    plot = render.plot_path(opts.plot) if opts.plot is not None else None
     unknown = [p for p in opts.policies if p not in compare.POLICIES]
     if unknown:
         raise UsageError(
@@ -136,12 +135,12 @@ def execute(
             title = "policies on the same trace"
     finally:
         done()
-    if opts.plot is not None:
-        render.plot(result, opts.plot)
+    if plot is not None:
+        render.plot(result, plot)
     if opts.as_json:
         doc = result.to_json()
-        if opts.plot is not None:
-            doc["plot"] = str(opts.plot)
+        if plot is not None:
+            doc["plot"] = str(plot)
         print_json(doc)
     else:
         if not out.is_terminal:
@@ -149,8 +148,8 @@ def execute(
         out.print(render.table(result, title=title))
         for line in render.footer(result):
             out.print(line, highlight=False, soft_wrap=True)
-        if opts.plot is not None:
-            out.print(f"plot written to {opts.plot}", highlight=False)
+        if plot is not None:
+            out.print(f"plot written to {plot}", highlight=False)
     return EXIT_OK
 
 

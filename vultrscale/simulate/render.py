@@ -107,6 +107,24 @@ def require_matplotlib() -> None:
         ) from None
 
 
+def plot_path(path: Path) -> Path:
+    """The file ``plot`` will write for ``--plot PATH``, checked before any replay: a name
+    without an extension gets ``.png`` (as matplotlib would add), one matplotlib cannot write
+    is refused."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise UsageError(
+            f"--plot {path}: cannot draw a {path.suffix} file",
+            hint=f"End the name in .png (or {', '.join('.' + f for f in sorted(formats))}).",
+        )
+    return path
+
+
 def plot(cmp: Comparison, path: Path) -> None:
     """Queue depth, fleet size and cumulative cost over time per policy, in one PNG."""
     require_matplotlib()
