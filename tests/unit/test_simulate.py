@@ -359,6 +359,11 @@ def test_a_csv_that_is_not_utf8_exits_2_saying_so(
     assert "not a UTF-8 text CSV" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("name", workload.SHAPES)
+def test_zero_jobs_per_day_is_no_job_at_all(name: str) -> None:
+    assert len(workload.shape(name, days=3, seed=0, jobs_per_day=0)) == 0
+
+
 def test_shapes_are_seeded() -> None:
     a = workload.shape("steady", days=1, seed=1, jobs_per_day=100)
     assert a == workload.shape("steady", days=1, seed=1, jobs_per_day=100)

@@ -137,7 +137,8 @@ def shape(name: str, *, days: int, seed: int, jobs_per_day: int | None = None) -
             jobs += [(t, _duration(rng)) for t in _poisson(rng, base, base + DAY, per_day * 0.1)]
             for _ in range(rng.choice((2, 3))):
                 at = base + rng.uniform(0.0, DAY - 3600.0)
-                n = max(1, round(rng.gauss(per_day * 0.9 / 2.5, per_day * 0.1)))
+                # At least one job a spike, unless the day has none (--jobs-per-day 0).
+                n = max(min(1, per_day), round(rng.gauss(per_day * 0.9 / 2.5, per_day * 0.1)))
                 jobs += _burst(rng, at, n, spread=30.0)
     span = days * DAY
     jobs = [(a, d) for a, d in jobs if 0.0 <= a < span]
