@@ -15,6 +15,7 @@ import pytest
 from vultrscale import config as config_mod
 from vultrscale.cli import main
 from vultrscale.config import Config, FloorConfig
+from vultrscale.errors import UsageError
 from vultrscale.simulate import baselines, compare, workload
 from vultrscale.simulate.fleet import Vultrscale
 from vultrscale.simulate.world import MAX_ATTEMPTS, World
@@ -290,6 +291,23 @@ def test_csv_with_and_without_a_header(tmp_path: Path) -> None:
     assert t.arrivals == (0.0, 10.0) and t.durations == (2.5, 5.0)
     p.write_text("0,1\n")
     assert len(workload.load_csv(p)) == 1
+
+
+def test_csv_saved_by_excel_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    p = tmp_path / "excel.csv"
+    p.write_bytes("arrival_seconds,duration_seconds\r\n10,5\r\n".encode("utf-8-sig"))
+    t = workload.load_csv(p)
+    assert t.arrivals == (10.0,) and t.durations == (5.0,)
+
+
+def test_csv_header_after_comment_lines_is_a_header(tmp_path: Path) -> None:
+    p = tmp_path / "commented.csv"
+    p.write_text("# exported 2026-11-30\n\narrival_seconds,duration_seconds\n0,2.5\n")
+    t = workload.load_csv(p)
+    assert t.arrivals == (0.0,) and t.durations == (2.5,)
+    p.write_text("0,1\narrival_seconds,duration_seconds\n")  # past the first row: an error
+    with pytest.raises(UsageError, match="line 2: not a number"):
+        workload.load_csv(p)
 
 
 @pytest.mark.parametrize(

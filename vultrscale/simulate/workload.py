@@ -161,14 +161,18 @@ def load_csv(path: str | Path) -> Trace:
     limit = params.MAX_REPLAY_JOBS
     jobs: list[tuple[float, float]] = []
     try:
-        with p.open(encoding="utf-8", newline="") as f:
+        # utf-8-sig: Excel starts its "CSV UTF-8" with a byte-order mark; it is no data.
+        with p.open(encoding="utf-8-sig", newline="") as f:
             reader = csv.reader(f)
+            first = True  # the header, if any, is the first row that is not a comment
             for row in reader:
                 lineno = reader.line_num
                 if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
                     continue
-                if lineno == 1 and row[0].strip().lower() == "arrival_seconds":
+                if first and row[0].strip().lower() == "arrival_seconds":
+                    first = False
                     continue
+                first = False
                 if len(jobs) == limit:
                     raise UsageError(
                         f"{p}: more than {limit:,} jobs, more than a replay holds",
