@@ -462,11 +462,13 @@ def test_a_jobs_per_instance_sweep_gives_each_row_its_own_lower_bound(
         (["--boot-time", "15m..10m"], "ends before it starts"),
         (["--boot-time", "soon"], "expected a duration"),
         (["--policies", "always-on,hpa"], "unknown policy: hpa"),
+        (["--policies", ","], "--policies names no policy"),
         (["--workload", "weekly"], "unknown workload 'weekly'"),
         (["--from-db"], "--from-db needs DATABASE_URL"),
     ],
     ids=["sweep-no-values", "sweep-unknown-key", "sweep-bad-value", "boot-reversed",
-         "boot-not-a-duration", "unknown-policy", "unknown-shape", "from-db-without-url"],
+         "boot-not-a-duration", "unknown-policy", "no-policy", "unknown-shape",
+         "from-db-without-url"],
 )  # fmt: skip
 def test_bad_options_exit_2_before_any_replay(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch

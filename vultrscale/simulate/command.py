@@ -102,6 +102,11 @@ def execute(
     """Run the replay the options describe and print it. Bad input raises UsageError (exit 2)
     before any simulation runs."""
     plot = render.plot_path(opts.plot) if opts.plot is not None else None
+    if not opts.policies:
+        raise UsageError(
+            "--policies names no policy",
+            hint=f"Name one or more of {', '.join(compare.POLICIES)} (comma-separated).",
+        )
     unknown = [p for p in opts.policies if p not in compare.POLICIES]
     if unknown:
         raise UsageError(
