@@ -244,6 +244,21 @@ def test_the_table_marks_a_wait_that_rests_on_a_lost_job(
     assert ">=" not in rows["keda"]  # it loses none
 
 
+def test_billed_hours_stop_at_the_monthly_cap() -> None:
+    from vultrscale.simulate.report import instance_bill
+
+    # A whole 30-day June (720 started hours) at $10/month, $0.0149/h: the cap is reached in
+    # the 672nd hour; the 48 after it cost nothing and are not billed hours.
+    assert instance_bill(0.0, 720 * 3600.0, workload.TRACE_EPOCH, PRICE) == (
+        672,
+        pytest.approx(PRICE.monthly),
+    )
+    # Into July: a new month, a new cap, the first hour billed again.
+    assert instance_bill(0.0, 720 * 3600.0 + 1, workload.TRACE_EPOCH, PRICE)[0] == 673
+    flat = replace(PRICE, hourly_cost=None)  # hourly = monthly / 672 exactly
+    assert instance_bill(0.0, 720 * 3600.0, workload.TRACE_EPOCH, flat)[0] == 672
+
+
 def test_the_same_seed_gives_the_same_results_and_another_seed_does_not() -> None:
     setup = compare.Setup(seed=7)
 

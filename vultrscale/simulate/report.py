@@ -27,7 +27,7 @@ class PolicyResult:
     plan: str  # the plan it was priced at (a --sweep over fleet.plan prices each at its own)
     monthly_usd: float
     instance_hours: float  # alive: created to deleted, or to the replay's end
-    billed_hours: int  # started hours billed
+    billed_hours: int  # started hours billed, none past the monthly cap
     cost_usd: float
     # Wait: seconds from a job's arrival to its result, less its own run time: queueing,
     # boots, and any earlier run that was killed or given back. A lost job has no result: it
@@ -89,17 +89,29 @@ def lower_bound_hours(total_job_seconds: float, jobs_per_instance: int) -> float
     return total_job_seconds / jobs_per_instance / 3600.0
 
 
+def monthly_cap_hours(price: PlanPrice) -> int:
+    """Started hours in a month after which the monthly price is reached (672 for $10 at
+    $0.0149/h: the 672nd hour is charged in part, later ones not at all)."""
+    # Rounded first: monthly / (monthly / 672) must give 672, not 672.0000000001 -> 673.
+    return math.ceil(round(price.monthly / price.hourly, 6))
+
+
 def instance_bill(
     created: float, gone: float, epoch: datetime, price: PlanPrice
 ) -> tuple[int, float]:
-    """(started hours, cost) of one instance alive from ``created`` to ``gone`` (seconds)."""
+    """(billed hours, cost) of one instance alive from ``created`` to ``gone`` (seconds).
+
+    Billed hours are the started hours that add to the bill: at most ``monthly_cap_hours``
+    per calendar month, past which the monthly price caps the cost and an hour costs nothing.
+    """
     start = epoch + timedelta(seconds=created)
     stop = epoch + timedelta(seconds=gone)
     hours, cost = 0, 0.0
+    cap = monthly_cap_hours(price)
     month_start, month_end = budget.month_bounds(start)
     while month_start < stop:
         lo, hi = max(start, month_start), min(stop, month_end)
-        hours += budget.started_hours(lo, hi)
+        hours += min(budget.started_hours(lo, hi), cap)
         cost += budget.billed(start, stop, price, month_start, month_end)
         month_start, month_end = budget.month_bounds(month_end)
     return hours, cost
