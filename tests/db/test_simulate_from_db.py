@@ -79,3 +79,74 @@ def test_from_db_with_no_finished_jobs_exits_2(
     monkeypatch.setenv("DATABASE_URL", db_url)
     assert main(["simulate", "--from-db"]) == 2
     assert "no finished jobs" in capsys.readouterr().err
+
+
+def test_from_db_reads_utc_whatever_the_session_time_zone(db_url: str) -> None:
+    from datetime import UTC, datetime
+
+    from vultrscale.simulate import workload
+
+    # A database whose sessions default to Berlin time, and jobs around the end of its summer
+    # time (01:00 UTC on 2026-10-25): read in Berlin wall time they reorder and one lasts
+    # less than nothing.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        dbname = conn.info.dbname
+        conn.execute(f"ALTER DATABASE \"{dbname}\" SET TimeZone TO 'Europe/Berlin'")
+        conn.execute(
+            """
+            INSERT INTO jobs (state, created_at, run_at, finished_at)
+            SELECT 'succeeded', due, due, fin FROM (VALUES
+                ('2026-10-25 00:30Z'::timestamptz, '2026-10-25 00:40Z'::timestamptz),
+                ('2026-10-25 00:50Z', '2026-10-25 01:05Z'),
+                ('2026-10-25 01:10Z', '2026-10-25 01:20Z')) AS v(due, fin)
+            """
+        )
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SHOW TimeZone").fetchone() == ("Europe/Berlin",)
+    since = abs(datetime.now(UTC) - datetime(2026, 10, 25, tzinfo=UTC)) + timedelta(days=1)
+    rows = history.finished_jobs(db_url, since)
+    assert [(d.utcoffset(), f.utcoffset()) for d, f in rows] == [(timedelta(0),) * 2] * 3
+    t = workload.from_history(rows, since=since)
+    assert t.arrivals == (1800.0, 3000.0, 4200.0)
+    assert t.durations == (600.0, 900.0, 600.0)
+
+
+@pytest.mark.parametrize(("queue", "jobs"), [("mail", 2), ("", 5)], ids=["one-queue", "all"])
+def test_from_db_replays_only_the_configured_queue(
+    db_url: str,
+    queue: str,
+    jobs: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            """
+            INSERT INTO jobs (queue, state, finished_at)
+            SELECT q, 'succeeded', now() FROM unnest(%s::text[]) AS q
+            """,
+            (["mail", "mail", "reports", "reports", "default"],),
+        )
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("VULTRSCALE_QUEUE_QUEUE", queue)  # empty: every queue, as the scaler
+    argv = ["simulate", "--from-db", "--since", "1h", "--policies", "keda", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["jobs"] == jobs
+
+
+def test_from_db_with_more_jobs_than_a_replay_holds_exits_2(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vultrscale import params
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (state, finished_at) SELECT 'succeeded', now() "
+            "FROM generate_series(1, 5)"
+        )
+    monkeypatch.setattr(params, "MAX_REPLAY_JOBS", 2)
+    assert len(history.finished_jobs(db_url, timedelta(hours=1))) == 3  # the limit + 1, no more
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert main(["simulate", "--from-db", "--since", "1h"]) == 2
+    err = capsys.readouterr().err
+    assert "more than 2 finished jobs" in err and "--since" in err and "Traceback" not in err

@@ -15,6 +15,7 @@ import pytest
 from vultrscale import config as config_mod
 from vultrscale.cli import main
 from vultrscale.config import Config, FloorConfig
+from vultrscale.errors import UsageError
 from vultrscale.simulate import baselines, compare, workload
 from vultrscale.simulate.fleet import Vultrscale
 from vultrscale.simulate.world import MAX_ATTEMPTS, World
@@ -165,6 +166,99 @@ def test_every_job_is_accounted_for(name: str) -> None:
         assert world.c.finished + world.c.dead <= len(trace)
 
 
+@pytest.mark.parametrize("name", ["always-on", "naive", "keda", "vultrscale"])
+def test_a_job_finished_in_the_grace_is_paid_for_under_every_policy(name: str) -> None:
+    # One 5 s job 10 s before the trace's end (a CSV span: rounded up to the hour): every
+    # instance that runs it is created at or after that end, inside the grace.
+    trace = _trace([(3590.0, 5.0)])
+    r = _play(name, trace)[2]
+    assert r.finished == 1 or name == "naive"  # naive's delete-when-nothing-ready kills it
+    assert r.billed_hours >= 1 and r.cost_usd >= PRICE.hourly
+    assert r.instance_hours > 0
+    if r.finished:
+        assert r.ratio >= 1
+
+
+@pytest.mark.parametrize("name", ["always-on", "naive", "keda", "vultrscale"])
+def test_instance_hours_are_every_instance_created_to_gone_or_to_the_replay_end(
+    name: str,
+) -> None:
+    # Sixty half-hour jobs at once: the fleet works well past the trace's one-hour span.
+    trace = _trace([(0.0, 1800.0)] * 60)
+    end = trace.span + compare.grace_seconds(CFG, SETUP, trace)  # where the replay stops
+    for pol in compare._policies([name], CFG, trace, PRICE):
+        world, _ = compare.play(pol, trace, CFG, SETUP)
+        r = compare.run_one(
+            compare._policies([name], CFG, trace, PRICE)[0], trace, CFG, SETUP, PRICE
+        )
+        alive = sum(
+            (i.gone_at if i.gone_at is not None else end) - i.created for i in world.instances
+        )
+        assert r.instance_hours == pytest.approx(alive / 3600.0)
+        if r.lost == 0:  # a fleet that did all the work cannot beat the lower bound
+            assert r.ratio >= 1
+        break  # the first (peak) always-on fleet is enough
+
+
+def test_keda_pays_every_started_hour_up_to_its_deletes() -> None:
+    # Five instances, each created at 0 s and deleted after its jobs end past the first
+    # hour: two started hours each, where the span-clipped count said one.
+    r = _play("keda", _trace([(0.0, 1800.0)] * 60))[2]
+    assert r.lost == 0 and r.scale_ups == 5
+    assert r.billed_hours == 10
+    assert r.cost_usd == pytest.approx(10 * PRICE.hourly)
+
+
+def test_a_lost_job_counts_as_waiting_until_the_replay_end() -> None:
+    # Naive deletes the instance whenever nothing is ready, killing the one running job:
+    # it is killed at every attempt and never finishes.
+    trace = _trace([(0.0, 1800.0)])
+    world, _, r = _play("naive", trace)
+    assert r.lost == 1 and r.finished == 0
+    end = trace.span + compare.grace_seconds(CFG, SETUP, trace)
+    assert r.wait_p50 == r.wait_p95 == r.wait_max == pytest.approx(end - 1800.0)
+    assert r.wait_p50_at_least and r.wait_p95_at_least and r.wait_max_at_least
+    doc = r.to_json()
+    assert doc["wait_p95"] > 0 and doc["wait_p95_at_least"] is True
+
+
+def test_a_lost_job_makes_the_waits_at_and_above_it_floors() -> None:
+    from vultrscale.simulate.report import wait_percentile
+
+    waits = [(10.0, False), (20.0, True), (30.0, False), (40.0, False)]
+    assert wait_percentile(waits, 0.25) == (10.0, False)  # below the lost one: exact
+    assert wait_percentile(waits, 0.50) == (20.0, True)
+    assert wait_percentile(waits, 1.0) == (40.0, True)  # the lost one may really be above it
+    assert wait_percentile([], 0.95) == (0.0, False)
+
+
+def test_the_table_marks_a_wait_that_rests_on_a_lost_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["simulate", "--days", "1", "--workload", "spiky", "--jobs-per-day", "30",
+            "--policies", "naive,keda"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert ">=" in rows["naive"]  # it loses jobs
+    assert ">=" not in rows["keda"]  # it loses none
+
+
+def test_billed_hours_stop_at_the_monthly_cap() -> None:
+    from vultrscale.simulate.report import instance_bill
+
+    # A whole 30-day June (720 started hours) at $10/month, $0.0149/h: the cap is reached in
+    # the 672nd hour; the 48 after it cost nothing and are not billed hours.
+    assert instance_bill(0.0, 720 * 3600.0, workload.TRACE_EPOCH, PRICE) == (
+        672,
+        pytest.approx(PRICE.monthly),
+    )
+    # Into July: a new month, a new cap, the first hour billed again.
+    assert instance_bill(0.0, 720 * 3600.0 + 1, workload.TRACE_EPOCH, PRICE)[0] == 673
+    flat = replace(PRICE, hourly_cost=None)  # hourly = monthly / 672 exactly
+    assert instance_bill(0.0, 720 * 3600.0, workload.TRACE_EPOCH, flat)[0] == 672
+
+
 def test_the_same_seed_gives_the_same_results_and_another_seed_does_not() -> None:
     setup = compare.Setup(seed=7)
 
@@ -214,6 +308,23 @@ def test_csv_with_and_without_a_header(tmp_path: Path) -> None:
     assert len(workload.load_csv(p)) == 1
 
 
+def test_csv_saved_by_excel_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    p = tmp_path / "excel.csv"
+    p.write_bytes("arrival_seconds,duration_seconds\r\n10,5\r\n".encode("utf-8-sig"))
+    t = workload.load_csv(p)
+    assert t.arrivals == (10.0,) and t.durations == (5.0,)
+
+
+def test_csv_header_after_comment_lines_is_a_header(tmp_path: Path) -> None:
+    p = tmp_path / "commented.csv"
+    p.write_text("# exported 2026-11-30\n\narrival_seconds,duration_seconds\n0,2.5\n")
+    t = workload.load_csv(p)
+    assert t.arrivals == (0.0,) and t.durations == (2.5,)
+    p.write_text("0,1\narrival_seconds,duration_seconds\n")  # past the first row: an error
+    with pytest.raises(UsageError, match="line 2: not a number"):
+        workload.load_csv(p)
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -233,6 +344,57 @@ def test_a_bad_csv_row_names_its_line_and_exits_2(
     assert main(["simulate", "--workload", str(p)]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_history_across_a_dst_change_keeps_real_arrivals_and_durations() -> None:
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    # psycopg hands timestamptz back in the session's zone. Berlin leaves summer time at
+    # 01:00 UTC on 2026-10-25 (03:00 CEST becomes 02:00 CET): in wall time the job due at
+    # 01:10 UTC (02:10) comes before the one due at 00:30 UTC (02:30), and the job from
+    # 00:50 to 01:05 UTC (02:50 to 02:05) lasts less than nothing.
+    berlin = ZoneInfo("Europe/Berlin")
+
+    def at(h: int, m: int) -> datetime:
+        return datetime(2026, 10, 25, h, m, tzinfo=UTC).astimezone(berlin)
+
+    rows = [(at(0, 30), at(0, 40)), (at(0, 50), at(1, 5)), (at(1, 10), at(1, 20))]
+    t = workload.from_history(rows, since=timedelta(days=1))
+    assert t.epoch == datetime(2026, 10, 25, tzinfo=UTC)
+    assert t.arrivals == (1800.0, 3000.0, 4200.0)
+    assert t.durations == (600.0, 900.0, 600.0)
+
+
+def test_a_csv_with_more_jobs_than_a_replay_holds_exits_2_at_the_first_one_too_many(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    from vultrscale import params
+
+    monkeypatch.setattr(params, "MAX_REPLAY_JOBS", 3)
+    p = tmp_path / "big.csv"
+    p.write_text("0,1\n1,1\n2,1\n")
+    assert len(workload.load_csv(p)) == 3  # at the limit: fine
+    # One job more, then a bad row: refused at the fourth job, before reading the bad row.
+    p.write_text("0,1\n1,1\n2,1\n3,1\nnot,a number\n")
+    assert main(["simulate", "--workload", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "more than 3 jobs" in err and "Traceback" not in err
+
+
+def test_a_csv_that_is_not_utf8_exits_2_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = tmp_path / "latin1.csv"
+    p.write_bytes("# caf\u00e9 jobs\n0,1\n".encode("latin-1"))
+    assert main(["simulate", "--workload", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "not a UTF-8 text CSV" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", workload.SHAPES)
+def test_zero_jobs_per_day_is_no_job_at_all(name: str) -> None:
+    assert len(workload.shape(name, days=3, seed=0, jobs_per_day=0)) == 0
 
 
 def test_shapes_are_seeded() -> None:
@@ -273,6 +435,39 @@ def test_sweep_ranks_the_combinations_by_cost(capsys: pytest.CaptureFixture[str]
     }
 
 
+def test_a_plan_sweep_prices_each_variant_at_its_own_plan(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vultrscale.sim import data
+
+    hourly = {p["id"]: float(p["hourly_cost"]) for p in data.PLANS}
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json",
+            "--sweep", "fleet.plan=vc2-1c-1gb,vc2-2c-4gb"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert len(rows) == 2
+    for r in rows:
+        plan = r["policy"].removeprefix("fleet.plan=")
+        assert r["billed_hours"] > 0  # a day is far below the monthly cap: hours x rate
+        assert r["cost_usd"] == pytest.approx(r["billed_hours"] * hourly[plan], abs=1e-4)
+
+
+def test_a_jobs_per_instance_sweep_gives_each_row_its_own_lower_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json",
+            "--sweep", "queue.jobs_per_instance=2,4"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    bounds = {r["policy"]: r["lower_bound_hours"] for r in doc["results"]}
+    job_hours = doc["workload"]["job_hours"]
+    assert bounds["queue.jobs_per_instance=2"] == pytest.approx(job_hours / 2, abs=0.01)
+    assert bounds["queue.jobs_per_instance=4"] == pytest.approx(job_hours / 4, abs=0.01)
+    assert doc["lower_bound_hours"] is None  # no single bound stands for both rows
+    assert main(argv[:-3] + argv[-2:]) == 0  # the table: its footer names no single bound
+    assert "lower bound: each row's own" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -282,11 +477,13 @@ def test_sweep_ranks_the_combinations_by_cost(capsys: pytest.CaptureFixture[str]
         (["--boot-time", "15m..10m"], "ends before it starts"),
         (["--boot-time", "soon"], "expected a duration"),
         (["--policies", "always-on,hpa"], "unknown policy: hpa"),
+        (["--policies", ","], "--policies names no policy"),
         (["--workload", "weekly"], "unknown workload 'weekly'"),
         (["--from-db"], "--from-db needs DATABASE_URL"),
     ],
     ids=["sweep-no-values", "sweep-unknown-key", "sweep-bad-value", "boot-reversed",
-         "boot-not-a-duration", "unknown-policy", "unknown-shape", "from-db-without-url"],
+         "boot-not-a-duration", "unknown-policy", "no-policy", "unknown-shape",
+         "from-db-without-url"],
 )  # fmt: skip
 def test_bad_options_exit_2_before_any_replay(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch
@@ -296,6 +493,23 @@ def test_bad_options_exit_2_before_any_replay(
     assert main(["simulate", "--days", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("preset", ["procrastinate", "pgqueuer", "custom"])
+def test_from_db_with_another_queue_preset_exits_2_before_reading_anything(
+    preset: str, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.chdir(Path(__file__).parent)  # no vultrscale.toml or .env here
+    monkeypatch.setenv("VULTRSCALE_QUEUE_PRESET", preset)
+    if preset == "custom":  # the custom preset needs its three queries to load
+        for key in ("READY_SQL", "IN_FLIGHT_SQL", "OLDEST_READY_SECONDS_SQL"):
+            monkeypatch.setenv(f"VULTRSCALE_QUEUE_{key}", "SELECT 0")
+    # A URL nothing listens on: reaching it would be a database error (exit 1), not exit 2.
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")
+    assert main(["simulate", "--from-db"]) == 2
+    err = capsys.readouterr().err
+    assert f"queue.preset is '{preset}'" in err and "--workload PATH.csv" in err
+    assert "Traceback" not in err
 
 
 def test_plot_without_matplotlib_exits_2_with_the_extra_to_install(
@@ -329,6 +543,30 @@ def test_plot_draws_a_png(tmp_path: Path) -> None:
     )
     assert code == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plot_format_matplotlib_cannot_write_exits_2_before_any_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.setattr(compare, "compare", lambda *a, **k: pytest.fail("replayed"))
+    out = tmp_path / "fleet.xyz"
+    assert main(["simulate", "--days", "1", "--plot", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot draw a .xyz file" in err and ".png" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_plot_name_without_extension_reports_the_png_it_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "20", "--policies", "keda",
+            "--plot", str(tmp_path / "fleet")]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    written = tmp_path / "fleet.png"
+    assert json.loads(capsys.readouterr().out)["plot"] == str(written)
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(argv) == 0
+    assert f"plot written to {written}" in capsys.readouterr().out.replace("\n", "")
 
 
 def test_parse_boot_time() -> None:

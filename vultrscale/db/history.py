@@ -7,11 +7,12 @@ rows are returned as (due, finished) pairs and the replay says what that means.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 
+from vultrscale import params
 from vultrscale.db import pg
 
 _FINISHED = """
@@ -20,19 +21,32 @@ FROM jobs
 WHERE finished_at IS NOT NULL
   AND state IN ('succeeded', 'failed', 'dead')
   AND created_at >= now() - %(since)s
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY due, id
+LIMIT %(limit)s
 """
 
 
 def finished_jobs_in(
-    conn: psycopg.Connection[Any], since: timedelta
+    conn: psycopg.Connection[Any], since: timedelta, queue: str = ""
 ) -> list[tuple[datetime, datetime]]:
-    """(due, finished) of every job created within ``since`` that has finished."""
-    rows = conn.execute(_FINISHED, {"since": since}).fetchall()
-    return [(due, fin) for due, fin in rows]
+    """(due, finished) in UTC of every job of ``queue`` created within ``since`` that has
+    finished, up to MAX_REPLAY_JOBS + 1 of them (the earliest due). An empty ``queue`` means
+    every queue, as ``queue.queue`` does for the scaler.
+
+    psycopg returns timestamptz in the session's TimeZone, and Python subtracts and compares
+    two datetimes of the same zone in wall time: across a DST change that is an hour off.
+    """
+    # One past what a replay holds: enough to tell "too many" without reading them all.
+    limit = params.MAX_REPLAY_JOBS + 1
+    rows = conn.execute(
+        _FINISHED, {"since": since, "queue": queue or None, "limit": limit}
+    ).fetchall()
+    return [(due.astimezone(UTC), fin.astimezone(UTC)) for due, fin in rows]
 
 
-def finished_jobs(url: str, since: timedelta) -> list[tuple[datetime, datetime]]:
+def finished_jobs(url: str, since: timedelta, queue: str = "") -> list[tuple[datetime, datetime]]:
     """The same, over a connection of its own; errors become ``DatabaseError``s."""
     with pg.session(url, "cannot read the queue's history") as conn:
-        return finished_jobs_in(conn, since)
+        conn.execute("SET TimeZone TO 'UTC'")  # this session only; no DST in what it reads
+        return finished_jobs_in(conn, since, queue)

@@ -34,8 +34,16 @@ class Options:
     as_json: bool = False
 
 
-def load_trace(opts: Options, database_url: str) -> workload.Trace:
+def load_trace(opts: Options, cfg: Config) -> workload.Trace:
     if opts.from_db:
+        if cfg.queue.preset != "vultrscale":
+            raise UsageError(
+                f"--from-db reads the built-in queue's history, but queue.preset is "
+                f"{cfg.queue.preset!r}",
+                hint="Export your queue's jobs to a CSV of arrival_seconds,duration_seconds and "
+                "replay it with --workload PATH.csv.",
+            )
+        database_url = cfg.secrets.database_url.reveal()
         if not database_url:
             raise UsageError(
                 "--from-db needs DATABASE_URL",
@@ -47,7 +55,8 @@ def load_trace(opts: Options, database_url: str) -> workload.Trace:
             raise UsageError(str(exc), hint="Write --since 7d, 36h or 90m.") from None
         from vultrscale.db import history
 
-        return workload.from_history(history.finished_jobs(database_url, since), since=since)
+        rows = history.finished_jobs(database_url, since, cfg.queue.queue)
+        return workload.from_history(rows, since=since)
     if opts.workload in workload.SHAPES:
         from vultrscale.params import MAX_REPLAY_JOBS
 
@@ -92,8 +101,12 @@ def execute(
 ) -> int:
     """Run the replay the options describe and print it. Bad input raises UsageError (exit 2)
     before any simulation runs."""
-    if opts.plot is not None:
-        render.require_matplotlib()
+    plot = render.plot_path(opts.plot) if opts.plot is not None else None
+    if not opts.policies:
+        raise UsageError(
+            "--policies names no policy",
+            hint=f"Name one or more of {', '.join(compare.POLICIES)} (comma-separated).",
+        )
     unknown = [p for p in opts.policies if p not in compare.POLICIES]
     if unknown:
         raise UsageError(
@@ -101,17 +114,23 @@ def execute(
             hint=f"Choose from {', '.join(compare.POLICIES)} (comma-separated).",
         )
     setup = _setup(opts)
-    price = compare.plan_price(cfg, opts.monthly_usd)
     configs = None
     if opts.sweeps:
         configs = compare.sweep_configs(compare.parse_sweeps(opts.sweeps), config_path, env)
-    trace = load_trace(opts, cfg.secrets.database_url.reveal())
+        for label, variant in configs:  # each variant is priced at its own plan: check now
+            try:
+                compare.plan_price(variant, opts.monthly_usd)
+            except UsageError as exc:
+                raise UsageError(f"--sweep {label}: {exc}", hint=exc.hint) from None
+    else:
+        price = compare.plan_price(cfg, opts.monthly_usd)
+    trace = load_trace(opts, cfg)
 
     progress, done = _progress(err)
     try:
         if configs is not None:
             result: Comparison = compare.sweep(
-                trace, configs, setup, price=price, progress=progress
+                trace, configs, setup, monthly=opts.monthly_usd, progress=progress
             )
             title = f"vultrscale with {len(configs)} config variant(s), cheapest first"
         else:
@@ -121,12 +140,12 @@ def execute(
             title = "policies on the same trace"
     finally:
         done()
-    if opts.plot is not None:
-        render.plot(result, opts.plot)
+    if plot is not None:
+        render.plot(result, plot)
     if opts.as_json:
         doc = result.to_json()
-        if opts.plot is not None:
-            doc["plot"] = str(opts.plot)
+        if plot is not None:
+            doc["plot"] = str(plot)
         print_json(doc)
     else:
         if not out.is_terminal:
@@ -134,8 +153,8 @@ def execute(
         out.print(render.table(result, title=title))
         for line in render.footer(result):
             out.print(line, highlight=False, soft_wrap=True)
-        if opts.plot is not None:
-            out.print(f"plot written to {opts.plot}", highlight=False)
+        if plot is not None:
+            out.print(f"plot written to {plot}", highlight=False)
     return EXIT_OK
 
 

@@ -40,9 +40,9 @@ class Setup:
 class Comparison:
     trace: Trace
     results: tuple[PolicyResult, ...]
-    lower_bound_hours: float
+    lower_bound_hours: float | None  # None: the rows' jobs per instance differ (each has its own)
     grace: float
-    price: PlanPrice
+    price: PlanPrice  # the first row's; a sweep over fleet.plan prices each row at its own
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict[str, object]:
@@ -60,7 +60,9 @@ class Comparison:
                 "monthly": self.price.monthly,
                 "hourly": round(self.price.hourly, 5),
             },
-            "lower_bound_hours": round(self.lower_bound_hours, 2),
+            "lower_bound_hours": (
+                None if self.lower_bound_hours is None else round(self.lower_bound_hours, 2)
+            ),
             "grace_seconds": round(self.grace, 1),
             "results": [r.to_json() for r in self.results],
             "notes": list(self.notes),
@@ -122,6 +124,11 @@ def grace_seconds(cfg: Config, setup: Setup, trace: Trace) -> float:
     return setup.boot_time[1] + trace.longest + cfg.drain.timeout.total_seconds()
 
 
+def replay_end(cfg: Config, setup: Setup, trace: Trace) -> float:
+    """Where every replay stops, and what every policy is measured (and billed) up to."""
+    return trace.span + grace_seconds(cfg, setup, trace)
+
+
 def _policies(
     names: Sequence[str], cfg: Config, trace: Trace, price: PlanPrice
 ) -> list[engine.Policy]:
@@ -166,7 +173,7 @@ def play(
         world,
         pol,
         interval=setup.interval,
-        until=trace.span + grace_seconds(cfg, setup, trace),
+        until=replay_end(cfg, setup, trace),
         sample_every=setup.interval if setup.plot else 0.0,
         progress=progress,
     )
@@ -189,7 +196,7 @@ def run_one(
         world,
         stats,
         price=price,
-        span=trace.span,
+        end=replay_end(cfg, setup, trace),
         jobs_per_instance=cfg.queue.jobs_per_instance,
         curve_points=PLOT_POINTS if setup.plot else 0,
     )
@@ -215,10 +222,15 @@ def compare(
 def _comparison(
     trace: Trace, results: Sequence[PolicyResult], cfg: Config, setup: Setup, price: PlanPrice
 ) -> Comparison:
+    # One lower bound for the table only when every row shares it (a sweep over
+    # queue.jobs_per_instance gives each row its own).
+    bounds = {r.lower_bound_hours for r in results} or {
+        lower_bound_hours(trace.total_job_seconds, cfg.queue.jobs_per_instance)
+    }
     return Comparison(
         trace,
         tuple(results),
-        lower_bound_hours(trace.total_job_seconds, cfg.queue.jobs_per_instance),
+        bounds.pop() if len(bounds) == 1 else None,
         grace_seconds(cfg, setup, trace),
         price,
     )
@@ -269,14 +281,16 @@ def sweep(
     configs: Sequence[tuple[str, Config]],
     setup: Setup,
     *,
-    price: PlanPrice,
+    monthly: float | None = None,
     progress: Callable[[str, float], None] | None = None,
 ) -> Comparison:
-    """vultrscale once per config, ranked by cost (then p95 wait)."""
+    """vultrscale once per config, each priced at its own plan (or at ``monthly``), ranked by
+    cost (then p95 wait)."""
+    prices = [plan_price(cfg, monthly) for _, cfg in configs]  # all refused before any replay
     results = []
-    for label, cfg in configs:
+    for (label, cfg), price in zip(configs, prices, strict=True):
         cb = (lambda f, n=label: progress(n, f)) if progress else None
         pol = Vultrscale(cfg, price, trace.epoch, name=label)
         results.append(run_one(pol, trace, cfg, setup, price, name=label, progress=cb))
     results.sort(key=lambda r: (r.lost, r.cost_usd, r.wait_p95))
-    return _comparison(trace, results, configs[0][1], setup, price)
+    return _comparison(trace, results, configs[0][1], setup, prices[0])

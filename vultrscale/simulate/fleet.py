@@ -53,7 +53,7 @@ class WorldClock:
 
     def __init__(self, world: World, epoch: datetime) -> None:
         self.world = world
-        self.epoch = epoch
+        self.epoch = budget.utc(epoch)  # wall time in a DST zone would jump an hour
 
     def now(self) -> datetime:
         return self.epoch + timedelta(seconds=self.world.now)

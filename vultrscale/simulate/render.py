@@ -24,6 +24,11 @@ def _dur(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _wait(seconds: float, at_least: bool) -> str:
+    """A wait, marked >= when lost jobs (waiting still at the replay's end) make it a floor."""
+    return (">=" if at_least else "") + _dur(seconds)
+
+
 def table_width(cmp: Comparison) -> int:
     """The width the table needs so that no column is cut."""
     return _NUMBERS_WIDTH + max((len(r.policy) for r in cmp.results), default=10) + 4
@@ -52,9 +57,9 @@ def table(cmp: Comparison, *, title: str) -> Table:
             f"{r.ratio:.1f}",
             str(r.billed_hours),
             f"{r.cost_usd:.2f}",
-            _dur(r.wait_p50),
-            _dur(r.wait_p95),
-            _dur(r.wait_max),
+            _wait(r.wait_p50, r.wait_p50_at_least),
+            _wait(r.wait_p95, r.wait_p95_at_least),
+            _wait(r.wait_max, r.wait_max_at_least),
             str(r.killed),
             str(r.lost),
             f"{r.scale_ups}/{r.scale_downs}",
@@ -64,15 +69,30 @@ def table(cmp: Comparison, *, title: str) -> Table:
 
 def footer(cmp: Comparison) -> list[str]:
     tr = cmp.trace
+    if cmp.lower_bound_hours is None:
+        bound = (
+            "lower bound: each row's own (job time / its jobs per instance: no boot, no idle); "
+            "xLB is each row's instance-hours over it"
+        )
+    else:
+        bound = (
+            f"lower bound: {cmp.lower_bound_hours:.1f} instance-hours (job time / jobs per "
+            "instance: no boot, no idle); xLB is each row's instance-hours over it"
+        )
+    plans = dict.fromkeys((r.plan, r.monthly_usd) for r in cmp.results)
+    if len(plans) > 1:
+        price = "prices (by row's plan): " + ", ".join(f"{p} ${m:.2f}/month" for p, m in plans)
+        price += ", each"
+    else:
+        price = f"price: {cmp.price.plan} ${cmp.price.monthly:.2f}/month, ${cmp.price.hourly:.4f}/h"
     lines = [
         f"workload: {tr.note}; {len(tr)} job(s), {tr.total_job_seconds / 3600:.1f} job-hours "
         f"over {tr.span / 3600:.0f} h",
-        f"lower bound: {cmp.lower_bound_hours:.1f} instance-hours (job time / jobs per "
-        "instance: no boot, no idle); xLB is each row's instance-hours over it",
-        f"price: {cmp.price.plan} ${cmp.price.monthly:.2f}/month, ${cmp.price.hourly:.4f}/h "
-        "per started hour; wait = arrival to result less the job's own run time",
+        bound,
+        f"{price} per started hour; wait = arrival to result less the job's own run time",
         f"lost = not finished {_dur(cmp.grace)} after the trace's end (a boot, the longest job "
-        "and a drain) or killed at every attempt; killed = runs cut off by a delete",
+        "and a drain) or killed at every attempt; killed = runs cut off by a delete; a lost "
+        "job waits at least to the replay's end, and >= marks a wait that rests on one",
     ]
     return lines + list(cmp.notes)
 
@@ -85,6 +105,24 @@ def require_matplotlib() -> None:
         raise UsageError(
             "--plot needs matplotlib, which is not installed", hint=PLOT_HINT
         ) from None
+
+
+def plot_path(path: Path) -> Path:
+    """The file ``plot`` will write for ``--plot PATH``, checked before any replay: a name
+    without an extension gets ``.png`` (as matplotlib would add), one matplotlib cannot write
+    is refused."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise UsageError(
+            f"--plot {path}: cannot draw a {path.suffix} file",
+            hint=f"End the name in .png (or {', '.join('.' + f for f in sorted(formats))}).",
+        )
+    return path
 
 
 def plot(cmp: Comparison, path: Path) -> None:

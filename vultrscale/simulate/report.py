@@ -2,7 +2,9 @@
 
 Billing is Vultr's (``vultrscale.budget``): each instance pays the hourly rate per started
 hour from its creation, at most the monthly price per calendar month. Instance-hours and bills
-are counted over the trace's span; an instance still alive at its end is billed up to it.
+cover everything the replay ran, for every policy alike: each instance from its creation to its
+deletion, or to the replay's end (the trace's end plus its grace) if it is still alive then. A
+job finished in the grace ran on an instance, and that instance is paid for.
 """
 
 from __future__ import annotations
@@ -22,14 +24,21 @@ class PolicyResult:
     """One policy (or one sweep combination) on one trace."""
 
     policy: str
-    instance_hours: float  # alive (created to deleted), within the trace's span
-    billed_hours: int  # started hours billed
+    plan: str  # the plan it was priced at (a --sweep over fleet.plan prices each at its own)
+    monthly_usd: float
+    instance_hours: float  # alive: created to deleted, or to the replay's end
+    billed_hours: int  # started hours billed, none past the monthly cap
     cost_usd: float
     # Wait: seconds from a job's arrival to its result, less its own run time: queueing,
-    # boots, and any earlier run that was killed or given back.
+    # boots, and any earlier run that was killed or given back. A lost job has no result: it
+    # counts as waiting at least to the replay's end (less its run time), and a percentile
+    # that rests on such a job is only a floor (its *_at_least flag is set).
     wait_p50: float
     wait_p95: float
     wait_max: float
+    wait_p50_at_least: bool
+    wait_p95_at_least: bool
+    wait_max_at_least: bool
     jobs: int
     finished: int
     killed: int  # runs killed mid-job (an instance deleted under them)
@@ -65,12 +74,14 @@ class PolicyResult:
         return d
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (0 for an empty one)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[rank - 1]
+def wait_percentile(waits: list[tuple[float, bool]], q: float) -> tuple[float, bool]:
+    """Nearest-rank percentile of ascending (wait, is_a_floor) pairs, and whether it is only a
+    floor: it is when a floor sits at or below its rank (raising that one, to whatever the
+    job's true wait is, could raise the percentile). (0, False) for an empty list."""
+    if not waits:
+        return 0.0, False
+    rank = max(1, math.ceil(q * len(waits)))
+    return max(0.0, waits[rank - 1][0]), any(floor for _, floor in waits[:rank])
 
 
 def lower_bound_hours(total_job_seconds: float, jobs_per_instance: int) -> float:
@@ -78,17 +89,29 @@ def lower_bound_hours(total_job_seconds: float, jobs_per_instance: int) -> float
     return total_job_seconds / jobs_per_instance / 3600.0
 
 
+def monthly_cap_hours(price: PlanPrice) -> int:
+    """Started hours in a month after which the monthly price is reached (672 for $10 at
+    $0.0149/h: the 672nd hour is charged in part, later ones not at all)."""
+    # Rounded first: monthly / (monthly / 672) must give 672, not 672.0000000001 -> 673.
+    return math.ceil(round(price.monthly / price.hourly, 6))
+
+
 def instance_bill(
     created: float, gone: float, epoch: datetime, price: PlanPrice
 ) -> tuple[int, float]:
-    """(started hours, cost) of one instance alive from ``created`` to ``gone`` (seconds)."""
+    """(billed hours, cost) of one instance alive from ``created`` to ``gone`` (seconds).
+
+    Billed hours are the started hours that add to the bill: at most ``monthly_cap_hours``
+    per calendar month, past which the monthly price caps the cost and an hour costs nothing.
+    """
     start = epoch + timedelta(seconds=created)
     stop = epoch + timedelta(seconds=gone)
     hours, cost = 0, 0.0
+    cap = monthly_cap_hours(price)
     month_start, month_end = budget.month_bounds(start)
     while month_start < stop:
         lo, hi = max(start, month_start), min(stop, month_end)
-        hours += budget.started_hours(lo, hi)
+        hours += min(budget.started_hours(lo, hi), cap)
         cost += budget.billed(start, stop, price, month_start, month_end)
         month_start, month_end = budget.month_bounds(month_end)
     return hours, cost
@@ -100,33 +123,39 @@ def measure(
     stats: RunStats,
     *,
     price: PlanPrice,
-    span: float,
+    end: float,
     jobs_per_instance: int,
     curve_points: int = 0,
 ) -> PolicyResult:
-    """Read the outcome off a world played past ``span`` (the trace's end plus its grace)."""
+    """Read the outcome off a world played to ``end`` (the trace's end plus its grace): every
+    instance it created counts from its creation to its deletion, or to ``end``."""
     trace = world.trace
     alive = 0.0
     hours = 0
     cost = 0.0
     spans: list[tuple[float, float]] = []
     for inst in world.instances:
-        if inst.created >= span:
-            continue
-        end = min(inst.gone_at if inst.gone_at is not None else span, span)
-        spans.append((inst.created, end))
-        alive += end - inst.created
-        inst_hours, inst_cost = instance_bill(inst.created, end, trace.epoch, price)
+        gone = min(inst.gone_at if inst.gone_at is not None else end, end)
+        spans.append((inst.created, gone))
+        alive += gone - inst.created
+        inst_hours, inst_cost = instance_bill(inst.created, gone, trace.epoch, price)
         hours += inst_hours
         cost += inst_cost
+    # A job never finished waited at least until the replay stopped: (end - arrival - its run
+    # time, a floor). Left out, a policy that loses work would show shorter waits.
     waits = sorted(
-        fin - trace.arrivals[j] - trace.durations[j]
+        (
+            (fin if fin is not None else end) - trace.arrivals[j] - trace.durations[j],
+            fin is None,
+        )
         for j, fin in enumerate(world.finished_at)
-        if fin is not None
     )
+    p50, p50_floor = wait_percentile(waits, 0.50)
+    p95, p95_floor = wait_percentile(waits, 0.95)
+    top, top_floor = wait_percentile(waits, 1.0)
     curve: list[tuple[float, float]] = []
     if curve_points:
-        step = span / curve_points
+        step = end / curve_points
         for k in range(curve_points + 1):
             t = k * step
             curve.append(
@@ -142,12 +171,17 @@ def measure(
     c = world.c
     return PolicyResult(
         policy=name,
+        plan=price.plan,
+        monthly_usd=price.monthly,
         instance_hours=alive / 3600.0,
         billed_hours=hours,
         cost_usd=cost,
-        wait_p50=max(0.0, percentile(waits, 0.50)),
-        wait_p95=max(0.0, percentile(waits, 0.95)),
-        wait_max=max(0.0, waits[-1]) if waits else 0.0,
+        wait_p50=p50,
+        wait_p95=p95,
+        wait_max=top,
+        wait_p50_at_least=p50_floor,
+        wait_p95_at_least=p95_floor,
+        wait_max_at_least=top_floor,
         jobs=len(trace),
         finished=c.finished,
         killed=c.killed,

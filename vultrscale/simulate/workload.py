@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from vultrscale import budget, params
 from vultrscale.errors import UsageError
 
 DAY = 86_400.0
@@ -38,7 +39,7 @@ class Trace:
     name: str
     arrivals: tuple[float, ...]
     durations: tuple[float, ...]
-    span: float  # seconds the trace covers; billing and instance-hours are counted over it
+    span: float  # seconds the trace covers; the replay runs past it by a grace (compare.py)
     epoch: datetime = TRACE_EPOCH  # wall-clock time of second 0
     note: str = ""  # how the trace was made, shown with the results
 
@@ -136,7 +137,8 @@ def shape(name: str, *, days: int, seed: int, jobs_per_day: int | None = None) -
             jobs += [(t, _duration(rng)) for t in _poisson(rng, base, base + DAY, per_day * 0.1)]
             for _ in range(rng.choice((2, 3))):
                 at = base + rng.uniform(0.0, DAY - 3600.0)
-                n = max(1, round(rng.gauss(per_day * 0.9 / 2.5, per_day * 0.1)))
+                # At least one job a spike, unless the day has none (--jobs-per-day 0).
+                n = max(min(1, per_day), round(rng.gauss(per_day * 0.9 / 2.5, per_day * 0.1)))
                 jobs += _burst(rng, at, n, spread=30.0)
     span = days * DAY
     jobs = [(a, d) for a, d in jobs if 0.0 <= a < span]
@@ -152,23 +154,42 @@ MAX_CSV_SECONDS = 366 * 86400.0
 def load_csv(path: str | Path) -> Trace:
     """Jobs from a CSV file: ``arrival_seconds,duration_seconds`` per row, header optional.
 
-    Raises UsageError naming the first bad line.
+    Read row by row, so a file too big to replay is refused at its MAX_REPLAY_JOBS + 1st job,
+    not after it is all in memory. Raises UsageError naming the first bad line.
     """
     p = Path(path)
+    limit = params.MAX_REPLAY_JOBS
+    jobs: list[tuple[float, float]] = []
     try:
-        text = p.read_text(encoding="utf-8")
+        # utf-8-sig: Excel starts its "CSV UTF-8" with a byte-order mark; it is no data.
+        with p.open(encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f)
+            first = True  # the header, if any, is the first row that is not a comment
+            for row in reader:
+                lineno = reader.line_num
+                if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
+                    continue
+                if first and row[0].strip().lower() == "arrival_seconds":
+                    first = False
+                    continue
+                first = False
+                if len(jobs) == limit:
+                    raise UsageError(
+                        f"{p}: more than {limit:,} jobs, more than a replay holds",
+                        hint="Replay a part of it (a shorter period): the policies compare the "
+                        "same.",
+                    )
+                jobs.append(_csv_row(p, lineno, row))
     except OSError as exc:
         raise UsageError(
             f"cannot read the workload file {p}: {exc.strerror}",
             hint="Give a CSV file with arrival_seconds,duration_seconds per row.",
         ) from None
-    jobs: list[tuple[float, float]] = []
-    for lineno, row in enumerate(csv.reader(text.splitlines()), start=1):
-        if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
-            continue
-        if lineno == 1 and row[0].strip().lower() == "arrival_seconds":
-            continue
-        jobs.append(_csv_row(p, lineno, row))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise UsageError(
+            f"{p}: not a UTF-8 text CSV ({exc})",
+            hint="Save it as CSV (UTF-8) with arrival_seconds,duration_seconds per row.",
+        ) from None
     if not jobs:
         raise UsageError(
             f"{p}: no jobs found",
@@ -210,7 +231,14 @@ def from_history(rows: Iterable[tuple[datetime, datetime]], *, since: timedelta)
     the duration is finished - due: the job's own run time plus the time it waited in the
     original fleet. It is an upper bound; the replay is pessimistic by that much.
     """
-    pairs = [(due, fin) for due, fin in rows]
+    # In UTC: same-zone datetimes subtract in wall time, an hour off across a DST change.
+    pairs = [(budget.utc(due), budget.utc(fin)) for due, fin in rows]
+    if len(pairs) > params.MAX_REPLAY_JOBS:  # the query reads one more than this at most
+        raise UsageError(
+            f"more than {params.MAX_REPLAY_JOBS:,} finished jobs in the queue over the last "
+            f"{since}, more than a replay holds",
+            hint="Replay a shorter period with --since.",
+        )
     if not pairs:
         raise UsageError(
             f"no finished jobs in the queue over the last {since}",
