@@ -48,5 +48,4 @@ def finished_jobs_in(
 def finished_jobs(url: str, since: timedelta, queue: str = "") -> list[tuple[datetime, datetime]]:
     """The same, over a connection of its own; errors become ``DatabaseError``s."""
     with pg.session(url, "cannot read the queue's history") as conn:
-        conn.execute("SET TimeZone TO 'UTC'")  # this session only; no DST in what it reads
         return finished_jobs_in(conn, since, queue)
