@@ -225,10 +225,11 @@ def test_a_lost_job_counts_as_waiting_until_the_replay_end() -> None:
 def test_a_lost_job_makes_the_waits_at_and_above_it_floors() -> None:
     from vultrscale.simulate.report import wait_percentile
 
-    waits = [(10.0, False), (20.0, True), (30.0, False), (40.0, False)]
-    assert wait_percentile(waits, 0.25) == (10.0, False)  # below the lost one: exact
-    assert wait_percentile(waits, 0.50) == (20.0, True)
-    assert wait_percentile(waits, 1.0) == (40.0, True)  # the lost one may really be above it
+    waits, lost = [10.0, 20.0, 30.0, 40.0], 20.0  # the job waiting 20 s so far was lost
+    assert wait_percentile(waits, 0.25, lost) == (10.0, False)  # below the lost one: exact
+    assert wait_percentile(waits, 0.50, lost) == (20.0, True)
+    assert wait_percentile(waits, 1.0, lost) == (40.0, True)  # the lost one may be above it
+    assert wait_percentile(waits, 1.0) == (40.0, False)  # nothing lost: exact
     assert wait_percentile([], 0.95) == (0.0, False)
 
 

@@ -74,14 +74,17 @@ class PolicyResult:
         return d
 
 
-def wait_percentile(waits: list[tuple[float, bool]], q: float) -> tuple[float, bool]:
-    """Nearest-rank percentile of ascending (wait, is_a_floor) pairs, and whether it is only a
-    floor: it is when a floor sits at or below its rank (raising that one, to whatever the
-    job's true wait is, could raise the percentile). (0, False) for an empty list."""
+def wait_percentile(
+    waits: list[float], q: float, lowest_floor: float = math.inf
+) -> tuple[float, bool]:
+    """Nearest-rank percentile of ascending waits, and whether it is only a floor: it is when
+    the lowest floor among them (a lost job's wait so far) is at or below it (raising that
+    one, to whatever the job's true wait is, could raise the percentile). (0, False) for an
+    empty list."""
     if not waits:
         return 0.0, False
-    rank = max(1, math.ceil(q * len(waits)))
-    return max(0.0, waits[rank - 1][0]), any(floor for _, floor in waits[:rank])
+    value = waits[max(1, math.ceil(q * len(waits))) - 1]
+    return max(0.0, value), lowest_floor <= value
 
 
 def lower_bound_hours(total_job_seconds: float, jobs_per_instance: int) -> float:
@@ -143,16 +146,20 @@ def measure(
         cost += inst_cost
     # A job never finished waited at least until the replay stopped: (end - arrival - its run
     # time, a floor). Left out, a policy that loses work would show shorter waits.
-    waits = sorted(
-        (
-            (fin if fin is not None else end) - trace.arrivals[j] - trace.durations[j],
-            fin is None,
-        )
+    # Plain floats, sorted once: a replay has up to millions of jobs.
+    arrivals, durations = trace.arrivals, trace.durations
+    waits = [
+        (fin if fin is not None else end) - arrivals[j] - durations[j]
         for j, fin in enumerate(world.finished_at)
+    ]
+    lowest_floor = min(
+        (w for w, fin in zip(waits, world.finished_at, strict=True) if fin is None),
+        default=math.inf,
     )
-    p50, p50_floor = wait_percentile(waits, 0.50)
-    p95, p95_floor = wait_percentile(waits, 0.95)
-    top, top_floor = wait_percentile(waits, 1.0)
+    waits.sort()
+    p50, p50_floor = wait_percentile(waits, 0.50, lowest_floor)
+    p95, p95_floor = wait_percentile(waits, 0.95, lowest_floor)
+    top, top_floor = wait_percentile(waits, 1.0, lowest_floor)
     curve: list[tuple[float, float]] = []
     if curve_points:
         step = end / curve_points
