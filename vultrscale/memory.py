@@ -276,13 +276,32 @@ class MemoryLedger:
     ) -> None:
         from vultrscale.lifecycle import adopted_row
 
-        old = self.instances.get(label)
-        if old is not None and old.state is InstanceState.GONE:  # as the Postgres ledger does
-            del self.instances[label]
-            retired = retired_label(label, old.instance_id)
-            self.instances[retired] = replace(old, label=retired)
-        elif old is not None:
-            return  # a live row with the label: left alone, as in Postgres
+        # The Postgres ledger's rules (db.ledger.adopt), on this one fleet's rows.
+        gone = InstanceState.GONE
+        note = "adopted: tagged at Vultr but missing from the ledger"
+        other = self.instances.get(label)
+        if other is not None and other.state is gone and other.instance_id != instance_id:
+            retired = retired_label(label, other.instance_id, other.gone_at)
+            self.instances[retired] = replace(self.instances.pop(label), label=retired)
+        own = next(
+            (r for r in self.instances.values() if (r.instance_id, r.state) == (instance_id, gone)),
+            None,
+        )
+        if own is not None:  # its own gone row comes back
+            del self.instances[own.label]
+            self.instances[label] = replace(
+                own,
+                label=label,
+                state=state,
+                state_since=now,
+                gone_at=None,
+                draining_at=None,
+                deleting_at=None,
+                last_error=note,
+            )
+            return
+        if label in self.instances:  # a live row has the label
+            label = retired_label(label, instance_id)
         v = VInstance(id=instance_id, label=label, plan=plan, region=region)
         row = adopted_row(self.fleet, label, v, state, created_at, now)
         self.instances[label] = replace(
@@ -291,7 +310,7 @@ class MemoryLedger:
             monthly_cost=monthly_cost,
             main_ip=None,
             internal_ip=None,
-            last_error="adopted: tagged at Vultr but missing from the ledger",
+            last_error=note,
         )
 
     def note_error(self, label: str, error: str, *, delete: bool = False) -> None:

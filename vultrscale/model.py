@@ -113,10 +113,13 @@ class LedgerRow:
         return self.created_at
 
 
-def retired_label(label: str, instance_id: str | None) -> str:
+def retired_label(label: str, instance_id: str | None, gone_at: datetime | None = None) -> str:
     """The label a gone row takes once a later instance is adopted under its label (a name
-    used before, by hand): the row stays, and its cost stays in the month's bill."""
-    return f"{label}@{instance_id or 'none'}"
+    used before, by hand): the row stays, and its cost stays in the month's bill. Unique by
+    the instance id (Vultr's, unique in the ledger too), else by when the row went."""
+    if instance_id:
+        return f"{label}@{instance_id}"
+    return f"{label}@gone-{gone_at.timestamp():.6f}" if gone_at else f"{label}@none"
 
 
 # The column of fleet_instances each state stamps the first time a row enters it.

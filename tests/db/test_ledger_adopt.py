@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 
 from vultrscale import budget
 from vultrscale.db import ledger
@@ -59,10 +60,48 @@ def test_a_label_used_again_after_its_instance_went_keeps_the_gone_row_and_start
     assert bills == {"worker-by-hand": 0.015, "worker-by-hand@hand-1": 3 * 0.015}
 
 
-def test_adoption_leaves_another_fleets_live_row_of_the_same_label_alone(db_url: str) -> None:
+def test_adoption_leaves_another_fleets_live_row_alone_and_records_its_own_apart(
+    db_url: str,
+) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         _adopt(conn, "theirs-1", T0, fleet="other")
         _adopt(conn, "ours-1", T0 + timedelta(hours=1))
-        (row,) = ledger.rows(conn, "other")
-        assert ledger.rows(conn, "workers") == []
-    assert (row.fleet, row.instance_id, row.created_at) == ("other", "theirs-1", T0)
+        (theirs,) = ledger.rows(conn, "other")
+        (ours,) = ledger.rows(conn, "workers")
+    assert (theirs.label, theirs.instance_id, theirs.created_at) == (
+        "worker-by-hand",
+        "theirs-1",
+        T0,
+    )
+    # the name lifecycle.by_label gives a label two instances share
+    assert (ours.label, ours.instance_id) == ("worker-by-hand@ours-1", "ours-1")
+
+
+@pytest.mark.parametrize("label", ["worker-by-hand", "worker-renamed"])
+def test_an_instance_taken_for_gone_and_listed_again_gets_its_own_row_back(
+    db_url: str, label: str
+) -> None:
+    """The list missed it long enough for the pass to mark it gone; listed again, it is
+    adopted: its own row comes back (instance_id is unique: a second row could not be
+    written, and every later pass failed on it)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        _adopt(conn, "hand-1", T0)
+        conn.execute("UPDATE fleet_instances SET host_key = 'ssh-ed25519 AAAAown'")
+        ledger.transition(conn, "worker-by-hand", InstanceState.RUNNING, T0 + timedelta(hours=1))
+        ledger.transition(conn, "worker-by-hand", InstanceState.GONE, T0 + timedelta(hours=2))
+        ledger.adopt(
+            conn,
+            fleet="workers",
+            label=label,  # Vultr's label now (renamed by hand, or not)
+            instance_id="hand-1",
+            state=InstanceState.RUNNING,
+            plan="vc2-1c-2gb",
+            region="ewr",
+            created_at=T0,
+            now=T0 + timedelta(hours=3),
+            hourly_rate=0.015,
+            monthly_cost=10.0,
+        )
+        (row,) = ledger.rows(conn, "workers", since=budget.month_bounds(T0)[0])
+    assert (row.label, row.instance_id, row.state) == (label, "hand-1", InstanceState.RUNNING)
+    assert (row.created_at, row.gone_at, row.host_key) == (T0, None, "ssh-ed25519 AAAAown")

@@ -119,40 +119,62 @@ def adopt(
 ) -> None:
     """Record a tagged instance the ledger did not know (made by hand, or a lost intent).
 
-    A gone row with the same label (a name used before) is kept under its retired label, so
-    this month's bill keeps its cost and the new row starts afresh: its own creation time, no
-    stamps, no pinned key. A live row with the label (another fleet's) is left alone."""
+    - Its own gone row (the same instance: the list missed it long enough to be taken for
+      gone) comes back, under ``label``: its creation, stamps and pinned key are still its own.
+    - Another instance's gone row under ``label`` (a name used before) is kept under its
+      retired label, so this month's bill keeps its cost; the new row starts afresh.
+    - A live row of another fleet under ``label`` is left alone: this one is recorded under
+      ``<label>@<instance id>``, the name ``lifecycle.by_label`` gives a shared label."""
+    note = "adopted: tagged at Vultr but missing from the ledger"
     with conn.transaction():
-        gone = conn.execute(
-            "SELECT instance_id FROM fleet_instances WHERE label = %s AND state = 'gone' "
-            "FOR UPDATE",
-            (label,),
+        other = conn.execute(
+            "SELECT instance_id, gone_at FROM fleet_instances WHERE label = %s AND state = 'gone' "
+            "AND instance_id IS DISTINCT FROM %s FOR UPDATE",
+            (label, instance_id),
         ).fetchone()
-        if gone is not None:
+        if other is not None:
             conn.execute(
                 "UPDATE fleet_instances SET label = %s WHERE label = %s",
-                (retired_label(label, gone[0]), label),
+                (retired_label(label, other[0], other[1]), label),
             )
-        conn.execute(
-            "INSERT INTO fleet_instances (label, fleet, state, instance_id, plan, region, "
-            "hourly_rate, monthly_cost, created_at, posted_at, state_since, last_error) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (label) DO NOTHING",
-            (
-                label,
-                fleet,
-                state.value,
-                instance_id,
-                plan,
-                region,
-                hourly_rate,
-                monthly_cost,
-                created_at,
-                created_at,
-                now,
-                "adopted: tagged at Vultr but missing from the ledger",
-            ),
+        revived = conn.execute(
+            "UPDATE fleet_instances SET label = %(label)s, fleet = %(fleet)s, state = %(state)s, "
+            "state_since = %(now)s, gone_at = NULL, draining_at = NULL, deleting_at = NULL, "
+            "last_error = %(note)s WHERE instance_id = %(iid)s AND state = 'gone'",
+            {
+                "label": label,
+                "fleet": fleet,
+                "state": state.value,
+                "now": now,
+                "note": note,
+                "iid": instance_id,
+            },
         )
+        if revived.rowcount:
+            return
+        for name in (label, retired_label(label, instance_id)):
+            inserted = conn.execute(
+                "INSERT INTO fleet_instances (label, fleet, state, instance_id, plan, region, "
+                "hourly_rate, monthly_cost, created_at, posted_at, state_since, last_error) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (label) DO NOTHING",
+                (
+                    name,
+                    fleet,
+                    state.value,
+                    instance_id,
+                    plan,
+                    region,
+                    hourly_rate,
+                    monthly_cost,
+                    created_at,
+                    created_at,
+                    now,
+                    note,
+                ),
+            )
+            if inserted.rowcount:
+                return
 
 
 def transition(
