@@ -128,9 +128,19 @@ def apply_worker_role(conn: psycopg.Connection, role: str, password: str | None)
     """
     exists = _check_role(conn, role)
     ident = sql.Identifier(role)
-    verb = sql.SQL("ALTER" if exists else "CREATE")
-    # No role or database of its own making: a CREATEROLE role could grant itself the scaler's.
-    conn.execute(sql.SQL("{} ROLE {} LOGIN NOCREATEROLE NOCREATEDB").format(verb, ident))
+    if not exists:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))  # NOCREATEROLE NOCREATEDB
+    else:
+        # No role or database of its own making: a CREATEROLE role could grant itself the
+        # scaler's. Named only when set: from Postgres 16, a scaler without CREATEDB may not
+        # even say NOCREATEDB.
+        row = conn.execute(
+            "SELECT rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = %s", (role,)
+        ).fetchone()
+        assert row is not None
+        attributes = zip(("NOCREATEROLE", "NOCREATEDB"), row, strict=True)
+        drop = [sql.SQL(a) for a, held in attributes if held]
+        conn.execute(sql.SQL("ALTER ROLE {} LOGIN {}").format(ident, sql.SQL(" ").join(drop)))
     if password:
         hashed = conn.pgconn.encrypt_password(password.encode(), role.encode())
         conn.execute(
