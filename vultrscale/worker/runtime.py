@@ -294,9 +294,10 @@ class Worker:
         self._watched: list[threading.Thread] = []
         self._thread_errors: dict[str, BaseException] = {}
         self._heartbeat_ok = time.monotonic()  # send time of the last successful renewal
-        # Jobs marked lost locally while an outage lasts (by the heartbeat or the main loop's
-        # health check), said when it ends; under _lock.
-        self._lost_in_outage = 0
+        # Jobs marked lost locally (by the heartbeat or the main loop's health check) since the
+        # last renewal that succeeded: the count said when an outage ends. Under _lock, as is
+        # every such mark, so a job is counted once.
+        self._lost_since_renewal = 0
 
     # --- public --------------------------------------------------------------------------------
 
@@ -536,15 +537,16 @@ class Worker:
                 failures = 0
                 wait = s.heartbeat_seconds
                 self._heartbeat_ok = sent
-                lost = []
-                for job in held:
-                    if job.id in kept:
-                        job._renewed_at = max(job._renewed_at, sent)
-                    elif not job.lost:
+                with self._lock:
+                    lost = [j for j in held if j.id not in kept and not j.lost]
+                    for job in held:
+                        if job.id in kept:
+                            job._renewed_at = max(job._renewed_at, sent)
+                    for job in lost:
                         job._mark_lost()
-                        lost.append(job)
+                    abandoned, self._lost_since_renewal = self._lost_since_renewal + len(lost), 0
                 if not self.outage.checked.is_set():
-                    self._recovered(held, lost)
+                    self._recovered(held, lost, abandoned)
                 if draining and not self._marked_draining:
                     self._marked_draining = True
                     self.say("Marked draining in the database: claiming no more jobs.")
@@ -552,19 +554,20 @@ class Worker:
             if conn is not None:
                 conn.close()
 
-    def _recovered(self, held: list[Job], lost: list[Job]) -> None:
+    def _recovered(self, held: list[Job], lost: list[Job], abandoned: int) -> None:
         """The database answered the heartbeat after an outage and the leases were re-checked
-        (``lost``: the held jobs whose lease is gone, now marked): drop dead pooled connections,
-        open the gate. Held jobs marked lost locally while the renewal was on its way count as
-        lost, not kept: the worker has abandoned them (their lease runs out unrenewed)."""
+        (``lost``: the held jobs whose lease is gone, now marked; ``abandoned``: every job marked
+        lost since the last renewal that succeeded, those included): drop dead pooled
+        connections, open the gate. A held job marked lost locally while the renewal was on its
+        way counts as lost, not kept: the worker has given it up (its lease runs out)."""
         assert self._pool is not None
         self._pool.check()
         with self._lock:
             kept = sum(1 for j in held if not j.lost)
-            gone, self._lost_in_outage = len(lost) + self._lost_in_outage, 0
-            took = self.outage.end()
+        took = self.outage.end()
         self.say(
-            f"database back after {took:.1f} s: {kept} lease(s) kept, {gone} lost; claiming again."
+            f"database back after {took:.1f} s: {kept} lease(s) kept, {abandoned} lost; "
+            "claiming again."
         )
         for job in lost:
             self.say(f"job {job.id}: lease lost during the outage; abandoning it.")
@@ -581,8 +584,7 @@ class Worker:
             ]
             for job in late:
                 job._mark_lost()
-            if not self.outage.checked.is_set():
-                self._lost_in_outage += len(late)
+            self._lost_since_renewal += len(late)
         for job in late:
             self.say(f"job {job.id}: lease not renewed in time; treating it as lost.")
 
