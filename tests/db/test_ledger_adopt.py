@@ -40,8 +40,12 @@ def test_a_label_used_again_after_its_instance_went_keeps_the_gone_row_and_start
             "UPDATE fleet_instances SET host_key = 'ssh-ed25519 AAAAold' WHERE label = %s",
             ("worker-by-hand",),
         )
-        ledger.transition(conn, "worker-by-hand", InstanceState.RUNNING, T0 + timedelta(hours=1))
-        ledger.transition(conn, "worker-by-hand", InstanceState.GONE, T0 + timedelta(hours=3))
+        ledger.transition(
+            conn, "worker-by-hand", InstanceState.RUNNING, T0 + timedelta(hours=1), fleet="workers"
+        )
+        ledger.transition(
+            conn, "worker-by-hand", InstanceState.GONE, T0 + timedelta(hours=3), fleet="workers"
+        )
         later = T0 + timedelta(hours=4)
         _adopt(conn, "hand-2", later)
 
@@ -87,8 +91,12 @@ def test_an_instance_taken_for_gone_and_listed_again_gets_its_own_row_back(
     with psycopg.connect(db_url, autocommit=True) as conn:
         _adopt(conn, "hand-1", T0)
         conn.execute("UPDATE fleet_instances SET host_key = 'ssh-ed25519 AAAAown'")
-        ledger.transition(conn, "worker-by-hand", InstanceState.RUNNING, T0 + timedelta(hours=1))
-        ledger.transition(conn, "worker-by-hand", InstanceState.GONE, T0 + timedelta(hours=2))
+        ledger.transition(
+            conn, "worker-by-hand", InstanceState.RUNNING, T0 + timedelta(hours=1), fleet="workers"
+        )
+        ledger.transition(
+            conn, "worker-by-hand", InstanceState.GONE, T0 + timedelta(hours=2), fleet="workers"
+        )
         ledger.adopt(
             conn,
             fleet="workers",

@@ -34,7 +34,7 @@ def test_a_gone_instance_across_a_daylight_saving_change_bills_its_real_hours(
             host_key="ssh-ed25519 AAAA",
             now=CREATED,
         )
-        ledger.transition(admin, "w-1", InstanceState.GONE, GONE)
+        ledger.transition(admin, "w-1", InstanceState.GONE, GONE, fleet="workers")
     # every connection of the scaler's (the pass's store, `events`, the replayed history)
     with pg.session(db_url, "reading the ledger") as conn:
         (row,) = ledger.rows(conn, "workers", since=budget.month_bounds(GONE)[0])

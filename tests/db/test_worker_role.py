@@ -215,7 +215,7 @@ def test_the_worker_role_reaps_expired_leases_and_sees_its_instance_draining(
         admin, fleet="f", label="worker-9-abcd", plan="p", region="r",
         hourly_rate=0.01, monthly_cost=5.0, host_key="", now=now,
     )  # fmt: skip
-    ledger.mark_draining(admin, "worker-9-abcd", now)
+    ledger.mark_draining(admin, "worker-9-abcd", now, fleet="f")
     q.register_worker(wconn, "w-9", "worker-9-abcd")
     q.register_worker(wconn, "w-other", "worker-other")
     assert q.worker_heartbeat(wconn, "w-9") is True
@@ -261,7 +261,7 @@ def test_the_scalers_own_operations_are_refused_to_the_worker_role(
     for op in (
         lambda: ledger.rows(wconn, "f"),
         lambda: ledger.fleet_state(wconn, "f"),
-        lambda: ledger.mark_draining(wconn, "worker-1", now),
+        lambda: ledger.mark_draining(wconn, "worker-1", now, fleet="workers"),
         lambda: ledger.record_event(
             wconn,
             fleet="f",

@@ -89,7 +89,7 @@ def test_no_delete_while_a_drained_worker_still_holds_a_live_lease(world: World)
     world.run(cfg)
     # The worker on `a` reports inactive but a lease of it is still live (a kill, not a drain):
     with psycopg.connect(world.db_url, autocommit=True) as conn:
-        ledger.mark_draining(conn, a, world.clock.now())
+        ledger.mark_draining(conn, a, world.clock.now(), fleet="workers")
     world.hosts.hosts[a].service = ServiceState.INACTIVE
     for _ in range(3):
         world.clock.advance(30)
@@ -186,7 +186,7 @@ def test_api_storm_does_no_damage_and_exits_1(world: World) -> None:
     cfg = world.config(policy={"max_instances": 2})
     a, b = world.bring_up(cfg, 8)
     with psycopg.connect(world.db_url, autocommit=True) as conn:
-        ledger.mark_draining(conn, a, world.clock.now())
+        ledger.mark_draining(conn, a, world.clock.now(), fleet="workers")
     before = world.ledger()
     world.sim.error_rate = 1.0
     world.sim.error_statuses = (429, 500, 503)
@@ -242,7 +242,9 @@ def test_locked_delete_is_retried_on_later_passes(world: World) -> None:
     world.run(cfg)
     (label,) = world.boot_ready()
     with psycopg.connect(world.db_url, autocommit=True) as conn:
-        ledger.transition(conn, label, ledger.InstanceState.DELETING, world.clock.now())
+        ledger.transition(
+            conn, label, ledger.InstanceState.DELETING, world.clock.now(), fleet="workers"
+        )
     world.sim.lock_instance(inst["id"])
     result = world.run(cfg)
     assert any("locked" in r["result"] for r in result.results)
@@ -350,7 +352,7 @@ def test_unreadable_queue_holds_scale_in_and_deletes(world: World) -> None:
     )
     a, b = world.bring_up(cfg, 8)
     with psycopg.connect(world.db_url, autocommit=True) as conn:
-        ledger.mark_draining(conn, a, world.clock.now())
+        ledger.mark_draining(conn, a, world.clock.now(), fleet="workers")
     world.hosts.hosts[a].service = ServiceState.INACTIVE
 
     def broken(conn: object) -> None:
@@ -407,7 +409,7 @@ def test_a_restarted_worker_on_a_draining_instance_is_marked_draining_again(worl
     (label,) = world.bring_up(cfg, 1)
     world.hosts.hosts[label].reachable = False  # the stop cannot be sent
     with psycopg.connect(world.db_url, autocommit=True) as conn:
-        ledger.mark_draining(conn, label, world.clock.now())
+        ledger.mark_draining(conn, label, world.clock.now(), fleet="workers")
         conn.execute("UPDATE workers SET draining = false WHERE worker_id = %s", (label,))
     world.clock.advance(30)
     world.run(cfg)

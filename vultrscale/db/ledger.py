@@ -183,12 +183,15 @@ def transition(
     state: InstanceState,
     now: datetime,
     *,
+    fleet: str,
     instance_id: str | None = None,
     main_ip: str | None = None,
     internal_ip: str | None = None,
     last_error: str | None = None,
 ) -> None:
-    """Move a row to ``state`` and stamp that state's transition time (first time only)."""
+    """Move ``fleet``'s row ``label`` to ``state`` and stamp that state's transition time
+    (first time only). Every write names the fleet: a label is unique in the table, but
+    another fleet's row must never move because this fleet's pass met the same name."""
     column = STATE_STAMPS.get(state)
     stamp = f", {column} = COALESCE({column}, %(now)s)" if column else ""
     conn.execute(
@@ -196,8 +199,9 @@ def transition(
         "%(state)s THEN state_since ELSE %(now)s END"
         f"{stamp}, instance_id = COALESCE(%(iid)s, instance_id), "
         "main_ip = COALESCE(%(ip)s, main_ip), internal_ip = COALESCE(%(iip)s, internal_ip), "
-        "last_error = %(err)s WHERE label = %(label)s",
+        "last_error = %(err)s WHERE label = %(label)s AND fleet = %(fleet)s",
         {
+            "fleet": fleet,
             "state": state.value,
             "now": now,
             "iid": instance_id,
@@ -210,21 +214,27 @@ def transition(
 
 
 def note_error(
-    conn: psycopg.Connection[Any], label: str, error: str, *, delete: bool = False
+    conn: psycopg.Connection[Any], label: str, error: str, *, fleet: str, delete: bool = False
 ) -> None:
     extra = ", delete_attempts = delete_attempts + 1" if delete else ""
     conn.execute(
-        f"UPDATE fleet_instances SET last_error = %s{extra} WHERE label = %s", (error, label)
+        f"UPDATE fleet_instances SET last_error = %s{extra} WHERE label = %s AND fleet = %s",
+        (error, label, fleet),
     )
 
 
 def update_address(
-    conn: psycopg.Connection[Any], label: str, main_ip: str | None, internal_ip: str | None
+    conn: psycopg.Connection[Any],
+    label: str,
+    main_ip: str | None,
+    internal_ip: str | None,
+    *,
+    fleet: str,
 ) -> None:
     conn.execute(
         "UPDATE fleet_instances SET main_ip = COALESCE(%s, main_ip), "
-        "internal_ip = COALESCE(%s, internal_ip) WHERE label = %s",
-        (main_ip or None, internal_ip or None, label),
+        "internal_ip = COALESCE(%s, internal_ip) WHERE label = %s AND fleet = %s",
+        (main_ip or None, internal_ip or None, label, fleet),
     )
 
 
@@ -274,10 +284,10 @@ def mark_workers_draining(conn: psycopg.Connection[Any], labels: list[str]) -> N
     )
 
 
-def mark_draining(conn: psycopg.Connection[Any], label: str, now: datetime) -> None:
+def mark_draining(conn: psycopg.Connection[Any], label: str, now: datetime, *, fleet: str) -> None:
     """Mark the instance and its workers draining in one transaction, before the SSH stop."""
     with conn.transaction():
-        transition(conn, label, InstanceState.DRAINING, now)
+        transition(conn, label, InstanceState.DRAINING, now, fleet=fleet)
         conn.execute("UPDATE workers SET draining = true WHERE instance_label = %s", (label,))
 
 
@@ -399,7 +409,7 @@ class PgLedger:
 
     def transition(self, label: str, state: InstanceState, now: datetime, **kw: Any) -> None:
         with self._t(f"moving {label} to {state.value}"):
-            transition(self.conn, label, state, now, **kw)
+            transition(self.conn, label, state, now, fleet=self.fleet, **kw)
 
     def adopt(self, **kw: Any) -> None:
         with self._t(f"adopting {kw['label']}"):
@@ -407,11 +417,11 @@ class PgLedger:
 
     def note_error(self, label: str, error: str, *, delete: bool = False) -> None:
         with self._t(f"noting an error of {label}"):
-            note_error(self.conn, label, error, delete=delete)
+            note_error(self.conn, label, error, fleet=self.fleet, delete=delete)
 
     def update_address(self, label: str, main_ip: str | None, internal_ip: str | None) -> None:
         with self._t(f"updating the address of {label}"):
-            update_address(self.conn, label, main_ip, internal_ip)
+            update_address(self.conn, label, main_ip, internal_ip, fleet=self.fleet)
 
     def mark_workers_draining(self, labels: Iterable[str]) -> None:
         with self._t("marking workers draining"):
@@ -419,7 +429,7 @@ class PgLedger:
 
     def mark_draining(self, label: str, now: datetime) -> None:
         with self._t(f"marking {label} draining"):
-            mark_draining(self.conn, label, now)
+            mark_draining(self.conn, label, now, fleet=self.fleet)
 
     def save_fleet_state(self, now: datetime, **kw: Any) -> None:
         with self._t("saving the fleet state"):
