@@ -440,7 +440,7 @@ class SSHDrain:
 
         def expire() -> None:
             expired.set()
-            channel.close()
+            _close_quietly(channel)
 
         watchdog = threading.Timer(self.command_timeout, expire)
         watchdog.daemon = True
@@ -463,7 +463,17 @@ class SSHDrain:
             raise
         finally:
             watchdog.cancel()
-            channel.close()
+            _close_quietly(channel)
+
+
+def _close_quietly(channel: paramiko.Channel) -> None:
+    """Close ``channel``; a transport already gone (the host dropped it: EOFError from
+    paramiko) has closed it anyway. Raised in the watchdog's thread, the error printed a
+    traceback; raised after the answer, it turned an answer into an error."""
+    import paramiko  # loaded already: a channel exists
+
+    with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
+        channel.close()
 
 
 class _CommandTimeout(OSError):

@@ -138,3 +138,21 @@ def test_an_exec_request_never_answered_times_out_within_the_command_timeout(
     assert isinstance(results["w-1"], SSHError)
     assert "gave no answer within 1s" in results["w-1"].message
     assert elapsed < 4, f"the exec request was waited on for {elapsed:.1f}s"
+
+
+def test_closing_a_channel_whose_transport_is_gone_raises_nothing() -> None:
+    """The command watchdog closes the channel from its own thread (an error there printed a
+    traceback), and every command closes it after the answer (an error there turned the
+    answer into an error): a host that dropped the connection makes paramiko raise EOFError."""
+    from vultrscale.ssh import _close_quietly
+
+    class Dropped:
+        closed = 0
+
+        def close(self) -> None:
+            self.closed += 1
+            raise EOFError()
+
+    channel = Dropped()
+    _close_quietly(channel)  # type: ignore[arg-type]
+    assert channel.closed == 1
