@@ -15,17 +15,25 @@ from vultrscale.model import InstanceState
 T0 = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
 
 
-def _adopt(conn: psycopg.Connection, iid: str, created: datetime, fleet: str = "workers") -> None:
+def _adopt(
+    conn: psycopg.Connection,
+    iid: str,
+    created: datetime,
+    fleet: str = "workers",
+    label: str = "worker-by-hand",
+    state: InstanceState = InstanceState.BOOTING,
+    now: datetime | None = None,
+) -> None:
     ledger.adopt(
         conn,
         fleet=fleet,
-        label="worker-by-hand",
+        label=label,
         instance_id=iid,
-        state=InstanceState.BOOTING,
+        state=state,
         plan="vc2-1c-2gb",
         region="ewr",
         created_at=created,
-        now=created + timedelta(minutes=1),
+        now=now or created + timedelta(minutes=1),
         hourly_rate=0.015,
         monthly_cost=10.0,
     )
@@ -97,18 +105,14 @@ def test_an_instance_taken_for_gone_and_listed_again_gets_its_own_row_back(
         ledger.transition(
             conn, "worker-by-hand", InstanceState.GONE, T0 + timedelta(hours=2), fleet="workers"
         )
-        ledger.adopt(
+        # listed again, under Vultr's label now (renamed by hand, or not)
+        _adopt(
             conn,
-            fleet="workers",
-            label=label,  # Vultr's label now (renamed by hand, or not)
-            instance_id="hand-1",
+            "hand-1",
+            T0,
+            label=label,
             state=InstanceState.RUNNING,
-            plan="vc2-1c-2gb",
-            region="ewr",
-            created_at=T0,
             now=T0 + timedelta(hours=3),
-            hourly_rate=0.015,
-            monthly_cost=10.0,
         )
         (row,) = ledger.rows(conn, "workers", since=budget.month_bounds(T0)[0])
     assert (row.label, row.instance_id, row.state) == (label, "hand-1", InstanceState.RUNNING)
