@@ -168,7 +168,11 @@ def demo_config(
             app=APP,
             concurrency=settings.jobs_per_instance,
             drain_seconds=5.0,
-            lease_seconds=15.0,
+            # A pause of the whole machine (a VM's: its wall clock, and so Postgres' now(),
+            # jumps when it resumes) as long as the lease expires leases the workers still hold,
+            # and their jobs rightly run again. 30 s leaves room for one; chaos keeps 15 s, as
+            # its SIGKILLed workers' jobs come back by lease expiry and the run must stay short.
+            lease_seconds=15.0 if settings.chaos else 30.0,
             queue=queue,
             # One machine, one throwaway database: the demo's workers share the scaler's login
             # (the documented opt-in; a real fleet gives them their own role).
