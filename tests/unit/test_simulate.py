@@ -393,6 +393,16 @@ def test_a_csv_that_is_not_utf8_exits_2_saying_so(
     assert "not a UTF-8 text CSV" in err and "Traceback" not in err
 
 
+def test_a_csv_the_reader_refuses_exits_2_naming_the_row_format_not_the_encoding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = tmp_path / "bigfield.csv"
+    p.write_text("0," + "1" * 200_000 + "\n")  # valid UTF-8; past the csv module's field limit
+    assert main(["simulate", "--workload", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "arrival_seconds,duration_seconds" in err and "UTF-8" not in err
+
+
 @pytest.mark.parametrize("name", workload.SHAPES)
 def test_zero_jobs_per_day_is_no_job_at_all(name: str) -> None:
     assert len(workload.shape(name, days=3, seed=0, jobs_per_day=0)) == 0
@@ -442,11 +452,14 @@ def test_a_plan_sweep_prices_each_variant_at_its_own_plan(
     from vultrscale.sim import data
 
     hourly = {p["id"]: float(p["hourly_cost"]) for p in data.PLANS}
+    # the dearer plan first: the ranking puts it last
     argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json",
-            "--sweep", "fleet.plan=vc2-1c-1gb,vc2-2c-4gb"]  # fmt: skip
+            "--sweep", "fleet.plan=vc2-2c-4gb,vc2-1c-1gb"]  # fmt: skip
     assert main(argv) == 0
-    rows = json.loads(capsys.readouterr().out)["results"]
+    doc = json.loads(capsys.readouterr().out)
+    rows = doc["results"]
     assert len(rows) == 2
+    assert doc["price"]["plan"] == rows[0]["plan"]  # the first row's, after ranking
     for r in rows:
         plan = r["policy"].removeprefix("fleet.plan=")
         assert r["billed_hours"] > 0  # a day is far below the monthly cap: hours x rate
@@ -555,6 +568,19 @@ def test_a_plot_format_matplotlib_cannot_write_exits_2_before_any_replay(
     err = capsys.readouterr().err
     assert "cannot draw a .xyz file" in err and ".png" in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("where", [".", "dir"])
+def test_a_plot_path_that_names_no_file_exits_2_before_any_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch, where: str
+) -> None:
+    monkeypatch.setattr(compare, "compare", lambda *a, **k: pytest.fail("replayed"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dir").mkdir()
+    assert main(["simulate", "--days", "1", "--plot", where]) == 2
+    err = capsys.readouterr().err
+    assert "not a file name" in err and "unexpected" not in err
+    assert not (tmp_path / "dir.png").exists()
 
 
 def test_a_plot_name_without_extension_reports_the_png_it_wrote(

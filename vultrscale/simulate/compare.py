@@ -293,4 +293,5 @@ def sweep(
         pol = Vultrscale(cfg, price, trace.epoch, name=label)
         results.append(run_one(pol, trace, cfg, setup, price, name=label, progress=cb))
     results.sort(key=lambda r: (r.lost, r.cost_usd, r.wait_p95))
-    return _comparison(trace, results, configs[0][1], setup, prices[0])
+    priced = {label: price for (label, _), price in zip(configs, prices, strict=True)}
+    return _comparison(trace, results, configs[0][1], setup, priced[results[0].policy])

@@ -114,6 +114,10 @@ def plot_path(path: Path) -> Path:
     require_matplotlib()
     from matplotlib.backend_bases import FigureCanvasBase
 
+    if not path.name or path.is_dir():  # ".", "/", a directory: no file to write
+        raise UsageError(
+            f"--plot {path}: not a file name", hint="Name the file to draw, e.g. --plot fleet.png."
+        )
     if not path.suffix:
         return path.with_name(path.name + ".png")
     formats = FigureCanvasBase.get_supported_filetypes()

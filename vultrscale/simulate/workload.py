@@ -185,10 +185,15 @@ def load_csv(path: str | Path) -> Trace:
             f"cannot read the workload file {p}: {exc.strerror}",
             hint="Give a CSV file with arrival_seconds,duration_seconds per row.",
         ) from None
-    except (UnicodeDecodeError, csv.Error) as exc:
+    except UnicodeDecodeError as exc:
         raise UsageError(
             f"{p}: not a UTF-8 text CSV ({exc})",
             hint="Save it as CSV (UTF-8) with arrival_seconds,duration_seconds per row.",
+        ) from None
+    except csv.Error as exc:  # UTF-8, but not a CSV the reader takes (a field of 128 KiB+)
+        raise UsageError(
+            f"{p}: not a CSV of arrival_seconds,duration_seconds rows ({exc})",
+            hint="Give two numbers per row: arrival_seconds,duration_seconds.",
         ) from None
     if not jobs:
         raise UsageError(
