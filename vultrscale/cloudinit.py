@@ -20,7 +20,7 @@ from vultrscale.config import (
     start_limit_interval_seconds,
     timeout_stop_seconds,
 )
-from vultrscale.errors import UsageError, redact
+from vultrscale.errors import UsageError, is_text, redact
 
 USER_DATA_TEMPLATE = "user-data.yaml.tmpl"
 SUDOERS_TEMPLATE = "sudoers-worker.tmpl"
@@ -172,13 +172,11 @@ def yaml_quoted(key: str, value: str) -> str:
     double-quoted style takes them), every character outside ASCII escaped, and those beyond
     U+FFFF as one ``\\UXXXXXXXX`` (JSON's surrogate pair reads back as two lone surrogates).
     A lone surrogate (bytes that were not UTF-8) has no form that reads back: UsageError."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_text(value):
         raise UsageError(
             f"the user-data's {key} holds bytes that are not UTF-8 text",
             hint="Check the settings and secrets it is made of (the .env file, the environment).",
-        ) from None
+        )
 
     def escape(m: re.Match[str]) -> str:
         code = ord(m.group())

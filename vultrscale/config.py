@@ -26,6 +26,7 @@ from vultrscale.errors import (
     UsageError,
     conninfo_problem,
     http_userinfo,
+    is_text,
     secret_values,
     url_user,
 )
@@ -506,7 +507,7 @@ def _resolve(
     undecodable = sorted(
         n
         for n, v in merged_env.items()
-        if (n in _READ_AS_TEXT or n.startswith("VULTRSCALE_")) and not _is_text(v)
+        if (n in _READ_AS_TEXT or n.startswith("VULTRSCALE_")) and not is_text(v)
     )
     problems.extend(f"{n} is not UTF-8 text (in the environment or .env)" for n in undecodable)
     merged_env = {n: v for n, v in merged_env.items() if n not in undecodable}
@@ -565,14 +566,6 @@ def _resolve(
 
 # The variables read besides VULTRSCALE_*: the secrets and the API's address.
 _READ_AS_TEXT = frozenset({*SECRET_NAMES, "VULTR_API_URL"})
-
-
-def _is_text(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class _FromEnv(str):

@@ -238,6 +238,16 @@ def _as_url(parsed: dict[str, str]) -> str:
     )
 
 
+def is_text(value: str) -> bool:
+    """Whether ``value`` is Unicode text: bytes that were not UTF-8 (on the command line, in
+    the environment) reach Python as lone surrogates, which no encoder, libpq or YAML takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def secret_values(values: Iterable[str | None]) -> list[str]:
     """Every non-empty value, each followed by the password inside it (as given, as libpq
     reads it and as a URL spells it) when it is a connection string or an http(s) URL."""

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from vultrscale.config import SECRET_NAMES, FleetConfig, check_text
-from vultrscale.errors import ConfigError, RuntimeFailure, UsageError, VultrscaleError
+from vultrscale.errors import (
+    ConfigError,
+    RuntimeFailure,
+    UsageError,
+    VultrscaleError,
+    is_text,
+)
 
 if TYPE_CHECKING:
     from vultrscale.vultr.client import VultrClient
@@ -192,9 +198,7 @@ def checked_text(a: Answers, config_path: Path) -> str:
     unreadable = []
     for attr, key, flag in _KEYS:
         value = getattr(a, attr)
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # bytes that were not UTF-8 on the command line
+        if not is_text(value):  # bytes that were not UTF-8 on the command line
             unreadable.append(f"{key} ({flag}): {value!r} is not UTF-8 text")
     if unreadable:
         raise ConfigError(unreadable, hint=_BAD_ANSWER_HINT)

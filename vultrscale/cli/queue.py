@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from datetime import timedelta
 from typing import Annotated
 
@@ -13,7 +12,7 @@ import typer
 
 from vultrscale import params
 from vultrscale.cli._common import examples, group, shown, state
-from vultrscale.errors import UsageError
+from vultrscale.errors import UsageError, is_text
 from vultrscale.model import DEFAULT_MAX_ATTEMPTS
 from vultrscale.wiring import database_url
 
@@ -22,9 +21,6 @@ _STORABLE = (
     "Leave it out of the payload; write a character above U+FFFF as itself or as a pair of "
     "escapes (\\ud83d\\ude00), and pass the payload as UTF-8."
 )
-# A code point Python holds in a str but Unicode text cannot: an unpaired \ud800-\udfff
-# escape, or a byte that was not UTF-8 on the command line (it arrives as \udc80-\udcff).
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def payload_problem(doc: object) -> str | None:
@@ -44,7 +40,7 @@ def payload_problem(doc: object) -> str | None:
         elif isinstance(value, str):
             if "\x00" in value:
                 return "Postgres cannot store the character \\u0000 in JSON"
-            if _SURROGATE.search(value):
+            if not is_text(value):  # an unpaired \ud800-\udfff escape, or a raw byte
                 return (
                     f"{ascii(value)[:60]} holds a lone surrogate (a \\ud800-\\udfff escape "
                     "without its pair, or a byte that is not UTF-8), which is not Unicode text "

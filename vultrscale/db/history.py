@@ -7,7 +7,7 @@ rows are returned as (due, finished) pairs and the replay says what that means.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -30,19 +30,16 @@ LIMIT %(limit)s
 def finished_jobs_in(
     conn: psycopg.Connection[Any], since: timedelta, queue: str = ""
 ) -> list[tuple[datetime, datetime]]:
-    """(due, finished) in UTC of every job of ``queue`` created within ``since`` that has
-    finished, up to MAX_REPLAY_JOBS + 1 of them (the earliest due). An empty ``queue`` means
-    every queue, as ``queue.queue`` does for the scaler.
-
-    psycopg returns timestamptz in the session's TimeZone, and Python subtracts and compares
-    two datetimes of the same zone in wall time: across a DST change that is an hour off.
-    """
+    """(due, finished) of every job of ``queue`` created within ``since`` that has finished,
+    up to MAX_REPLAY_JOBS + 1 of them (the earliest due). An empty ``queue`` means every queue,
+    as ``queue.queue`` does for the scaler. In the session's TimeZone (UTC on ``pg.connect``'s
+    connections); ``workload.from_history`` takes them to UTC whatever it is."""
     # One past what a replay holds: enough to tell "too many" without reading them all.
     limit = params.MAX_REPLAY_JOBS + 1
     rows = conn.execute(
         _FINISHED, {"since": since, "queue": queue or None, "limit": limit}
     ).fetchall()
-    return [(due.astimezone(UTC), fin.astimezone(UTC)) for due, fin in rows]
+    return [(due, fin) for due, fin in rows]
 
 
 def finished_jobs(url: str, since: timedelta, queue: str = "") -> list[tuple[datetime, datetime]]:

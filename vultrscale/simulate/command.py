@@ -116,12 +116,8 @@ def execute(
     setup = _setup(opts)
     configs = None
     if opts.sweeps:
-        configs = compare.sweep_configs(compare.parse_sweeps(opts.sweeps), config_path, env)
-        for label, variant in configs:  # each variant is priced at its own plan: check now
-            try:
-                compare.plan_price(variant, opts.monthly_usd)
-            except UsageError as exc:
-                raise UsageError(f"--sweep {label}: {exc}", hint=exc.hint) from None
+        sweeps = compare.parse_sweeps(opts.sweeps)
+        configs = compare.sweep_configs(sweeps, config_path, env, monthly=opts.monthly_usd)
     else:
         price = compare.plan_price(cfg, opts.monthly_usd)
     trace = load_trace(opts, cfg)
@@ -129,9 +125,7 @@ def execute(
     progress, done = _progress(err)
     try:
         if configs is not None:
-            result: Comparison = compare.sweep(
-                trace, configs, setup, monthly=opts.monthly_usd, progress=progress
-            )
+            result: Comparison = compare.sweep(trace, configs, setup, progress=progress)
             title = f"vultrscale with {len(configs)} config variant(s), cheapest first"
         else:
             result = compare.compare(

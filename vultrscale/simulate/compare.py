@@ -256,9 +256,12 @@ def sweep_configs(
     sweeps: Sequence[tuple[str, Sequence[str]]],
     config_path: str | None,
     env: Mapping[str, str] | None = None,
-) -> list[tuple[str, Config]]:
+    *,
+    monthly: float | None = None,
+) -> list[tuple[str, Config, PlanPrice]]:
     """One config per combination of the swept values, each loaded and validated as the
-    fleet's own would be (the values are read like VULTRSCALE_<SECTION>_<KEY> settings)."""
+    fleet's own would be (the values are read like VULTRSCALE_<SECTION>_<KEY> settings), and
+    priced at its own plan (or at ``monthly``): every variant refused before any replay."""
     base_env = dict(os.environ if env is None else env)
     keys = [k for k, _ in sweeps]
     out = []
@@ -270,28 +273,27 @@ def sweep_configs(
         label = " ".join(f"{k}={v}" for k, v in zip(keys, combo, strict=True))
         try:
             cfg = config_mod.load(config_path, {**base_env, **overrides})
+            price = plan_price(cfg, monthly)
         except UsageError as exc:
             raise UsageError(f"--sweep {label}: {exc}", hint=exc.hint) from None
-        out.append((label, cfg))
+        out.append((label, cfg, price))
     return out
 
 
 def sweep(
     trace: Trace,
-    configs: Sequence[tuple[str, Config]],
+    variants: Sequence[tuple[str, Config, PlanPrice]],
     setup: Setup,
     *,
-    monthly: float | None = None,
     progress: Callable[[str, float], None] | None = None,
 ) -> Comparison:
-    """vultrscale once per config, each priced at its own plan (or at ``monthly``), ranked by
-    cost (then p95 wait)."""
-    prices = [plan_price(cfg, monthly) for _, cfg in configs]  # all refused before any replay
+    """vultrscale once per variant (``sweep_configs``), each at its own price, ranked by cost
+    (then p95 wait)."""
     results = []
-    for (label, cfg), price in zip(configs, prices, strict=True):
+    for label, cfg, price in variants:
         cb = (lambda f, n=label: progress(n, f)) if progress else None
         pol = Vultrscale(cfg, price, trace.epoch, name=label)
         results.append(run_one(pol, trace, cfg, setup, price, name=label, progress=cb))
     results.sort(key=lambda r: (r.lost, r.cost_usd, r.wait_p95))
-    priced = {label: price for (label, _), price in zip(configs, prices, strict=True)}
-    return _comparison(trace, results, configs[0][1], setup, priced[results[0].policy])
+    first = next(price for label, _, price in variants if label == results[0].policy)
+    return _comparison(trace, results, variants[0][1], setup, first)
