@@ -372,6 +372,31 @@ def worker_login(cfg: Config) -> WorkerLogin:
     return WorkerLogin("WORKER_DATABASE_URL", role, tuple(warnings))
 
 
+def queue_warnings(cfg: Config) -> tuple[str, ...]:
+    """What ``config check`` warns about the queue the scaler counts (no I/O).
+
+    With the built-in queue the fleet's workers take only ``worker.queue``, while the scaler
+    counts ready jobs of ``queue.queue`` (empty: every queue of the table). Jobs counted there
+    that no fleet worker takes are demand that never goes away: the fleet scales up to
+    ``policy.max_instances`` and keeps paying. Only a warning: ``queue.queue`` keeps its
+    documented meaning and default, so no existing fleet starts counting other jobs."""
+    q, want = cfg.queue, cfg.worker.queue
+    if q.preset != "vultrscale" or q.queue == want:
+        return ()
+    fix = f'set [queue] queue = "{want}"'
+    if not q.queue:
+        return (
+            f'queue.queue is "" (every queue of the jobs table) but the fleet\'s workers take '
+            f'only worker.queue = "{want}": jobs enqueued on any other queue count as demand no '
+            f"worker takes, and the fleet scales up to policy.max_instances and stays there; {fix}",
+        )
+    return (
+        f'queue.queue = "{q.queue}" but the fleet\'s workers take only worker.queue = "{want}": '
+        f'the scaler counts jobs of "{q.queue}", which no worker takes (the fleet scales up to '
+        f'policy.max_instances and stays there), and not those of "{want}"; {fix}',
+    )
+
+
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}

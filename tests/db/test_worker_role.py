@@ -385,6 +385,7 @@ def test_config_check_command_reports_the_workers_role_and_warns(
     monkeypatch.setenv("DATABASE_URL", db_url)
     monkeypatch.setenv("VULTRSCALE_WORKER_DB_ROLE", worker_role.name)
     monkeypatch.setenv("WORKER_DATABASE_URL", worker_role.url)
+    monkeypatch.setenv("VULTRSCALE_QUEUE_QUEUE", "default")  # no warning about the queue either
     assert main(["config", "check"]) == 0
     out = capsys.readouterr().out
     assert f"Workers log in as {worker_role.name} (from WORKER_DATABASE_URL)" in out

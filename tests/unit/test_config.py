@@ -206,6 +206,63 @@ def test_config_check_masks_secrets(tmp_path: Path, monkeypatch, capsys) -> None
         assert "scaler:***@db.example" in out.out
 
 
+@pytest.mark.parametrize(
+    ("toml", "says"),
+    [
+        ("", 'queue.queue is "" (every queue of the jobs table)'),
+        ('[queue]\nqueue = "emails"\n', 'the scaler counts jobs of "emails", which no worker'),
+        ('[worker]\nqueue = "emails"\n', 'worker.queue = "emails"'),
+    ],
+    ids=["every-queue", "another-queue", "workers-on-another-queue"],
+)
+def test_the_built_in_queue_warns_when_the_scaler_counts_jobs_its_workers_never_take(
+    tmp_path: Path, toml: str, says: str
+) -> None:
+    cfg = config.load(write(tmp_path, toml), {})
+    (warning,) = config.queue_warnings(cfg)
+    assert says in warning
+    assert "policy.max_instances" in warning
+    assert f'set [queue] queue = "{cfg.worker.queue}"' in warning
+
+
+@pytest.mark.parametrize(
+    "toml",
+    [
+        '[queue]\nqueue = "default"\n',
+        '[worker]\nqueue = "emails"\n[queue]\nqueue = "emails"\n',
+        '[queue]\npreset = "procrastinate"\n',  # the app's workers, not worker.queue, take them
+        '[queue]\npreset = "pgqueuer"\nqueue = "emails"\n',
+    ],
+    ids=["same-queue", "same-other-queue", "procrastinate-every-queue", "pgqueuer-entrypoint"],
+)
+def test_no_queue_warning_when_the_scaler_counts_what_its_workers_take_or_the_queue_is_foreign(
+    tmp_path: Path, toml: str
+) -> None:
+    assert config.queue_warnings(config.load(write(tmp_path, toml), {})) == ()
+
+
+def test_config_check_warns_about_a_queue_no_worker_takes_in_text_and_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in (*config.SECRET_NAMES, "VULTRSCALE_QUEUE_QUEUE", "VULTRSCALE_WORKER_QUEUE"):
+        monkeypatch.delenv(name, raising=False)
+    path = write(tmp_path, "")  # the default: queue.queue = "" counts every queue
+    assert main(["--config", str(path), "config", "check"]) == 0
+    out = capsys.readouterr().out
+    head = out.split("Workers log in as", 1)[0]  # said with the config, not the workers' role
+    assert 'warning: queue.queue is "" (every queue of the jobs table)' in " ".join(head.split())
+    assert main(["--config", str(path), "config", "check", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["warnings"] == list(config.queue_warnings(config.load(path, {})))
+    assert doc["queue"]["queue"] == "" and "source" in doc  # the other keys as they were
+
+    write(tmp_path, '[queue]\nqueue = "default"\n')
+    assert main(["--config", str(path), "config", "check"]) == 0
+    assert "queue.queue" not in capsys.readouterr().out.split("[fleet]", 1)[0]
+    assert main(["--config", str(path), "config", "check", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
+
+
 def test_config_check_bad_file_exit_2_one_message(tmp_path: Path, capsys) -> None:
     path = write(tmp_path, '[policy]\nscale_up_cooldown = "5 minutes"\n')
     assert main(["--config", str(path), "config", "check"]) == 2

@@ -441,17 +441,20 @@ def sim_serve(
 )
 def config_check(as_json: JsonFlag = False) -> None:
     """Load, validate and print the resolved config (secrets masked), and which database role
-    the workers use (warning when it can write the scaler's tables)."""
+    the workers use (warning when it can write the scaler's tables); warn when the scaler
+    counts jobs the fleet's workers never take."""
     from dataclasses import asdict
 
+    from vultrscale.config import queue_warnings
     from vultrscale.db.roles import worker_access
 
     cfg = load_config()
     data = cfg.masked()
     access = worker_access(cfg)
+    warnings = queue_warnings(cfg)
     if as_json:
-        print_json({**data, "worker_access": asdict(access)})
+        print_json({**data, "worker_access": asdict(access), "warnings": list(warnings)})
         return
     from vultrscale.cli.views import print_config
 
-    print_config(data, access)
+    print_config(data, access, warnings)

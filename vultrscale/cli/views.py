@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -131,13 +131,16 @@ def instances_table(found: list[VInstance], width: int) -> Table:
 # --- config -----------------------------------------------------------------------------------
 
 
-def print_config(data: dict[str, Any], access: WorkerAccess) -> None:
+def print_config(data: dict[str, Any], access: WorkerAccess, warnings: Sequence[str] = ()) -> None:
     """`config check`: the resolved config, one table per section (secrets already masked),
-    after the workers' database role and any warning about it."""
+    after the warnings about the config as a whole, the workers' database role and any warning
+    about it."""
     out = console()
     out.print(
         Text("Configuration is valid", style="green") + plain(f" (from {data.pop('source')})")
     )
+    for warning in warnings:
+        out.print(Text("warning: ", style="yellow") + plain(warning))
     out.print(
         plain(
             f"Workers log in as {access.role or '(no role named)'}"
