@@ -2,7 +2,8 @@
 
 The answers (region, plan, snapshot) come from the user, from the Vultr API's lists, or from
 the defaults; secrets never come from here: the ``.env`` gets placeholders only and the user
-fills them in. Nothing is written when either file exists, unless ``force``.
+fills them in. Nothing is written when either file exists, unless ``force``: then each file
+replaced is kept first as ``NAME.bak`` (the filled-in ``.env`` holds the user's secrets).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import contextlib
 import errno
 import os
 import secrets
-from collections.abc import Callable, Sequence
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from vultrscale.config import SECRET_NAMES, FleetConfig, check_text
 from vultrscale.errors import (
@@ -210,20 +212,28 @@ def checked_text(a: Answers, config_path: Path) -> str:
     return text
 
 
+def backup_path(path: Path) -> Path:
+    """Where ``init --force`` keeps a copy of the file at ``path`` before replacing it."""
+    return path.with_name(f"{path.name}.bak")
+
+
 def refuse_existing(config_path: Path, *, force: bool) -> None:
     """UsageError naming the first of the two files that exists (``--force`` overwrites files)
-    or that can never be written (a directory, a link: even with ``force``), or the first
-    existing directory above them that is not a directory."""
+    or that can never be written (a directory, a link: even with ``force``; with ``force``,
+    also where the copy of an existing file would go), or the first existing directory above
+    them that is not a directory."""
     for path in (config_path, config_path.parent / ".env"):
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            raise UsageError(
-                f"{path} is {'a link' if path.is_symlink() else 'not a file'}; nothing written.",
-                hint="Move it away, or write elsewhere with --config PATH.",
-            )
+        in_the_way = [path, backup_path(path)] if force and path.exists() else [path]
+        for p in in_the_way:
+            if p.is_symlink() or (p.exists() and not p.is_file()):
+                raise UsageError(
+                    f"{p} is {'a link' if p.is_symlink() else 'not a file'}; nothing written.",
+                    hint="Move it away, or write elsewhere with --config PATH.",
+                )
         if path.exists() and not force:
             raise UsageError(
                 f"{path} exists; nothing written.",
-                hint="Move it away, or pass --force to overwrite it.",
+                hint=f"Move it away, or pass --force to replace it (kept as {path.name}.bak).",
             )
     above = next((p for p in _ancestors(config_path.parent) if p.exists()), None)
     if above is not None and not above.is_dir():
@@ -238,12 +248,21 @@ def _ancestors(directory: Path) -> list[Path]:
     return [directory, *directory.parents]
 
 
-def write(config_path: Path, answers: Answers, *, force: bool) -> list[Path]:
+class Written(NamedTuple):
+    """What :func:`write` wrote, and the copies it kept of the files it replaced."""
+
+    config: Path
+    env: Path
+    kept: tuple[Path, ...] = ()
+
+
+def write(config_path: Path, answers: Answers, *, force: bool) -> Written:
     """Write the config and the .env next to it (where the config loader reads it); nothing
     when either exists, unless ``force``, and nothing when an answer is not valid config. Both
     are written to temporary files next to them first and renamed into place only once both
     are whole, so a failure (a full disk) leaves neither, nor a directory it made. The .env is
-    mode 0600 from its first byte."""
+    mode 0600 from its first byte. With ``force``, an existing file whose content differs is
+    first kept as ``NAME.bak`` (see :func:`_write_together`)."""
     text = checked_text(answers, config_path)
     refuse_existing(config_path, force=force)
     env_path = config_path.parent / ".env"
@@ -255,46 +274,94 @@ def write(config_path: Path, answers: Answers, *, force: bool) -> list[Path]:
             except OSError as exc:
                 raise _WriteFailed(directory, exc) from None
             made.append(directory)
-        _write_together([(config_path, text, 0o666), (env_path, _ENV, 0o600)])
+        kept = _write_together([(config_path, text, 0o666), (env_path, _ENV, 0o600)])
     except _WriteFailed as failed:
         for directory in reversed(made):
             with contextlib.suppress(OSError):
                 directory.rmdir()
-        raise cannot_write(failed.path, failed.error) from None
-    return [config_path, env_path]
+        raise cannot_write(failed.path, failed.error, failed.verb, failed.replaced) from None
+    return Written(config_path, env_path, kept)
 
 
 class _WriteFailed(Exception):
-    def __init__(self, path: Path, error: OSError) -> None:
-        self.path, self.error = path, error
+    def __init__(
+        self, path: Path, error: OSError, verb: str = "write", replaced: tuple[Path, ...] = ()
+    ) -> None:
+        self.path, self.error, self.verb, self.replaced = path, error, verb, replaced
 
 
-def _write_together(files: list[tuple[Path, str, int]]) -> None:
+def _copies(files: list[tuple[Path, str, int]]) -> list[tuple[Path, bytes, int]]:
+    """(NAME.bak, the old bytes, mode) for each file that exists with other content than
+    what is to be written there. The copy's mode is no more open than the file's own nor than
+    the mode the file is written with (the .env's: 0600), and always lets the owner read it."""
+    out = []
+    for path, text, mode in files:
+        try:
+            with open(path, "rb") as f:
+                old = f.read()
+                held = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise _WriteFailed(path, exc, "read") from None
+        if old != text.encode("utf-8"):
+            out.append((backup_path(path), old, mode & (held | 0o600)))
+    return out
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make the renames done in ``directory`` durable, where the filesystem allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_together(files: list[tuple[Path, str, int]]) -> tuple[Path, ...]:
     """Each (path, text, mode) written whole to a temporary file in its directory, then all
-    renamed over their paths; _WriteFailed naming the path on any error, the temporaries
-    removed, and a file this call had just put where none was removed again."""
+    renamed over their paths; returns the copies it kept. An existing file with other content
+    is kept first as NAME.bak (replacing an older NAME.bak), written the same way, and every
+    copy is whole, in place and synced before the first file is replaced: whatever fails, and
+    when, each file that was there is still at its path or in its NAME.bak, never neither.
+    _WriteFailed naming the path and the files already replaced by then on any error, the
+    temporaries removed, and a file this call had just put where none was removed again (never
+    a copy: its original may be gone)."""
+    copies = _copies(files)
+    staged = [*copies, *((path, text.encode("utf-8"), mode) for path, text, mode in files)]
+    kept = tuple(copy for copy, _, _ in copies)
     temps: list[Path] = []
     placed: list[Path] = []
-    path = files[0][0]
+    replaced: list[Path] = []  # files whose previous content is now only in their copy
+    path = staged[0][0]
     try:
-        for path, text, mode in files:
+        for path, data, mode in staged:
             temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
             temps.append(temp)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        for (path, _, _), temp in zip(files, temps, strict=True):
+        for n, ((path, _, _), temp) in enumerate(zip(staged, temps, strict=True)):
+            if n == len(copies):  # the copies on disk before any original is replaced
+                for directory in {copy.parent for copy in kept}:
+                    _sync_directory(directory)
             existed = path.exists()
             os.replace(temp, path)
+            if n < len(copies):
+                continue
             if not existed:
                 placed.append(path)
+            elif backup_path(path) in kept:
+                replaced.append(path)
     except OSError as exc:
-        for p in (*temps, *placed):  # an overwritten file (--force) cannot come back
+        for p in (*temps, *placed):
             with contextlib.suppress(OSError):
                 p.unlink(missing_ok=True)
-        raise _WriteFailed(path, exc) from None
+        raise _WriteFailed(path, exc, replaced=tuple(replaced)) from None
+    return kept
 
 
 # A path that cannot be written because of where it is (read-only, not a directory): the
@@ -314,18 +381,36 @@ _WRONG_PLACE = frozenset(
 )
 
 
-def cannot_write(path: Path, exc: OSError) -> VultrscaleError:
-    """The error for a file init could not write (nothing was left behind)."""
-    message = f"cannot write {path}: {exc.strerror or exc}; nothing written."
+def cannot_write(
+    path: Path, exc: OSError, verb: str = "write", replaced: tuple[Path, ...] = ()
+) -> VultrscaleError:
+    """The error for a file init could not write (or, ``verb`` "read", read to keep a copy of
+    it before replacing it): nothing was left behind, or the files ``replaced`` already were,
+    their previous content in their NAME.bak."""
+    done = "; ".join(
+        f"{p} was replaced, its previous content is in {backup_path(p)}" for p in replaced
+    )
+    message = f"cannot {verb} {path}: {exc.strerror or exc}; {done or 'nothing written'}."
     if exc.errno in _WRONG_PLACE:
-        return UsageError(message, hint="Write elsewhere with --config PATH, or make it writable.")
+        able = "readable" if verb == "read" else "writable"
+        return UsageError(message, hint=f"Write elsewhere with --config PATH, or make it {able}.")
     return RuntimeFailure(message, hint="Free space on that disk (or fix it), then run init again.")
 
 
-def next_steps(written: Sequence[Path]) -> list[str]:
-    config_path, env_path = written
+def next_steps(written: Written) -> list[str]:
+    """What ``init`` says after writing: the files, the copies it kept (never their content:
+    the old .env holds secrets), and what to do next."""
+    config_path, env_path, kept = written
+    said = [
+        f"Kept the previous {config_path.name} as {copy}."
+        if copy == backup_path(config_path)
+        else f"Kept the previous {env_path.name} as {copy} (mode 0600; like the .env, keep it "
+        "out of version control)."
+        for copy in kept
+    ]
     return [
         f"Wrote {config_path} and {env_path} (mode 0600).",
+        *said,
         f"Fill in {env_path}: {', '.join(SECRETS)} (init writes no secret).",
         "Then: ssh-keygen -t ed25519 -f ~/.ssh/vultrscale_ed25519 -N ''",
         "      vultrscale config check",

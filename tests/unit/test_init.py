@@ -5,6 +5,7 @@ in-process simulator) or take typed values when the API fails."""
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import re
 import resource
@@ -13,7 +14,9 @@ import stat
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,6 +103,138 @@ def test_an_existing_file_is_not_overwritten_without_force(
     assert main(["init", "--defaults", "--force"]) == 0
     assert (here / existing).read_text() != "# mine\n"
     assert stat.S_IMODE((here / ".env").stat().st_mode) == 0o600
+
+
+def test_init_force_keeps_a_copy_of_the_env_it_replaces(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["init", "--defaults", "--region", "fra"]) == 0
+    env, toml = here / ".env", here / "vultrscale.toml"
+    _fill(env)
+    env.chmod(0o644)  # the copy is 0600 all the same
+    filled, edited = env.read_bytes(), toml.read_bytes()
+    (here / ".env.bak").write_text("an older copy\n")  # replaced, as the README says
+    (here / ".env.bak").chmod(0o644)
+    capsys.readouterr()
+
+    assert main(["init", "--defaults", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert (here / ".env.bak").read_bytes() == filled
+    assert stat.S_IMODE((here / ".env.bak").stat().st_mode) == 0o600
+    assert (here / "vultrscale.toml.bak").read_bytes() == edited
+    assert "Kept the previous vultrscale.toml as vultrscale.toml.bak." in out
+    assert "Kept the previous .env as .env.bak (mode 0600" in out
+    assert not any(value in out for value in FILLED.values())  # named, never shown
+    assert config.load(toml, env={}).fleet.region == "ewr"  # the files are init's again
+    assert "FILLEDKEY" not in env.read_text()
+
+    # Again: the files hold what it writes, so nothing is kept and the copies stay as they are.
+    assert main(["init", "--defaults", "--force"]) == 0
+    assert "Kept" not in capsys.readouterr().out
+    assert (here / ".env.bak").read_bytes() == filled
+    assert (here / "vultrscale.toml.bak").read_bytes() == edited
+
+
+class FailOnce:
+    """os.open and os.replace as they are, except that the ``nth`` call on a path under
+    ``under`` fails with EIO."""
+
+    def __init__(self, under: Path, nth: int) -> None:
+        self.under, self.nth, self.calls, self.failed = str(under), nth, 0, False
+
+    def wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.under in os.fspath(args[0]):
+                self.calls += 1
+                if self.calls == self.nth:
+                    self.failed = True
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real(*args, **kwargs)
+
+        return call
+
+
+def test_a_failure_at_any_step_of_init_force_loses_no_file(
+    here: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each file system call init makes in its directory fails in turn (then none does): every
+    file it replaces is still at its path or in its .bak, never neither, the .env's copy is
+    0600, no temporary is left, no secret is printed, and the error says what was replaced."""
+    real_open, real_replace = os.open, os.replace
+    for nth in itertools.count(1):
+        where = here / f"run{nth}"
+        assert main(["--config", str(where / "vultrscale.toml"), "init", "--defaults"]) == 0
+        _fill(where / ".env")
+        (where / "vultrscale.toml").write_text("# mine\n")
+        before = {p.name: p.read_bytes() for p in where.iterdir()}
+        fail = FailOnce(where, nth)
+        monkeypatch.setattr(os, "open", fail.wrap(real_open))
+        monkeypatch.setattr(os, "replace", fail.wrap(real_replace))
+        code = main(["--config", str(where / "vultrscale.toml"), "init", "--defaults", "--force"])
+        monkeypatch.setattr(os, "open", real_open)
+        monkeypatch.setattr(os, "replace", real_replace)
+        said = capsys.readouterr()
+        for name, content in before.items():
+            copy = where / f"{name}.bak"
+            kept = [(where / name).read_bytes(), copy.read_bytes() if copy.exists() else None]
+            assert content in kept, f"{name} lost when call {nth} failed: {said.err}"
+        if (where / ".env.bak").exists():
+            assert stat.S_IMODE((where / ".env.bak").stat().st_mode) == 0o600
+        assert not list(where.glob("*.tmp")) and not list(where.glob(".*.tmp"))
+        assert not any(value in said.out + said.err for value in FILLED.values())
+        if not fail.failed:
+            assert code == 0, said.err
+            break
+        # A failed directory sync is no failure (not every file system syncs a directory).
+        assert code in (0, 1) and "unexpected" not in said.err, said.err
+        replaced = [n for n, content in before.items() if (where / n).read_bytes() != content]
+        if code == 1:  # says what it did: nothing, or which file it replaced and where the copy is
+            assert all(f"{where / n} was replaced" in said.err for n in replaced), said.err
+            assert ("nothing written" in said.err) == (not replaced), said.err
+    assert nth > 8  # four files written (two of them copies), four renames, then no failure
+    assert (where / ".env.bak").read_bytes() == before[".env"]
+
+
+def test_init_force_replaces_nothing_it_cannot_read_to_keep_a_copy_of(
+    here: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root every file reads, so the refusal a user meets (a .env only root may read) is
+    played by the open that init reads the file with."""
+    (here / ".env").write_text(f"VULTR_API_KEY={FILLED['VULTR_API_KEY']}\n")
+
+    def refused(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if Path(path).name != ".env":
+            return open(path, *args, **kwargs)
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(scaffold, "open", refused, raising=False)
+    assert main(["init", "--defaults", "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read .env: Permission denied; nothing written." in err, err
+    assert [p.name for p in here.iterdir()] == [".env"]
+    assert (here / ".env").read_text() == f"VULTR_API_KEY={FILLED['VULTR_API_KEY']}\n"
+
+
+@pytest.mark.parametrize("existing", ["vultrscale.toml", ".env"])
+def test_with_force_a_directory_or_a_link_where_its_copy_goes_writes_nothing(
+    here: Path, existing: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (here / existing).write_text("# mine\n")
+    copy = here / f"{existing}.bak"
+    copy.mkdir()
+    assert main(["init", "--defaults", "--force"]) == 2
+    assert f"{existing}.bak is not a file; nothing written" in capsys.readouterr().err
+    assert sorted(p.name for p in here.iterdir()) == sorted([existing, copy.name])
+    copy.rmdir()
+    copy.symlink_to(here / "elsewhere")
+    assert main(["init", "--defaults", "--force"]) == 2
+    assert f"{existing}.bak is a link; nothing written" in capsys.readouterr().err
+    assert (here / existing).read_text() == "# mine\n"
+
+
+def test_git_ignores_the_env_and_the_copy_init_force_keeps_of_it() -> None:
+    ignored = (README.parent / ".gitignore").read_text().split()
+    assert {".env", ".env.bak", "vultrscale.toml", "vultrscale.toml.bak"} <= set(ignored)
 
 
 @pytest.mark.parametrize("existing", ["vultrscale.toml", ".env"])

@@ -162,7 +162,11 @@ def init_cmd(
     ] = False,
     force: Annotated[
         bool,
-        typer.Option("--force", help="Overwrite the files when they exist.", show_default=False),
+        typer.Option(
+            "--force",
+            help="Overwrite the files when they exist, keeping each as NAME.bak.",
+            show_default=False,
+        ),
     ] = False,
     region: Annotated[
         str | None,
