@@ -689,3 +689,19 @@ def test_a_pass_that_dies_of_a_bug_is_recorded_as_failed_not_ok(fleet: Fleet) ->
     event = fleet.ledger.events[-1]
     assert event["exit_code"] == 1
     assert event["errors"] == ["unexpected ZeroDivisionError: a bug in a signals adapter"]
+
+
+def test_a_pass_interrupted_by_ctrl_c_is_recorded_as_interrupted_not_ok(fleet: Fleet) -> None:
+    """Ctrl-C (SIGINT) in `reconcile --loop` lands in the middle of a pass: its row in
+    fleet_events must say so, not exit 0 with no error (what `events` showed)."""
+
+    def interrupted(**kw: Any) -> VInstance:
+        raise KeyboardInterrupt
+
+    fleet.cloud.create_instance = interrupted  # type: ignore[method-assign]
+    fleet.queue(8)
+    with pytest.raises(KeyboardInterrupt):
+        fleet.run()
+    event = fleet.ledger.events[-1]
+    assert event["exit_code"] == 130
+    assert event["errors"] == ["interrupted (SIGINT) before the pass finished"]
