@@ -184,3 +184,34 @@ def test_json_prints_one_document_when_the_metrics_cannot_be_written(
     assert code == 1
     doc = json.loads(out)  # one document, not the pass's followed by the error's
     assert "cannot write metrics" in doc["error"]
+
+
+def test_events_over_a_long_window_show_the_newest_passes_and_say_older_ones_are_left_out(
+    cli_env, capsys
+) -> None:
+    # A day of a 30 s loop is 2,880 passes, more than `events` lists: it listed the oldest
+    # 1,000 and dropped the latest, without a word.
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO fleet_events (fleet, at, dry_run, inputs, plan, actions, results, "
+            "errors, exit_code) SELECT 'workers', now() - interval '2 hours' - "
+            "g * interval '30 seconds', false, '{}', '{}', '[]', '[]', '[]', 0 "
+            "FROM generate_series(1, 1200) g"
+        )
+    code, _ = run(capsys, "reconcile")
+    assert code == 0
+
+    code, out = run(capsys, "events", "--since", "1d", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    events = doc["events"]
+    assert len(events) == 1000 and doc["truncated"] is True
+    assert events[-1]["inputs"] != {}  # the pass just run, last (oldest first, as always)
+    assert [e["at"] for e in events] == sorted(e["at"] for e in events)
+
+    code, out = run(capsys, "events", "--since", "1d")
+    assert code == 0 and "newest 1000 passes" in out
+
+    code, out = run(capsys, "events", "--since", "1h", "--json")
+    doc = json.loads(out)
+    assert len(doc["events"]) == 1 and doc["truncated"] is False

@@ -180,6 +180,10 @@ def status_cmd(
         parts.close()
 
 
+# The most passes `events` lists: the newest ones of the window (a day of a 30 s loop is 2,880).
+_EVENTS = 1000
+
+
 @app.command(
     "events",
     epilog=examples("vultrscale events", "vultrscale events --since 2d --json"),
@@ -206,9 +210,14 @@ def events_cmd(
     since = format_duration(window)
     cfg = load_config()
     with pg.session(database_url(cfg), "cannot read the events") as conn:
-        rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
+        # One more than is shown, to know whether older passes of the window are left out.
+        rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window, _EVENTS + 1)
+    truncated = len(rows) > _EVENTS
+    rows = rows[-_EVENTS:]
     if as_json:
-        print_json({"fleet": cfg.fleet.name, "since": since, "events": rows})
+        print_json(
+            {"fleet": cfg.fleet.name, "since": since, "events": rows, "truncated": truncated}
+        )
         return
     from vultrscale.cli.views import console
     from vultrscale.status import events_table
@@ -217,6 +226,11 @@ def events_cmd(
         typer.echo(f"No passes recorded for fleet {cfg.fleet.name} in the last {since}.")
         return
     console().print(events_table(rows))
+    if truncated:
+        typer.echo(
+            f"The newest {_EVENTS} passes of the last {since}; older ones are left out "
+            "(a shorter --since shows all of its passes)."
+        )
 
 
 @app.command("instances", epilog=examples("vultrscale instances", "vultrscale instances --json"))
