@@ -215,3 +215,43 @@ def test_events_over_a_long_window_show_the_newest_passes_and_say_older_ones_are
     code, out = run(capsys, "events", "--since", "1h", "--json")
     doc = json.loads(out)
     assert len(doc["events"]) == 1 and doc["truncated"] is False
+
+
+def test_a_loop_pass_whose_metrics_file_cannot_be_written_keeps_its_figures_counted_once(
+    cli_env, capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functools
+
+    from vultrscale import metrics as metrics_mod
+    from vultrscale import reconcile
+
+    seen: list[metrics_mod.Metrics] = []
+
+    def refuse(self: metrics_mod.Metrics, path: str) -> None:
+        seen.append(self)
+        raise RuntimeFailure(f"cannot write metrics to {path}: disk full")
+
+    monkeypatch.setattr(metrics_mod.Metrics, "write_textfile", refuse)
+    monkeypatch.setattr(
+        reconcile, "run_forever", functools.partial(reconcile.run_forever, max_passes=1)
+    )
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        queue.enqueue(conn, [{}] * 3)
+    code, _ = run(capsys, "reconcile", "--loop", "--metrics-file", str(tmp_path / "m.prom"))
+    assert code == 1
+    m = seen[0]
+    sample = functools.partial(m.registry.get_sample_value, labels={"fleet": "workers"})
+    # the pass ran and was observed: its figures stand (not NaN) and it counts once, as exit 0
+    assert sample("vultrscale_queue_ready") == 3.0
+    assert (
+        m.registry.get_sample_value(
+            "vultrscale_passes_total", {"fleet": "workers", "exit_code": "0"}
+        )
+        == 1.0
+    )
+    assert (
+        m.registry.get_sample_value(
+            "vultrscale_passes_total", {"fleet": "workers", "exit_code": "1"}
+        )
+        is None
+    )

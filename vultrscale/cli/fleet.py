@@ -87,23 +87,32 @@ def reconcile_cmd(
         if metrics_port is not None:
             metrics.serve(metrics_port)
 
+    # A pass in the metrics already whose textfile could not be written: its error is said,
+    # but it is not counted again, nor are its figures taken for unread.
+    unwritten: list[PassResult] = []
+
     def report(result: PassResult) -> None:
         # The metrics first: a failure to write them is then the one document --json prints.
         if metrics is not None and not result.lock_held:  # another pass's figures stand
             metrics.observe(result)
             if metrics_file:
-                metrics.write_textfile(metrics_file)
+                try:
+                    metrics.write_textfile(metrics_file)
+                except RuntimeFailure:
+                    unwritten.append(result)
+                    raise
         if as_json:
             print_json(result.to_json())
         else:
             print_pass(result)
 
     def report_error(exc: VultrscaleError) -> None:
-        if metrics is not None:
+        if metrics is not None and not unwritten:
             metrics.failed(exc.exit_code)
             if metrics_file:
                 with contextlib.suppress(RuntimeFailure):  # the pass's own error is the one said
                     metrics.write_textfile(metrics_file)
+        unwritten.clear()
         fail(exc.message, exc.hint, exc.exit_code, as_json=as_json)
 
     try:
