@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -255,3 +256,48 @@ def test_a_loop_pass_whose_metrics_file_cannot_be_written_keeps_its_figures_coun
         )
         is None
     )
+
+
+def test_status_watch_rides_out_a_database_outage(
+    cli_env, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh that cannot read Postgres (a restart) shows the error and the next one shows
+    the fleet again; `status --watch` ended with exit 1 at the first such refresh."""
+    import time
+
+    from rich.console import Console
+
+    from vultrscale.cli import fleet as fleet_cmd
+    from vultrscale.cli import views
+    from vultrscale.errors import DatabaseError
+
+    real = fleet_cmd._status_once
+    calls: list[int] = []
+
+    def flaky(cfg: Any, parts: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise DatabaseError(  # the password in it, to prove the view redacts it as well
+                f"cannot reach the database at postgresql://postgres:{DB_PASSWORD}@db/x: "
+                "server closed the connection unexpectedly",
+                hint="Check that Postgres is running.",
+            )
+        return real(cfg, parts)
+
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt  # Ctrl-C, the way out of a watch
+
+    monkeypatch.setattr(fleet_cmd, "_status_once", flaky)
+    monkeypatch.setattr(time, "sleep", sleep)
+    # a terminal: elsewhere the live view prints only its last state
+    terminal = Console(force_terminal=True, force_interactive=True, no_color=True, width=100)
+    monkeypatch.setattr(views, "console", lambda stderr=False: terminal)
+    code, out = run(capsys, "status", "--watch", "--every", "5s")
+    assert code == 130  # stopped by Ctrl-C, not by the outage
+    assert len(calls) == 3
+    assert "cannot reach the database" in out and "trying again every 5s" in out
+    assert out.rindex("fleet workers") > out.index("cannot reach the database")  # back again

@@ -16,6 +16,7 @@ from vultrscale.wiring import api_key, build_parts, database_url
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from vultrscale import status
     from vultrscale.config import Config
     from vultrscale.reconcile import Parts, PassResult
 
@@ -134,6 +135,27 @@ def _status_once(cfg: Config, parts: Parts) -> tuple[PassResult, datetime]:
     return result, parts.clock.now()
 
 
+def _unreadable(
+    cfg: Config, exc: RuntimeFailure, now: datetime, every: timedelta
+) -> status.RenderableType:
+    """What `status --watch` shows for a refresh that failed: the error, not stale figures."""
+    from rich.console import Group
+
+    from vultrscale.config import format_duration
+    from vultrscale.errors import redact
+    from vultrscale.status import plain
+
+    secrets = cfg.secrets.values()
+    lines = [
+        plain(f"fleet {cfg.fleet.name}: cannot refresh at {now:%H:%M:%S} UTC", style="bold"),
+        plain(f"Error: {redact(exc.message, secrets)}", style="red"),
+    ]
+    if exc.hint:
+        lines.append(plain(f"Fix: {redact(exc.hint, secrets)}"))
+    lines.append(plain(f"trying again every {format_duration(every)} (Ctrl-C to stop)"))
+    return Group(*lines)
+
+
 @app.command(
     "status",
     epilog=examples("vultrscale status", "vultrscale status --watch --every 10"),
@@ -183,7 +205,11 @@ def status_cmd(
         with Live(view(result, now), console=out, auto_refresh=False) as live:
             while True:
                 time.sleep(every.total_seconds())
-                result, now = _status_once(cfg, parts)
+                try:
+                    result, now = _status_once(cfg, parts)
+                except RuntimeFailure as exc:  # Postgres restarting, say: said, tried again
+                    live.update(_unreadable(cfg, exc, parts.clock.now(), every), refresh=True)
+                    continue
                 live.update(view(result, now), refresh=True)
     finally:
         parts.close()
