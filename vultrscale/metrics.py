@@ -100,8 +100,12 @@ class Metrics:
                     self.actions.labels(f, action.kind.value).inc()
 
     def failed(self, exit_code: int) -> None:
-        """A pass that ended in an error before it had a result (the database down, say)."""
-        self.passes.labels(self.fleet, str(exit_code)).inc()
+        """A pass that ended in an error before it had a result (the database down, say): the
+        queue and the month's bill are unread, NaN like any figure a pass could not read."""
+        f = self.fleet
+        self.passes.labels(f, str(exit_code)).inc()
+        for gauge in (self.ready, self.in_flight, self.expired, self.oldest, self.month_to_date):
+            gauge.labels(f).set(_UNKNOWN)
 
     def write_textfile(self, path: str) -> None:
         """Write the Prometheus text format atomically (temp file + rename)."""

@@ -230,6 +230,10 @@ def _checked_pass(
         result.exit_code = EXIT_RUNTIME
         result.errors.append(f"unexpected {type(exc).__name__}: {exc}")
         raise
+    except KeyboardInterrupt:  # Ctrl-C mid-pass (`--loop`): nor must this one's
+        result.exit_code = 130  # the shell's code for SIGINT, as the CLI exits with
+        result.errors.append("interrupted (SIGINT) before the pass finished")
+        raise
     finally:
         if result.errors:
             # Belt and braces: whatever an adapter put in an error, no secret reaches the ledger.

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -184,3 +185,119 @@ def test_json_prints_one_document_when_the_metrics_cannot_be_written(
     assert code == 1
     doc = json.loads(out)  # one document, not the pass's followed by the error's
     assert "cannot write metrics" in doc["error"]
+
+
+def test_events_over_a_long_window_show_the_newest_passes_and_say_older_ones_are_left_out(
+    cli_env, capsys
+) -> None:
+    # A day of a 30 s loop is 2,880 passes, more than `events` lists: it listed the oldest
+    # 1,000 and dropped the latest, without a word.
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO fleet_events (fleet, at, dry_run, inputs, plan, actions, results, "
+            "errors, exit_code) SELECT 'workers', now() - interval '2 hours' - "
+            "g * interval '30 seconds', false, '{}', '{}', '[]', '[]', '[]', 0 "
+            "FROM generate_series(1, 1200) g"
+        )
+    code, _ = run(capsys, "reconcile")
+    assert code == 0
+
+    code, out = run(capsys, "events", "--since", "1d", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    events = doc["events"]
+    assert len(events) == 1000 and doc["truncated"] is True
+    assert events[-1]["inputs"] != {}  # the pass just run, last (oldest first, as always)
+    assert [e["at"] for e in events] == sorted(e["at"] for e in events)
+
+    code, out = run(capsys, "events", "--since", "1d")
+    assert code == 0 and "newest 1000 passes" in out
+
+    code, out = run(capsys, "events", "--since", "1h", "--json")
+    doc = json.loads(out)
+    assert len(doc["events"]) == 1 and doc["truncated"] is False
+
+
+def test_a_loop_pass_whose_metrics_file_cannot_be_written_keeps_its_figures_counted_once(
+    cli_env, capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functools
+
+    from vultrscale import metrics as metrics_mod
+    from vultrscale import reconcile
+
+    seen: list[metrics_mod.Metrics] = []
+
+    def refuse(self: metrics_mod.Metrics, path: str) -> None:
+        seen.append(self)
+        raise RuntimeFailure(f"cannot write metrics to {path}: disk full")
+
+    monkeypatch.setattr(metrics_mod.Metrics, "write_textfile", refuse)
+    monkeypatch.setattr(
+        reconcile, "run_forever", functools.partial(reconcile.run_forever, max_passes=1)
+    )
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        queue.enqueue(conn, [{}] * 3)
+    code, _ = run(capsys, "reconcile", "--loop", "--metrics-file", str(tmp_path / "m.prom"))
+    assert code == 1
+    m = seen[0]
+    sample = functools.partial(m.registry.get_sample_value, labels={"fleet": "workers"})
+    # the pass ran and was observed: its figures stand (not NaN) and it counts once, as exit 0
+    assert sample("vultrscale_queue_ready") == 3.0
+    assert (
+        m.registry.get_sample_value(
+            "vultrscale_passes_total", {"fleet": "workers", "exit_code": "0"}
+        )
+        == 1.0
+    )
+    assert (
+        m.registry.get_sample_value(
+            "vultrscale_passes_total", {"fleet": "workers", "exit_code": "1"}
+        )
+        is None
+    )
+
+
+def test_status_watch_rides_out_a_database_outage(
+    cli_env, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh that cannot read Postgres (a restart) shows the error and the next one shows
+    the fleet again; `status --watch` ended with exit 1 at the first such refresh."""
+    import time
+
+    from rich.console import Console
+
+    from vultrscale.cli import fleet as fleet_cmd
+    from vultrscale.cli import views
+    from vultrscale.errors import DatabaseError
+
+    real = fleet_cmd._status_once
+    calls: list[int] = []
+
+    def flaky(cfg: Any, parts: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise DatabaseError(  # the password in it, to prove the view redacts it as well
+                f"cannot reach the database at postgresql://postgres:{DB_PASSWORD}@db/x: "
+                "server closed the connection unexpectedly",
+                hint="Check that Postgres is running.",
+            )
+        return real(cfg, parts)
+
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt  # Ctrl-C, the way out of a watch
+
+    monkeypatch.setattr(fleet_cmd, "_status_once", flaky)
+    monkeypatch.setattr(time, "sleep", sleep)
+    # a terminal: elsewhere the live view prints only its last state
+    terminal = Console(force_terminal=True, force_interactive=True, no_color=True, width=100)
+    monkeypatch.setattr(views, "console", lambda stderr=False: terminal)
+    code, out = run(capsys, "status", "--watch", "--every", "5s")
+    assert code == 130  # stopped by Ctrl-C, not by the outage
+    assert len(calls) == 3
+    assert "cannot reach the database" in out and "trying again every 5s" in out
+    assert out.rindex("fleet workers") > out.index("cannot reach the database")  # back again

@@ -285,6 +285,23 @@ def test_a_pass_that_failed_before_its_result_is_counted_by_its_exit_code(tmp_pa
     assert 'vultrscale_passes_total{exit_code="1",fleet="workers"} 2.0' in target.read_text()
 
 
+def test_queue_gauges_read_nan_after_a_pass_that_failed_before_its_result(fleet: Fleet) -> None:
+    m = metrics.Metrics("workers")
+    fleet.queue(12, in_flight=3)
+    m.observe(fleet.run())
+    assert _gauge(m, "vultrscale_queue_ready") == 12.0
+    m.failed(1)  # the next pass: the database down, the queue not read
+    for name in (
+        "vultrscale_queue_ready",
+        "vultrscale_queue_in_flight",
+        "vultrscale_queue_expired_leases",
+        "vultrscale_queue_oldest_ready_seconds",
+        "vultrscale_budget_month_to_date_usd",
+    ):
+        value = _gauge(m, name)
+        assert value is not None and math.isnan(value), name  # not the figures of a pass ago
+
+
 def test_a_metrics_file_under_home_is_written_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -689,3 +706,19 @@ def test_a_pass_that_dies_of_a_bug_is_recorded_as_failed_not_ok(fleet: Fleet) ->
     event = fleet.ledger.events[-1]
     assert event["exit_code"] == 1
     assert event["errors"] == ["unexpected ZeroDivisionError: a bug in a signals adapter"]
+
+
+def test_a_pass_interrupted_by_ctrl_c_is_recorded_as_interrupted_not_ok(fleet: Fleet) -> None:
+    """Ctrl-C (SIGINT) in `reconcile --loop` lands in the middle of a pass: its row in
+    fleet_events must say so, not exit 0 with no error (what `events` showed)."""
+
+    def interrupted(**kw: Any) -> VInstance:
+        raise KeyboardInterrupt
+
+    fleet.cloud.create_instance = interrupted  # type: ignore[method-assign]
+    fleet.queue(8)
+    with pytest.raises(KeyboardInterrupt):
+        fleet.run()
+    event = fleet.ledger.events[-1]
+    assert event["exit_code"] == 130
+    assert event["errors"] == ["interrupted (SIGINT) before the pass finished"]

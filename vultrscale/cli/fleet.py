@@ -16,6 +16,7 @@ from vultrscale.wiring import api_key, build_parts, database_url
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from vultrscale import status
     from vultrscale.config import Config
     from vultrscale.reconcile import Parts, PassResult
 
@@ -87,23 +88,32 @@ def reconcile_cmd(
         if metrics_port is not None:
             metrics.serve(metrics_port)
 
+    # A pass in the metrics already whose textfile could not be written: its error is said,
+    # but it is not counted again, nor are its figures taken for unread.
+    unwritten: list[PassResult] = []
+
     def report(result: PassResult) -> None:
         # The metrics first: a failure to write them is then the one document --json prints.
         if metrics is not None and not result.lock_held:  # another pass's figures stand
             metrics.observe(result)
             if metrics_file:
-                metrics.write_textfile(metrics_file)
+                try:
+                    metrics.write_textfile(metrics_file)
+                except RuntimeFailure:
+                    unwritten.append(result)
+                    raise
         if as_json:
             print_json(result.to_json())
         else:
             print_pass(result)
 
     def report_error(exc: VultrscaleError) -> None:
-        if metrics is not None:
+        if metrics is not None and not unwritten:
             metrics.failed(exc.exit_code)
             if metrics_file:
                 with contextlib.suppress(RuntimeFailure):  # the pass's own error is the one said
                     metrics.write_textfile(metrics_file)
+        unwritten.clear()
         fail(exc.message, exc.hint, exc.exit_code, as_json=as_json)
 
     try:
@@ -123,6 +133,27 @@ def _status_once(cfg: Config, parts: Parts) -> tuple[PassResult, datetime]:
 
     result = run_pass(cfg, parts, dry_run=True, take_lock=False)
     return result, parts.clock.now()
+
+
+def _unreadable(
+    cfg: Config, exc: RuntimeFailure, now: datetime, every: timedelta
+) -> status.RenderableType:
+    """What `status --watch` shows for a refresh that failed: the error, not stale figures."""
+    from rich.console import Group
+
+    from vultrscale.config import format_duration
+    from vultrscale.errors import redact
+    from vultrscale.status import plain
+
+    secrets = cfg.secrets.values()
+    lines = [
+        plain(f"fleet {cfg.fleet.name}: cannot refresh at {now:%H:%M:%S} UTC", style="bold"),
+        plain(f"Error: {redact(exc.message, secrets)}", style="red"),
+    ]
+    if exc.hint:
+        lines.append(plain(f"Fix: {redact(exc.hint, secrets)}"))
+    lines.append(plain(f"trying again every {format_duration(every)} (Ctrl-C to stop)"))
+    return Group(*lines)
 
 
 @app.command(
@@ -174,10 +205,18 @@ def status_cmd(
         with Live(view(result, now), console=out, auto_refresh=False) as live:
             while True:
                 time.sleep(every.total_seconds())
-                result, now = _status_once(cfg, parts)
+                try:
+                    result, now = _status_once(cfg, parts)
+                except RuntimeFailure as exc:  # Postgres restarting, say: said, tried again
+                    live.update(_unreadable(cfg, exc, parts.clock.now(), every), refresh=True)
+                    continue
                 live.update(view(result, now), refresh=True)
     finally:
         parts.close()
+
+
+# The most passes `events` lists: the newest ones of the window (a day of a 30 s loop is 2,880).
+_EVENTS = 1000
 
 
 @app.command(
@@ -206,9 +245,14 @@ def events_cmd(
     since = format_duration(window)
     cfg = load_config()
     with pg.session(database_url(cfg), "cannot read the events") as conn:
-        rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window)
+        # One more than is shown, to know whether older passes of the window are left out.
+        rows = ledger.events(conn, cfg.fleet.name, datetime.now(UTC) - window, _EVENTS + 1)
+    truncated = len(rows) > _EVENTS
+    rows = rows[-_EVENTS:]
     if as_json:
-        print_json({"fleet": cfg.fleet.name, "since": since, "events": rows})
+        print_json(
+            {"fleet": cfg.fleet.name, "since": since, "events": rows, "truncated": truncated}
+        )
         return
     from vultrscale.cli.views import console
     from vultrscale.status import events_table
@@ -217,6 +261,11 @@ def events_cmd(
         typer.echo(f"No passes recorded for fleet {cfg.fleet.name} in the last {since}.")
         return
     console().print(events_table(rows))
+    if truncated:
+        typer.echo(
+            f"The newest {_EVENTS} passes of the last {since}; older ones are left out "
+            "(a shorter --since shows all of its passes)."
+        )
 
 
 @app.command("instances", epilog=examples("vultrscale instances", "vultrscale instances --json"))

@@ -346,13 +346,14 @@ def record_event(
 def events(
     conn: psycopg.Connection[Any], fleet: str, since: datetime, limit: int = 1000
 ) -> list[dict[str, Any]]:
+    """The fleet's passes since ``since``, oldest first: the newest ``limit`` of them."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
             "SELECT id, at, dry_run, inputs, plan, actions, results, errors, exit_code "
-            "FROM fleet_events WHERE fleet = %s AND at >= %s ORDER BY at, id LIMIT %s",
+            "FROM fleet_events WHERE fleet = %s AND at >= %s ORDER BY at DESC, id DESC LIMIT %s",
             (fleet, since, limit),
         )
-        return list(cur.fetchall())
+        return cur.fetchall()[::-1]
 
 
 # --- the adapters of the pass's ports (vultrscale.ports) ---------------------------------------
