@@ -13,6 +13,7 @@ from collections.abc import Iterable
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT: Ctrl-C, in every command alike
 
 
 class VultrscaleError(Exception):

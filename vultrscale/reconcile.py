@@ -33,6 +33,7 @@ from vultrscale import budget, lifecycle, policy
 from vultrscale.clock import Clock
 from vultrscale.config import Config
 from vultrscale.errors import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_RUNTIME,
     EXIT_USAGE,
@@ -231,7 +232,7 @@ def _checked_pass(
         result.errors.append(f"unexpected {type(exc).__name__}: {exc}")
         raise
     except KeyboardInterrupt:  # Ctrl-C mid-pass (`--loop`): nor must this one's
-        result.exit_code = 130  # the shell's code for SIGINT, as the CLI exits with
+        result.exit_code = EXIT_INTERRUPTED  # as the CLI exits with
         result.errors.append("interrupted (SIGINT) before the pass finished")
         raise
     finally:

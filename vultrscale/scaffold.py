@@ -453,8 +453,8 @@ outage_seconds = 0            # ride out an unreachable database this long; 0: l
 [queue]
 preset = "vultrscale"         # vultrscale | procrastinate | pgqueuer | custom
 jobs_per_instance = 4
-queue = ""                    # only this queue of the preset's table; empty: all. With the
-                              # vultrscale preset, config check warns unless it is worker.queue
+queue = "default"             # only this queue of the preset's table; "" = all. With the
+                              # vultrscale preset, keep it worker.queue (config check warns)
 # custom only, each query returns one number:
 # ready_sql = "..."  in_flight_sql = "..."  oldest_ready_seconds_sql = "..."
 

@@ -26,7 +26,7 @@ from typing import Protocol
 from vultrscale.clock import Clock, SystemClock
 from vultrscale.config import Config, format_duration
 from vultrscale.db import snapshots as store
-from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError
+from vultrscale.errors import EXIT_INTERRUPTED, DatabaseError, RuntimeFailure, UsageError
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     ApiUnreachable,
@@ -113,7 +113,7 @@ class SnapshotTimeout(RuntimeFailure):
 class SnapshotInterrupted(RuntimeFailure):
     """Ctrl-C while waiting: the snapshot goes on at Vultr; ``--resume`` picks it up."""
 
-    exit_code = 130  # the shell's code for SIGINT, as every interrupted command returns
+    exit_code = EXIT_INTERRUPTED
 
 
 def resume_command(snapshot_id: str) -> str:

@@ -74,7 +74,11 @@ def test_defaults_write_both_files_and_they_load_once_the_secrets_are_filled(
     assert cfg.secrets.worker_database_url.reveal() == FILLED["WORKER_DATABASE_URL"]
     monkeypatch.delenv("VULTR_API_KEY")
     assert main(["config", "check"]) == 0
-    assert "Configuration is valid (from vultrscale.toml)" in capsys.readouterr().out
+    checked = capsys.readouterr().out
+    assert "Configuration is valid (from vultrscale.toml)" in checked
+    # the scaler counts the queue the workers take: a fresh config has nothing to warn about
+    assert (cfg.queue.queue, config.queue_warnings(cfg)) == ("default", ())
+    assert "warning" not in checked
 
 
 def test_options_go_into_the_file_without_questions(here: Path) -> None:

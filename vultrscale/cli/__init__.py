@@ -247,7 +247,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _outcome(exc: BaseException, as_json: bool) -> int:
     """The exit code for an exception ending a command, reported once."""
-    from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, VultrscaleError, first_line
+    from vultrscale.errors import (
+        EXIT_INTERRUPTED,
+        EXIT_RUNTIME,
+        EXIT_USAGE,
+        VultrscaleError,
+        first_line,
+    )
 
     errors = _click_exceptions()
     if isinstance(exc, (typer.Exit, getattr(errors, "Exit", typer.Exit))):
@@ -262,7 +268,7 @@ def _outcome(exc: BaseException, as_json: bool) -> int:
             fail(exc.format_message(), hint, code, as_json=True, already_shown=True)
         return code
     if isinstance(exc, KeyboardInterrupt):
-        return fail("interrupted.", "", 130, as_json)
+        return fail("interrupted.", "", EXIT_INTERRUPTED, as_json)
     if not isinstance(exc, Exception):  # SystemExit from a library, GeneratorExit
         raise exc
     if state.debug:

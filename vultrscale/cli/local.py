@@ -11,7 +11,7 @@ import typer
 
 from vultrscale import params
 from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
-from vultrscale.errors import EXIT_RUNTIME, UsageError
+from vultrscale.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 
 app = group()
 config_app = group(help="Inspect the configuration.")
@@ -139,7 +139,7 @@ def demo_cmd(
     else:
         views.print_demo_summary(out, summary)
     if summary.ended_by == "interrupted":
-        return 130
+        return EXIT_INTERRUPTED
     return 0 if summary.ok else EXIT_RUNTIME
 
 
