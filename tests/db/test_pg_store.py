@@ -5,13 +5,18 @@ replaced when it broke in between."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 
 from vultrscale.config import Config
+from vultrscale.db import pg
 from vultrscale.db.ledger import PgLedger, PgStore, lock_key, try_lock
+from vultrscale.errors import DatabaseError
+
+MONTH = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -83,3 +88,36 @@ def test_without_keep_every_session_has_its_own_connection(db_url: str, cfg: Con
         assert isinstance(ledger, PgLedger)
         conn = ledger.conn
     assert conn.closed
+
+
+def test_the_pass_connection_bounds_statements_and_ends_a_silent_network(
+    store: PgStore, cfg: Config
+) -> None:
+    with store.session(cfg) as (ledger, _signals):
+        assert isinstance(ledger, PgLedger)
+        assert ledger.conn.execute("SHOW statement_timeout").fetchone() == ("30s",)
+        params = dict(ledger.conn.info.get_parameters())
+    assert params.get("keepalives") == "1" and params.get("tcp_user_timeout") == "10000"
+
+
+def test_a_pass_stuck_behind_a_lock_fails_within_the_bound_and_frees_the_fleet_lock(
+    db_url: str, cfg: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session holding the ledger's table (a migration, a hand-run LOCK): the pass's read
+    ends in a DatabaseError saying why, not a wait as long as the lock, and the fleet's lock is
+    free for the next pass (`--loop` goes on)."""
+    monkeypatch.setattr(pg, "PASS_STALL_S", 1.0)
+    store = PgStore(db_url, keep=True)
+    with psycopg.connect(db_url) as blocker:  # not autocommit: the lock lasts until rollback
+        blocker.execute("LOCK TABLE fleet_instances IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(DatabaseError) as caught, store.session(cfg) as (ledger, _signals):
+            assert ledger.lock()
+            ledger.rows(since=MONTH)
+        assert "statement timeout" in caught.value.message
+        assert caught.value.hint == pg.HINT_STALLED
+        with psycopg.connect(db_url, autocommit=True) as other:
+            assert try_lock(other, cfg.fleet.name)  # the pass's lock went with its session
+        blocker.rollback()
+    with store.session(cfg) as (ledger, _signals):
+        assert ledger.lock() and ledger.rows(since=MONTH) == []
+    store.close()

@@ -507,7 +507,11 @@ class PgStore:
                 return conn
             except psycopg.Error:
                 conn.close()
-        return pg.connect(self.url)  # its times in UTC, the tzinfo the pass computes in
+        # Its times in UTC, the tzinfo the pass computes in; a stalled statement or network
+        # an error within PASS_STALL_S, not a pass (and its lock) held for TCP's 15 minutes.
+        return pg.connect(
+            self.url, statement_timeout_s=pg.PASS_STALL_S, **pg.keepalives(pg.PASS_STALL_S)
+        )
 
     def _release(self, conn: psycopg.Connection[Any]) -> None:
         """Keep ``conn`` for the next session if asked and clean: idle, its locks released.

@@ -19,9 +19,20 @@ from vultrscale.errors import DatabaseError, first_line, mask_url
 # Long enough for a cold TLS handshake over a slow link, short enough for a 30 s pass interval.
 CONNECT_TIMEOUT_S = 10
 
+# The scaler's pass connection (`reconcile`, `status`): a statement stuck behind a lock or a
+# network that went silent mid-pass ends in an error within about this long, and `--loop` goes
+# on with its next pass, instead of waiting out TCP's retransmissions (15 minutes on Linux)
+# while holding the fleet's lock. A steady pass's statements take milliseconds; the queue
+# signals keep their own, shorter bound.
+PASS_STALL_S = 30.0
+
 HINT_UNREACHABLE = "Check DATABASE_URL (host, port, user, database) and that Postgres is running."
 HINT_NO_TABLES = "Run `vultrscale db init` against this DATABASE_URL first."
 HINT_PRIVILEGE = "Check that this database user may read and write the vultrscale tables."
+HINT_STALLED = (
+    "A statement ran out of time: another session may hold a lock on the vultrscale tables (look "
+    "in pg_stat_activity), or the database is overloaded; the next pass tries again."
+)
 
 
 def translate(exc: psycopg.Error, doing: str, url: str = "") -> DatabaseError:
@@ -31,6 +42,8 @@ def translate(exc: psycopg.Error, doing: str, url: str = "") -> DatabaseError:
         return DatabaseError(
             f"{doing}: the vultrscale tables are missing ({line})", hint=HINT_NO_TABLES
         )
+    if isinstance(exc, psycopg.errors.QueryCanceled):  # statement_timeout (PASS_STALL_S)
+        return DatabaseError(f"{doing}: {line}", hint=HINT_STALLED)
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return DatabaseError(f"{doing}: {line}", hint=HINT_PRIVILEGE)
     if isinstance(exc, psycopg.OperationalError):
@@ -47,11 +60,30 @@ def translated(doing: str, url: str = "") -> Iterator[None]:
         raise translate(exc, doing, url) from None
 
 
+def keepalives(within_s: float) -> dict[str, Any]:
+    """libpq's TCP settings that end a silently partitioned connection within about
+    ``within_s``: keepalives while waiting for an answer, ``tcp_user_timeout`` while data sent
+    goes unacknowledged (the worker sizes them from its lease, the pass from PASS_STALL_S)."""
+    return {
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(within_s / 6)),
+        "keepalives_interval": max(1, int(within_s / 12)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(max(2.0, within_s / 3) * 1000),
+    }
+
+
 def connect(
-    url: str, *, autocommit: bool = True, doing: str = "", **kwargs: Any
+    url: str,
+    *,
+    autocommit: bool = True,
+    doing: str = "",
+    statement_timeout_s: float = 0.0,
+    **kwargs: Any,
 ) -> psycopg.Connection[Any]:
     """A connection to ``url`` with the project's connect timeout (``kwargs`` go to psycopg);
-    a failure names what it was for (``doing``) and where, password masked."""
+    a failure names what it was for (``doing``) and where, password masked.
+    ``statement_timeout_s``: the session's bound on every statement (0: the server's)."""
     kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
     where = f"cannot reach the database at {mask_url(url)}"
     with translated(f"{doing}: {where}" if doing else where, url):
@@ -64,6 +96,8 @@ def connect(
             # makes the pass's pure core 1.7x slower. A SET, not a startup option: PgBouncer
             # refuses unknown startup parameters.
             conn.execute("SET TimeZone TO 'UTC'")
+            if statement_timeout_s:  # a SET too, for PgBouncer, not the `options` parameter
+                conn.execute(f"SET statement_timeout = {int(statement_timeout_s * 1000)}")
             if not autocommit:
                 conn.commit()
         except BaseException:

@@ -202,16 +202,11 @@ def connect_kwargs(
         existing = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or "")
     except psycopg.Error:
         existing = ""  # a malformed address fails at connect, with a redacted message
-    tcp_ms = int(max(2.0, lease_seconds / 3) * 1000)
     statement_ms = int(statement_timeout_seconds * 1000)
     return {
         "autocommit": True,
         "connect_timeout": max(2, int(lease_seconds / 3)),
-        "keepalives": 1,
-        "keepalives_idle": max(1, int(lease_seconds / 6)),
-        "keepalives_interval": max(1, int(lease_seconds / 12)),
-        "keepalives_count": 3,
-        "tcp_user_timeout": tcp_ms,
+        **pg.keepalives(lease_seconds),
         "options": f"{existing} -c statement_timeout={statement_ms}".strip(),
     }
 
