@@ -301,3 +301,44 @@ def test_status_watch_rides_out_a_database_outage(
     assert len(calls) == 3
     assert "cannot reach the database" in out and "trying again every 5s" in out
     assert out.rindex("fleet workers") > out.index("cannot reach the database")  # back again
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_status_watch_without_a_terminal_prints_every_refresh_in_turn(
+    cli_env, capsys, monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
+    """Piped or with --json there is no screen to redraw: each refresh is printed after the
+    last (--json: one document each), a failed one said and the next one tried. The live view
+    printed only at exit to a pipe, and --json ignored --watch."""
+    import time
+
+    from vultrscale.cli import fleet as fleet_cmd
+    from vultrscale.errors import DatabaseError
+
+    real = fleet_cmd._status_once
+    calls: list[int] = []
+
+    def flaky(cfg: Any, parts: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise DatabaseError("cannot reach the database", hint="Check that it runs.")
+        return real(cfg, parts)
+
+    def sleep(seconds: float) -> None:
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fleet_cmd, "_status_once", flaky)
+    monkeypatch.setattr(time, "sleep", sleep)
+    code, out = run(capsys, "status", "--watch", *(["--json"] if as_json else []))
+    assert code == 130 and len(calls) == 3
+    if not as_json:
+        assert out.count("fleet workers") == 2
+        return
+    docs, decoder, at = [], json.JSONDecoder(), 0
+    while at < len(out.rstrip()):
+        doc, at = decoder.raw_decode(out, at)
+        docs.append(doc)
+        at += len(out[at:]) - len(out[at:].lstrip())
+    assert [sorted(d)[:1] for d in docs][1] == ["error"]
+    assert docs[0].keys() == docs[2].keys() and "instances" in docs[0]

@@ -176,31 +176,50 @@ def status_cmd(
         ),
     ] = timedelta(seconds=5),
 ) -> int:
-    """The fleet: every instance, the queue, desired count and why, budget used."""
+    """The fleet: every instance, the queue, desired count and why, budget used. With
+    --watch, redrawn in place on a terminal; elsewhere (a pipe, --json) printed in turn."""
+    import time
+
     from vultrscale import status
+    from vultrscale.cli import fail
+    from vultrscale.cli.views import console
 
     cfg = load_config()
     parts = build_parts(cfg)
     ceiling = cfg.budget.monthly_ceiling_usd
-    try:
-        result, now = _status_once(cfg, parts)
+
+    def view(result: PassResult, now: datetime) -> status.RenderableType:
+        assert result.observation is not None and result.plan is not None
+        return status.render(result.observation, result.plan, now, ceiling, cfg.fleet.name)
+
+    def show(result: PassResult, now: datetime) -> None:
+        """One refresh printed after the last: a document with --json, else the tables."""
         if as_json:
             assert result.observation is not None and result.plan is not None
             print_json(status.status_document(result.observation, result.plan, now, ceiling))
-            return int(result.exit_code)
-        from rich.live import Live
-
-        from vultrscale.cli.views import console
-
-        def view(result: PassResult, now: datetime) -> status.RenderableType:
-            assert result.observation is not None and result.plan is not None
-            return status.render(result.observation, result.plan, now, ceiling, cfg.fleet.name)
-
-        out = console()
-        if not watch:
+        else:
             out.print(view(result, now))
+
+    out = console()
+    try:
+        result, now = _status_once(cfg, parts)
+        if not watch or as_json or not out.is_terminal:
+            show(result, now)
+        if not watch:
             return int(result.exit_code)
-        import time
+        if as_json or not out.is_terminal:
+            # No screen to redraw (a pipe, a log, --json): each refresh printed in turn, with
+            # --json one document each (a stream `jq` reads); a refresh that fails said, the
+            # next one tried, as on a terminal.
+            while True:
+                time.sleep(every.total_seconds())
+                try:
+                    result, now = _status_once(cfg, parts)
+                except RuntimeFailure as exc:
+                    fail(exc.message, exc.hint, exc.exit_code, as_json=as_json)
+                    continue
+                show(result, now)
+        from rich.live import Live
 
         with Live(view(result, now), console=out, auto_refresh=False) as live:
             while True:
