@@ -242,7 +242,9 @@ def adopted_row(
     fleet: str, label: str, v: Listed, state: InstanceState, created: datetime, now: datetime
 ) -> LedgerRow:
     """The row ``sync`` adopts, as ``label`` (see ``by_label``), for a tagged instance the
-    ledger did not know."""
+    ledger did not know. One adopted running has run (``running_at``, the stamp of
+    ``LedgerRow.boot_since``): should its worker go quiet, boot_timeout counts from then, not
+    from its creation at Vultr."""
     return LedgerRow.new(
         label,
         fleet,
@@ -254,6 +256,7 @@ def adopted_row(
         main_ip=v.main_ip,
         internal_ip=v.internal_ip,
         posted_at=created,
+        running_at=now if state is InstanceState.RUNNING else None,
         state_since=now,
     )
 

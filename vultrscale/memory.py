@@ -294,6 +294,7 @@ class MemoryLedger:
                 label=label,
                 state=state,
                 state_since=now,
+                running_at=own.running_at or (now if state is InstanceState.RUNNING else None),
                 gone_at=None,
                 draining_at=None,
                 deleting_at=None,

@@ -117,3 +117,26 @@ def test_an_instance_taken_for_gone_and_listed_again_gets_its_own_row_back(
         (row,) = ledger.rows(conn, "workers", since=budget.month_bounds(T0)[0])
     assert (row.label, row.instance_id, row.state) == (label, "hand-1", InstanceState.RUNNING)
     assert (row.created_at, row.gone_at, row.host_key) == (T0, None, "ssh-ed25519 AAAAown")
+
+
+def test_an_instance_adopted_running_is_stamped_as_having_run(db_url: str) -> None:
+    """Adopted already running, it has run: a later fall-back to booting (its worker quiet)
+    counts boot_timeout from then (``LedgerRow.boot_since``), not from its creation at Vultr,
+    as the in-memory ledger does. Its own gone row coming back running is stamped once too."""
+    adopted = T0 + timedelta(hours=2)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        _adopt(conn, "hand-1", T0, state=InstanceState.RUNNING, now=adopted)
+        _adopt(conn, "hand-2", T0, label="worker-booting", now=adopted)
+        _adopt(conn, "hand-3", T0, label="worker-back", now=adopted)
+        ledger.transition(conn, "worker-back", InstanceState.GONE, adopted, fleet="workers")
+        back = adopted + timedelta(hours=1)
+        _adopt(conn, "hand-3", T0, label="worker-back", state=InstanceState.RUNNING, now=back)
+        rows = {r.label: r for r in ledger.rows(conn, "workers", since=T0)}
+        ledger.transition(conn, "worker-by-hand", InstanceState.BOOTING, back, fleet="workers")
+        (quiet,) = [
+            r for r in ledger.rows(conn, "workers", since=T0) if r.label == "worker-by-hand"
+        ]
+    assert rows["worker-by-hand"].running_at == adopted
+    assert rows["worker-booting"].running_at is None
+    assert rows["worker-back"].running_at == back
+    assert quiet.boot_since == back

@@ -631,6 +631,28 @@ def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoptio
     assert [x["kind"] for x in replaced.actions if x["label"] == "worker-by-hand"] == ["replace"]
 
 
+def test_an_instance_adopted_running_whose_worker_goes_quiet_gets_boot_timeout_to_come_back(
+    fleet: Fleet,
+) -> None:
+    fleet.queue(4)
+    _by_hand(fleet, "hand-1", fleet.clock.now() - timedelta(hours=2))  # made long before
+    label = "worker-by-hand"
+    fleet.ledger.workers_by_label[label] = WorkerView(label, fleet.clock.now(), False, 0, True)
+    fleet.run()
+    assert fleet.states()[label] == "running"
+    fleet.clock.advance(3600)
+    quiet = fleet.ledger.workers_by_label[label]
+    fleet.ledger.workers_by_label[label] = dataclasses.replace(quiet, seen=False)
+
+    fell_back = fleet.run()  # a worker restarting, say: not a boot 3 hours long
+    assert fleet.states()[label] == "booting"
+    assert not [x for x in fell_back.actions if x["label"] == label], "replaced as it fell back"
+    assert "hand-1" in fleet.cloud.instances
+    fleet.clock.advance(15 * 60 + 1)  # boot_timeout after it fell back: not back, replaced
+    replaced = fleet.run()
+    assert [x["kind"] for x in replaced.actions if x["label"] == label] == ["replace"]
+
+
 def test_a_label_used_again_by_hand_after_its_instance_went_keeps_both_in_the_bill(
     fleet: Fleet,
 ) -> None:

@@ -140,6 +140,8 @@ def adopt(
         revived = conn.execute(
             "UPDATE fleet_instances SET label = %(label)s, fleet = %(fleet)s, state = %(state)s, "
             "state_since = %(now)s, gone_at = NULL, draining_at = NULL, deleting_at = NULL, "
+            "running_at = COALESCE(running_at, CASE WHEN %(state)s = 'running' "
+            "THEN %(now)s::timestamptz END), "
             "last_error = %(note)s WHERE instance_id = %(iid)s AND state = 'gone'",
             {
                 "label": label,
@@ -155,8 +157,8 @@ def adopt(
         for name in (label, retired_label(label, instance_id)):
             inserted = conn.execute(
                 "INSERT INTO fleet_instances (label, fleet, state, instance_id, plan, region, "
-                "hourly_rate, monthly_cost, created_at, posted_at, state_since, last_error) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "hourly_rate, monthly_cost, created_at, posted_at, running_at, state_since, "
+                "last_error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (label) DO NOTHING",
                 (
                     name,
@@ -169,6 +171,7 @@ def adopt(
                     monthly_cost,
                     created_at,
                     created_at,
+                    now if state is InstanceState.RUNNING else None,
                     now,
                     note,
                 ),
