@@ -25,7 +25,7 @@ import string
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -406,8 +406,19 @@ def observe(
             raise
         except VultrError as exc:  # a GET that would confirm a missing instance failed
             api_error = f"Vultr API: {exc}"
-    if unknown := sorted(set(listed) - rows.keys()):  # tagged, not in the ledger: adopted
-        workers.update(ledger.workers(lifecycle.WORKER_SEEN_WITHIN, unknown))
+    unknown = set(listed) - rows.keys()  # tagged, not in the ledger: adopted
+    # One tracked under a name of the ledger's (``<label>@<id>``: its label empty or shared,
+    # see ``lifecycle.by_label``) has its worker report under its own label: those workers'
+    # heartbeats and live leases are its too (never deleted while they hold one).
+    aliased = {t: v.label for t, v in listed.items() if t != v.label and t not in workers}
+    if unknown or aliased:
+        found = ledger.workers(
+            lifecycle.WORKER_SEEN_WITHIN, sorted(unknown | set(aliased.values()))
+        )
+        workers.update((label, found[label]) for label in unknown if label in found)
+        for label, own in aliased.items():
+            if own in found:
+                workers[label] = replace(found[own], instance_label=label)
     probes: dict[str, ServiceState | str] = {}
     if probe and api_error is None:
         probes = _probe_drains(cfg, parts.drain, rows.values(), listed)

@@ -717,6 +717,35 @@ def test_tagged_instances_without_a_label_of_their_own_are_tracked_and_held_to_t
     assert len(fleet.states()) == 5
 
 
+def test_tagged_twins_whose_workers_hold_leases_under_their_label_are_never_deleted(
+    fleet: Fleet,
+) -> None:
+    """Two tagged instances share the label "twin": the ledger tracks them as twin@<id>, but
+    their workers report under the instance's label, "twin". Their live leases are theirs."""
+    for i in range(2):
+        fleet.cloud.instances[f"hand-{i}"] = VInstance(
+            id=f"hand-{i}",
+            label="twin",
+            status="active",
+            power_status="running",
+            server_status="ok",
+            main_ip=f"10.9.0.{i}",
+            region="ewr",
+            plan="vc2-1c-2gb",
+            tags=(fleet.cfg.fleet.tag,),
+        )
+    fleet.queue(0, in_flight=2)
+    for _ in range(40):  # 20 minutes, past boot_timeout (15m) from their adoption
+        fleet.ledger.workers_by_label["twin"] = WorkerView(
+            "twin", fleet.clock.now(), False, 2, True
+        )
+        result = fleet.run()
+        assert not [a for a in result.actions if a["label"]], result.actions
+        fleet.clock.advance(30)
+    assert sorted(fleet.cloud.instances) == ["hand-0", "hand-1"]
+    assert fleet.states() == {"twin@hand-0": "running", "twin@hand-1": "running"}
+
+
 def test_a_pass_that_dies_of_a_bug_is_recorded_as_failed_not_ok(fleet: Fleet) -> None:
     class Broken(MemorySignals):
         def read(self) -> Signals:
