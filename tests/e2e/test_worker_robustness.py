@@ -199,3 +199,42 @@ def test_a_password_libpq_echoes_never_reaches_the_output(procs: list[WorkerProc
     assert w.wait(timeout=30) == 2, w.text()
     assert "not a Postgres connection string libpq can read" in "\n".join(w.err), w.text()
     assert "pw-sec" not in w.text()
+
+
+def test_a_payload_python_cannot_read_fails_that_job_and_the_worker_goes_on(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess]
+) -> None:
+    """Postgres stores JSON that Python's json module refuses (an integer of more than 4300
+    digits, arrays nested deeper than the recursion limit). Such a job ends failed with the
+    reason; the worker neither dies on the claim (which every worker would retry, blocking the
+    queue behind it) nor leaves the jobs claimed with it unrun."""
+    huge = "{" + '"n": ' + "9" * 5000 + "}"
+    deep = "[" * 5000 + "]" * 5000
+    bad = [
+        conn.execute(
+            "INSERT INTO jobs (payload) VALUES (%s::jsonb) RETURNING id", (doc,)
+        ).fetchone()[0]  # type: ignore[index]
+        for doc in (huge, deep)
+    ]
+    good = q.enqueue(conn, [{"step_seconds": 0}] * 2)
+    args = ("--concurrency", "4", "--lease-seconds", "3")
+    w = WorkerProcess(db_url, "vultrscale.worker.examples:three_steps", *args)
+    procs.append(w)
+    wait_for(
+        lambda: states(conn) == {"failed": 2, "succeeded": 2} or w.proc.poll() is not None,
+        "every job to end",
+        15,
+    )
+    assert w.proc.poll() is None, w.text()
+    assert jobs(conn) == {**{i: ("failed", 1) for i in bad}, **{i: ("succeeded", 1) for i in good}}
+    errors = dict(
+        conn.execute("SELECT id, last_error FROM jobs WHERE id = ANY(%s)", (bad,)).fetchall()
+    )
+    assert all(
+        e.startswith("PermanentError: payload cannot be decoded") for e in errors.values()
+    ), errors
+    said = f"job {bad[0]} attempt 1 raised PermanentError: payload cannot be decoded"
+    assert any(line.startswith(said) for line in w.out), w.text()
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.text()
+    assert any("4 taken" in line and "2 failed" in line for line in w.out), w.text()

@@ -632,6 +632,8 @@ class Worker:
             return False
         error: BaseException | None = None
         try:
+            if job._payload_error is not None:  # a failure of its own, never the handler's
+                raise PermanentError(f"payload cannot be decoded ({job._payload_error})")
             if self._loop is not None:
                 fut = asyncio.run_coroutine_threadsafe(self._guarded(job), self._loop)
                 with self._lock:
@@ -778,6 +780,7 @@ class Worker:
                     c.id, c.payload, c.attempt, c.token, worker_id=self.worker_id, database=self._db
                 )
                 job._renewed_at = sent
+                job._payload_error = c.payload_error
                 with self._lock:
                     self._running.add(job)
                 self._work.put(job)
