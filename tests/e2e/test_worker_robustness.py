@@ -238,3 +238,50 @@ def test_a_payload_python_cannot_read_fails_that_job_and_the_worker_goes_on(
     w.signal(signal.SIGTERM)
     assert w.wait() == 0, w.text()
     assert any("4 taken" in line and "2 failed" in line for line in w.out), w.text()
+
+
+ODD_ERRORS = """
+from vultrscale.worker import PermanentError
+
+
+def nul(job):
+    raise PermanentError("tool output: a\\x00b")  # Postgres text cannot hold NUL
+
+
+def surrogate(job):
+    raise RuntimeError("no file \\udcff")  # a lone surrogate (os.fsdecode of a bad name)
+"""
+
+
+@pytest.mark.parametrize(
+    ("func", "ends", "stored"),
+    [
+        ("nul", ("failed", 1), "PermanentError: tool output: a\\x00b"),
+        ("surrogate", ("dead", 2), "RuntimeError: no file \\udcff"),
+    ],
+)
+def test_an_error_text_postgres_or_utf_8_cannot_hold_is_recorded_escaped(
+    db_url: str,
+    conn: psycopg.Connection,
+    procs: list[WorkerProcess],
+    tmp_path: Path,
+    func: str,
+    ends: tuple[str, int],
+    stored: str,
+) -> None:
+    """A handler's error with a NUL (Postgres text refuses it) or a lone surrogate (not UTF-8)
+    is still that attempt's outcome: a PermanentError fails the job at once, another error
+    retries it until dead. The worker dropped the outcome (the job waited out its lease and a
+    PermanentError was retried) or died of it (exit 1 at every attempt)."""
+    (tmp_path / "odd_errors.py").write_text(ODD_ERRORS)
+    (job_id,) = q.enqueue(conn, [{}], max_attempts=2)
+    args = ("--concurrency", "1", "--lease-seconds", "30", "--backoff-seconds", "0.05")
+    w = WorkerProcess(db_url, f"odd_errors:{func}", *args, env={"PYTHONPATH": str(tmp_path)})
+    procs.append(w)
+    wait_for(lambda: jobs(conn)[job_id] == ends or w.proc.poll() is not None, "the job to end", 10)
+    assert w.proc.poll() is None, w.text()
+    (last,) = conn.execute("SELECT last_error FROM jobs WHERE id = %s", (job_id,)).fetchone()  # type: ignore[misc]
+    assert last == stored
+    assert any(stored in line for line in w.out), w.text()
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.text()

@@ -242,6 +242,17 @@ def _database_error(
     )
 
 
+def _error_text(error: BaseException) -> str:
+    """``Type: message`` of a handler's error, as it is stored and printed: a NUL (Postgres text
+    refuses it) and a lone surrogate (not UTF-8, so not printable either) become escapes."""
+    try:
+        message = str(error)
+    except Exception:  # noqa: BLE001 - the handler's __str__ is the handler's bug
+        message = "(its message could not be read)"
+    text = f"{type(error).__name__}: {message}".replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class _ThreadDied(Exception):
     """A slot, event-loop or heartbeat thread ended while the worker runs (main thread only)."""
 
@@ -657,13 +668,14 @@ class Worker:
             if error is None:
                 self._done.put(job)
                 return True
+        text = _error_text(error)
         new_state = self._db.run(
             lambda conn: queue.fail(
                 conn,
                 job.id,
                 self.worker_id,
                 job.token,
-                f"{type(error).__name__}: {error}",
+                text,
                 permanent=isinstance(error, PermanentError),
                 backoff_seconds=s.backoff_seconds,
                 backoff_cap_seconds=s.backoff_cap_seconds,
@@ -677,9 +689,7 @@ class Worker:
         counter = {"ready": "retried", "failed": "failed", "dead": "dead"}[new_state]
         self.summary.add(counter)
         outcome = {"ready": "will retry", "failed": "failed for good", "dead": "is dead"}[new_state]
-        self.say(
-            f"job {job.id} attempt {job.attempt} raised {type(error).__name__}: {error}; {outcome}."
-        )
+        self.say(f"job {job.id} attempt {job.attempt} raised {text}; {outcome}.")
         return False
 
     def _take_done(self) -> list[Job]:
