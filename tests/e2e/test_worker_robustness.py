@@ -285,3 +285,32 @@ def test_an_error_text_postgres_or_utf_8_cannot_hold_is_recorded_escaped(
     assert any(stored in line for line in w.out), w.text()
     w.signal(signal.SIGTERM)
     assert w.wait() == 0, w.text()
+
+
+BLOCKING_ASYNC = """
+import asyncio
+import threading
+
+
+async def to_thread(job):
+    # The usual way for an async handler to call blocking code: the loop's default executor.
+    await asyncio.to_thread(threading.Event().wait, 60)
+"""
+
+
+def test_an_async_handler_blocked_in_the_default_executor_does_not_hold_the_exit(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess], tmp_path: Path
+) -> None:
+    """At the drain deadline the job is given back and its coroutine cancelled, but the thread
+    running its blocking call cannot be stopped: it must not keep the process alive past the
+    drain (Python joins ThreadPoolExecutor threads at exit), or systemd SIGKILLs the worker."""
+    (tmp_path / "blocking_async.py").write_text(BLOCKING_ASYNC)
+    (job_id,) = q.enqueue(conn, [{}])
+    args = ("--concurrency", "1", "--lease-seconds", "3", "--drain-seconds", "0.5")
+    w = WorkerProcess(db_url, "blocking_async:to_thread", *args, env={"PYTHONPATH": str(tmp_path)})
+    procs.append(w)
+    wait_for(lambda: states(conn) == {"leased": 1}, "the job to run")
+    w.signal(signal.SIGTERM)
+    assert w.wait(timeout=10) == 0, w.text()  # the blocking call had 60 s to go
+    assert f"job {job_id}: given back to the queue (the worker is stopping)." in w.out
+    assert jobs(conn) == {job_id: ("ready", 0)}

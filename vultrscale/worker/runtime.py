@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -63,6 +63,7 @@ from vultrscale.worker.outage import (
 
 Handler = Callable[[Job], Any]
 T = TypeVar("T")
+_P = ParamSpec("_P")
 
 POLL_MIN_SECONDS = 0.05
 POLL_MAX_SECONDS = 1.0
@@ -251,6 +252,65 @@ def _error_text(error: BaseException) -> str:
         message = "(its message could not be read)"
     text = f"{type(error).__name__}: {message}".replace("\x00", "\\x00")
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class _DaemonThreadPool(concurrent.futures.ThreadPoolExecutor):
+    """The event loop's default executor (``asyncio.to_thread``, ``run_in_executor(None, fn)``,
+    ``astep``'s database calls) on daemon threads, as the slots are: a handler's blocking call
+    still running when its job is given back cannot hold the process past the drain (Python
+    joins a ThreadPoolExecutor's own threads at exit, and systemd's SIGKILL came first). asyncio
+    takes only a ThreadPoolExecutor, so this is one that runs its own threads."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="vs-executor")  # its default size; no thread yet
+        self._tasks: queue_mod.SimpleQueue[Callable[[], None] | None] = queue_mod.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._started: list[threading.Thread] = []
+        self._pool_lock = threading.Lock()
+        self._closed = False
+
+    def submit(
+        self, fn: Callable[_P, T], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def task() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - the caller's to see, as in the stdlib
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        with self._pool_lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._tasks.put(task)
+            if not self._idle.acquire(blocking=False) and len(self._started) < self._max_workers:
+                t = threading.Thread(
+                    target=self._serve, name=f"vs-executor-{len(self._started)}", daemon=True
+                )
+                t.start()
+                self._started.append(t)
+        return future
+
+    def _serve(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            task()
+            del task
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._pool_lock:
+            self._closed = True
+            threads = list(self._started)
+        for _ in threads:
+            self._tasks.put(None)
+        if wait:
+            for t in threads:
+                t.join()
 
 
 class _ThreadDied(Exception):
@@ -449,6 +509,7 @@ class Worker:
         watched: list[threading.Thread] = []
         if self.is_async:
             self._loop = asyncio.new_event_loop()
+            self._loop.set_default_executor(_DaemonThreadPool())
             watched.append(
                 threading.Thread(
                     target=self._guarded_thread(self._loop.run_forever),
