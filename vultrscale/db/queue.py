@@ -256,7 +256,10 @@ def fail(
                 SELECT j.id, CASE WHEN %(permanent)s THEN 'failed'
                                   WHEN j.attempts >= j.max_attempts THEN 'dead'
                                   ELSE 'ready' END AS state,
-                       least(%(cap)s, %(base)s * power(2, greatest(j.attempts - 1, 0))) AS delay
+                       -- the exponent stops at 60 (any base reaches the cap by then): from
+                       -- 2^1024 on a double overflows and the failure would not be written
+                       least(%(cap)s, %(base)s * power(2, least(greatest(j.attempts - 1, 0), 60)))
+                           AS delay
                 FROM jobs j JOIN gone ON gone.job_id = j.id
             )
             UPDATE jobs j SET state = next.state,
