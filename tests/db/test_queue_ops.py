@@ -234,6 +234,19 @@ def test_backoff_is_capped(conn: psycopg.Connection) -> None:
     assert delay is not None and float(delay[0]) == pytest.approx(60, abs=1)
 
 
+def test_backoff_stays_capped_past_the_thousandth_attempt(conn: psycopg.Connection) -> None:
+    """2**1024 is past a double: the delay of attempt 1025 and later was an overflow error, the
+    failure was never written, and the job waited out its lease with no backoff."""
+    (job_id,) = q.enqueue(conn, [{}], max_attempts=5000)
+    conn.execute("UPDATE jobs SET attempts = 1500 WHERE id = %s", (job_id,))
+    (job,) = q.claim(conn, "w1", "default", 1, 30)
+    assert q.fail(conn, job.id, "w1", job.token, "x", backoff_seconds=2) == "ready"
+    delay = conn.execute(
+        "SELECT extract(epoch FROM run_at - now()) FROM jobs WHERE id = %s", (job_id,)
+    ).fetchone()
+    assert delay is not None and float(delay[0]) == pytest.approx(600, abs=1)
+
+
 def test_permanent_error_fails_at_once(conn: psycopg.Connection) -> None:
     q.enqueue(conn, [{}], max_attempts=5)
     (job,) = q.claim(conn, "w1", "default", 1, 30)

@@ -199,3 +199,118 @@ def test_a_password_libpq_echoes_never_reaches_the_output(procs: list[WorkerProc
     assert w.wait(timeout=30) == 2, w.text()
     assert "not a Postgres connection string libpq can read" in "\n".join(w.err), w.text()
     assert "pw-sec" not in w.text()
+
+
+def test_a_payload_python_cannot_read_fails_that_job_and_the_worker_goes_on(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess]
+) -> None:
+    """Postgres stores JSON that Python's json module refuses (an integer of more than 4300
+    digits, arrays nested deeper than the recursion limit). Such a job ends failed with the
+    reason; the worker neither dies on the claim (which every worker would retry, blocking the
+    queue behind it) nor leaves the jobs claimed with it unrun."""
+    huge = "{" + '"n": ' + "9" * 5000 + "}"
+    deep = "[" * 5000 + "]" * 5000
+    bad = [
+        conn.execute(
+            "INSERT INTO jobs (payload) VALUES (%s::jsonb) RETURNING id", (doc,)
+        ).fetchone()[0]  # type: ignore[index]
+        for doc in (huge, deep)
+    ]
+    good = q.enqueue(conn, [{"step_seconds": 0}] * 2)
+    args = ("--concurrency", "4", "--lease-seconds", "3")
+    w = WorkerProcess(db_url, "vultrscale.worker.examples:three_steps", *args)
+    procs.append(w)
+    wait_for(
+        lambda: states(conn) == {"failed": 2, "succeeded": 2} or w.proc.poll() is not None,
+        "every job to end",
+        15,
+    )
+    assert w.proc.poll() is None, w.text()
+    assert jobs(conn) == {**{i: ("failed", 1) for i in bad}, **{i: ("succeeded", 1) for i in good}}
+    errors = dict(
+        conn.execute("SELECT id, last_error FROM jobs WHERE id = ANY(%s)", (bad,)).fetchall()
+    )
+    assert all(
+        e.startswith("PermanentError: payload cannot be decoded") for e in errors.values()
+    ), errors
+    said = f"job {bad[0]} attempt 1 raised PermanentError: payload cannot be decoded"
+    assert any(line.startswith(said) for line in w.out), w.text()
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.text()
+    assert any("4 taken" in line and "2 failed" in line for line in w.out), w.text()
+
+
+ODD_ERRORS = """
+from vultrscale.worker import PermanentError
+
+
+def nul(job):
+    raise PermanentError("tool output: a\\x00b")  # Postgres text cannot hold NUL
+
+
+def surrogate(job):
+    raise RuntimeError("no file \\udcff")  # a lone surrogate (os.fsdecode of a bad name)
+"""
+
+
+@pytest.mark.parametrize(
+    ("func", "ends", "stored"),
+    [
+        ("nul", ("failed", 1), "PermanentError: tool output: a\\x00b"),
+        ("surrogate", ("dead", 2), "RuntimeError: no file \\udcff"),
+    ],
+)
+def test_an_error_text_postgres_or_utf_8_cannot_hold_is_recorded_escaped(
+    db_url: str,
+    conn: psycopg.Connection,
+    procs: list[WorkerProcess],
+    tmp_path: Path,
+    func: str,
+    ends: tuple[str, int],
+    stored: str,
+) -> None:
+    """A handler's error with a NUL (Postgres text refuses it) or a lone surrogate (not UTF-8)
+    is still that attempt's outcome: a PermanentError fails the job at once, another error
+    retries it until dead. The worker dropped the outcome (the job waited out its lease and a
+    PermanentError was retried) or died of it (exit 1 at every attempt)."""
+    (tmp_path / "odd_errors.py").write_text(ODD_ERRORS)
+    (job_id,) = q.enqueue(conn, [{}], max_attempts=2)
+    args = ("--concurrency", "1", "--lease-seconds", "30", "--backoff-seconds", "0.05")
+    w = WorkerProcess(db_url, f"odd_errors:{func}", *args, env={"PYTHONPATH": str(tmp_path)})
+    procs.append(w)
+    wait_for(lambda: jobs(conn)[job_id] == ends or w.proc.poll() is not None, "the job to end", 10)
+    assert w.proc.poll() is None, w.text()
+    (last,) = conn.execute("SELECT last_error FROM jobs WHERE id = %s", (job_id,)).fetchone()  # type: ignore[misc]
+    assert last == stored
+    assert any(stored in line for line in w.out), w.text()
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.text()
+
+
+BLOCKING_ASYNC = """
+import asyncio
+import threading
+
+
+async def to_thread(job):
+    # The usual way for an async handler to call blocking code: the loop's default executor.
+    await asyncio.to_thread(threading.Event().wait, 60)
+"""
+
+
+def test_an_async_handler_blocked_in_the_default_executor_does_not_hold_the_exit(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess], tmp_path: Path
+) -> None:
+    """At the drain deadline the job is given back and its coroutine cancelled, but the thread
+    running its blocking call cannot be stopped: it must not keep the process alive past the
+    drain (Python joins ThreadPoolExecutor threads at exit), or systemd SIGKILLs the worker."""
+    (tmp_path / "blocking_async.py").write_text(BLOCKING_ASYNC)
+    (job_id,) = q.enqueue(conn, [{}])
+    args = ("--concurrency", "1", "--lease-seconds", "3", "--drain-seconds", "0.5")
+    w = WorkerProcess(db_url, "blocking_async:to_thread", *args, env={"PYTHONPATH": str(tmp_path)})
+    procs.append(w)
+    wait_for(lambda: states(conn) == {"leased": 1}, "the job to run")
+    w.signal(signal.SIGTERM)
+    assert w.wait(timeout=10) == 0, w.text()  # the blocking call had 60 s to go
+    assert f"job {job_id}: given back to the queue (the worker is stopping)." in w.out
+    assert jobs(conn) == {job_id: ("ready", 0)}

@@ -42,12 +42,18 @@ class LeaseLost(RuntimeFailure):
 
 
 class Claimed(NamedTuple):
-    """A job this worker now holds: the attempt counts from 1, ``token`` fences every write."""
+    """A job this worker now holds: the attempt counts from 1, ``token`` fences every write.
+
+    ``payload_error`` says why the payload could not be decoded (JSON that Postgres stores but
+    Python refuses: an integer of more than 4300 digits, nesting past the recursion limit);
+    ``payload`` is then None.
+    """
 
     id: int
     payload: Any
     attempt: int
     token: UUID
+    payload_error: str | None = None
 
 
 def enqueue(
@@ -99,7 +105,7 @@ WITH picked AS (
         leased_at = now(), expires_at = excluded.expires_at
     RETURNING job_id, token
 )
-SELECT c.id, c.payload, c.attempts, l.token FROM claimed c JOIN leased l ON l.job_id = c.id
+SELECT c.id, c.payload::text, c.attempts, l.token FROM claimed c JOIN leased l ON l.job_id = c.id
 ORDER BY c.id
 """
 
@@ -107,7 +113,11 @@ ORDER BY c.id
 def claim(
     conn: psycopg.Connection, worker_id: str, queue: str, limit: int, lease_seconds: float
 ) -> list[Claimed]:
-    """Take up to ``limit`` due jobs in one statement; nothing if this worker is draining."""
+    """Take up to ``limit`` due jobs in one statement; nothing if this worker is draining.
+
+    Payloads are decoded one by one: one that Python cannot read is that job's
+    ``payload_error``, not an error of the claim (which would roll back, and every claim after
+    it would take the same job first: one bad payload would stop the queue)."""
     if limit <= 0:
         return []
     with conn.transaction():
@@ -115,7 +125,14 @@ def claim(
             _CLAIM,
             {"queue": queue, "worker": worker_id, "limit": limit, "lease": float(lease_seconds)},
         ).fetchall()
-    return [Claimed(int(r[0]), r[1], int(r[2]), r[3]) for r in rows]
+    return [_claimed(int(r[0]), r[1], int(r[2]), r[3]) for r in rows]
+
+
+def _claimed(job_id: int, payload: str, attempt: int, token: UUID) -> Claimed:
+    try:
+        return Claimed(job_id, json.loads(payload), attempt, token)
+    except (ValueError, RecursionError) as exc:
+        return Claimed(job_id, None, attempt, token, f"{type(exc).__name__}: {exc}")
 
 
 def heartbeat(
@@ -239,7 +256,10 @@ def fail(
                 SELECT j.id, CASE WHEN %(permanent)s THEN 'failed'
                                   WHEN j.attempts >= j.max_attempts THEN 'dead'
                                   ELSE 'ready' END AS state,
-                       least(%(cap)s, %(base)s * power(2, greatest(j.attempts - 1, 0))) AS delay
+                       -- the exponent stops at 60 (any base reaches the cap by then): from
+                       -- 2^1024 on a double overflows and the failure would not be written
+                       least(%(cap)s, %(base)s * power(2, least(greatest(j.attempts - 1, 0), 60)))
+                           AS delay
                 FROM jobs j JOIN gone ON gone.job_id = j.id
             )
             UPDATE jobs j SET state = next.state,

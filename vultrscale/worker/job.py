@@ -61,6 +61,8 @@ class Job:
         self._stopping = threading.Event()
         self._lost = threading.Event()
         self.given_back = False
+        # Set by the runtime when the payload could not be decoded: the job fails, unrun.
+        self._payload_error: str | None = None
         # Local monotonic time the lease was last known good (the runtime sets it at claim and
         # at each renewal's send time); the heartbeat marks the job lost well before expiry.
         self._renewed_at = time.monotonic()

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -63,6 +63,7 @@ from vultrscale.worker.outage import (
 
 Handler = Callable[[Job], Any]
 T = TypeVar("T")
+_P = ParamSpec("_P")
 
 POLL_MIN_SECONDS = 0.05
 POLL_MAX_SECONDS = 1.0
@@ -240,6 +241,76 @@ def _database_error(
             f"their lease expires (at most {lease_seconds:g} s); systemd restarts the worker."
         ),
     )
+
+
+def _error_text(error: BaseException) -> str:
+    """``Type: message`` of a handler's error, as it is stored and printed: a NUL (Postgres text
+    refuses it) and a lone surrogate (not UTF-8, so not printable either) become escapes."""
+    try:
+        message = str(error)
+    except Exception:  # noqa: BLE001 - the handler's __str__ is the handler's bug
+        message = "(its message could not be read)"
+    text = f"{type(error).__name__}: {message}".replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class _DaemonThreadPool(concurrent.futures.ThreadPoolExecutor):
+    """The event loop's default executor (``asyncio.to_thread``, ``run_in_executor(None, fn)``,
+    ``astep``'s database calls) on daemon threads, as the slots are: a handler's blocking call
+    still running when its job is given back cannot hold the process past the drain (Python
+    joins a ThreadPoolExecutor's own threads at exit, and systemd's SIGKILL came first). asyncio
+    takes only a ThreadPoolExecutor, so this is one that runs its own threads."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="vs-executor")  # its default size; no thread yet
+        self._tasks: queue_mod.SimpleQueue[Callable[[], None] | None] = queue_mod.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._started: list[threading.Thread] = []
+        self._pool_lock = threading.Lock()
+        self._closed = False
+
+    def submit(
+        self, fn: Callable[_P, T], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def task() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - the caller's to see, as in the stdlib
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        with self._pool_lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._tasks.put(task)
+            if not self._idle.acquire(blocking=False) and len(self._started) < self._max_workers:
+                t = threading.Thread(
+                    target=self._serve, name=f"vs-executor-{len(self._started)}", daemon=True
+                )
+                t.start()
+                self._started.append(t)
+        return future
+
+    def _serve(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            task()
+            del task
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._pool_lock:
+            self._closed = True
+            threads = list(self._started)
+        for _ in threads:
+            self._tasks.put(None)
+        if wait:
+            for t in threads:
+                t.join()
 
 
 class _ThreadDied(Exception):
@@ -438,6 +509,7 @@ class Worker:
         watched: list[threading.Thread] = []
         if self.is_async:
             self._loop = asyncio.new_event_loop()
+            self._loop.set_default_executor(_DaemonThreadPool())
             watched.append(
                 threading.Thread(
                     target=self._guarded_thread(self._loop.run_forever),
@@ -632,6 +704,8 @@ class Worker:
             return False
         error: BaseException | None = None
         try:
+            if job._payload_error is not None:  # a failure of its own, never the handler's
+                raise PermanentError(f"payload cannot be decoded ({job._payload_error})")
             if self._loop is not None:
                 fut = asyncio.run_coroutine_threadsafe(self._guarded(job), self._loop)
                 with self._lock:
@@ -655,13 +729,14 @@ class Worker:
             if error is None:
                 self._done.put(job)
                 return True
+        text = _error_text(error)
         new_state = self._db.run(
             lambda conn: queue.fail(
                 conn,
                 job.id,
                 self.worker_id,
                 job.token,
-                f"{type(error).__name__}: {error}",
+                text,
                 permanent=isinstance(error, PermanentError),
                 backoff_seconds=s.backoff_seconds,
                 backoff_cap_seconds=s.backoff_cap_seconds,
@@ -675,9 +750,7 @@ class Worker:
         counter = {"ready": "retried", "failed": "failed", "dead": "dead"}[new_state]
         self.summary.add(counter)
         outcome = {"ready": "will retry", "failed": "failed for good", "dead": "is dead"}[new_state]
-        self.say(
-            f"job {job.id} attempt {job.attempt} raised {type(error).__name__}: {error}; {outcome}."
-        )
+        self.say(f"job {job.id} attempt {job.attempt} raised {text}; {outcome}.")
         return False
 
     def _take_done(self) -> list[Job]:
@@ -778,6 +851,7 @@ class Worker:
                     c.id, c.payload, c.attempt, c.token, worker_id=self.worker_id, database=self._db
                 )
                 job._renewed_at = sent
+                job._payload_error = c.payload_error
                 with self._lock:
                     self._running.add(job)
                 self._work.put(job)
