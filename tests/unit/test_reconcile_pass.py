@@ -131,6 +131,23 @@ def fleet(tmp_path: Path) -> Fleet:
     return Fleet(tmp_path)
 
 
+def _made_by_hand(fleet: Fleet, i: int, label: str) -> None:
+    """A running instance with the fleet's tag, made in Vultr's console as ``hand-<i>``."""
+    from vultrscale.vultr.models import VInstance
+
+    fleet.cloud.instances[f"hand-{i}"] = VInstance(
+        id=f"hand-{i}",
+        label=label,
+        status="active",
+        power_status="running",
+        server_status="ok",
+        main_ip=f"10.9.0.{i}",
+        region="ewr",
+        plan="vc2-1c-2gb",
+        tags=(fleet.cfg.fleet.tag,),
+    )
+
+
 def test_a_burst_from_zero_creates_what_the_queue_needs_and_they_boot_to_running(
     fleet: Fleet,
 ) -> None:
@@ -688,20 +705,9 @@ def test_a_label_used_again_by_hand_after_its_instance_went_keeps_both_in_the_bi
 def test_tagged_instances_without_a_label_of_their_own_are_tracked_and_held_to_the_cap(
     fleet: Fleet,
 ) -> None:
-    from vultrscale.vultr.models import VInstance
 
     for i, label in enumerate(["", "", "twin", "twin"]):  # Vultr requires neither
-        fleet.cloud.instances[f"hand-{i}"] = VInstance(
-            id=f"hand-{i}",
-            label=label,
-            status="active",
-            power_status="running",
-            server_status="ok",
-            main_ip=f"10.9.0.{i}",
-            region="ewr",
-            plan="vc2-1c-2gb",
-            tags=(fleet.cfg.fleet.tag,),
-        )
+        _made_by_hand(fleet, i, label)
     fleet.run()
     assert sorted(fleet.states()) == [
         "twin@hand-2",
@@ -723,17 +729,7 @@ def test_tagged_twins_whose_workers_hold_leases_under_their_label_are_never_dele
     """Two tagged instances share the label "twin": the ledger tracks them as twin@<id>, but
     their workers report under the instance's label, "twin". Their live leases are theirs."""
     for i in range(2):
-        fleet.cloud.instances[f"hand-{i}"] = VInstance(
-            id=f"hand-{i}",
-            label="twin",
-            status="active",
-            power_status="running",
-            server_status="ok",
-            main_ip=f"10.9.0.{i}",
-            region="ewr",
-            plan="vc2-1c-2gb",
-            tags=(fleet.cfg.fleet.tag,),
-        )
+        _made_by_hand(fleet, i, "twin")
     fleet.queue(0, in_flight=2)
     for _ in range(40):  # 20 minutes, past boot_timeout (15m) from their adoption
         fleet.ledger.workers_by_label["twin"] = WorkerView(
