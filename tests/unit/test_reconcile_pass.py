@@ -131,23 +131,6 @@ def fleet(tmp_path: Path) -> Fleet:
     return Fleet(tmp_path)
 
 
-def _made_by_hand(fleet: Fleet, i: int, label: str) -> None:
-    """A running instance with the fleet's tag, made in Vultr's console as ``hand-<i>``."""
-    from vultrscale.vultr.models import VInstance
-
-    fleet.cloud.instances[f"hand-{i}"] = VInstance(
-        id=f"hand-{i}",
-        label=label,
-        status="active",
-        power_status="running",
-        server_status="ok",
-        main_ip=f"10.9.0.{i}",
-        region="ewr",
-        plan="vc2-1c-2gb",
-        tags=(fleet.cfg.fleet.tag,),
-    )
-
-
 def test_a_burst_from_zero_creates_what_the_queue_needs_and_they_boot_to_running(
     fleet: Fleet,
 ) -> None:
@@ -615,15 +598,22 @@ def test_a_running_instance_whose_worker_goes_quiet_is_replaced_boot_timeout_lat
     assert "into its boot" in next(x["reason"] for x in replaced.actions if x["label"] == a)
 
 
-def _by_hand(fleet: Fleet, iid: str, created: datetime) -> VInstance:
-    """A running instance made by hand at Vultr with the fleet's tag, label worker-by-hand."""
+def _by_hand(
+    fleet: Fleet,
+    iid: str,
+    created: datetime | None = None,
+    *,
+    label: str = "worker-by-hand",
+    ip: str = "10.9.0.1",
+) -> VInstance:
+    """A running instance made by hand at Vultr with the fleet's tag."""
     hand = VInstance(
         id=iid,
-        label="worker-by-hand",
+        label=label,
         status="active",
         power_status="running",
         server_status="ok",
-        main_ip="10.9.0.1",
+        main_ip=ip,
         region="ewr",
         plan="vc2-1c-2gb",
         date_created=created,
@@ -707,7 +697,7 @@ def test_tagged_instances_without_a_label_of_their_own_are_tracked_and_held_to_t
 ) -> None:
 
     for i, label in enumerate(["", "", "twin", "twin"]):  # Vultr requires neither
-        _made_by_hand(fleet, i, label)
+        _by_hand(fleet, f"hand-{i}", label=label, ip=f"10.9.0.{i}")
     fleet.run()
     assert sorted(fleet.states()) == [
         "twin@hand-2",
@@ -729,7 +719,7 @@ def test_tagged_twins_whose_workers_hold_leases_under_their_label_are_never_dele
     """Two tagged instances share the label "twin": the ledger tracks them as twin@<id>, but
     their workers report under the instance's label, "twin". Their live leases are theirs."""
     for i in range(2):
-        _made_by_hand(fleet, i, "twin")
+        _by_hand(fleet, f"hand-{i}", label="twin", ip=f"10.9.0.{i}")
     fleet.queue(0, in_flight=2)
     for _ in range(40):  # 20 minutes, past boot_timeout (15m) from their adoption
         fleet.ledger.workers_by_label["twin"] = WorkerView(
