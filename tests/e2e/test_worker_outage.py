@@ -219,3 +219,48 @@ def test_a_job_back_from_an_expired_lease_runs_before_jobs_enqueued_after_it(
     assert [job for job in order if job != first][::3] == later
     w.signal(signal.SIGTERM)
     assert w.wait() == 0, w.text()
+
+
+def test_a_drain_while_the_database_is_down_ends_before_systemd_would_kill_it(
+    server: throwaway.ThrowawayPostgres,
+    url: str,
+    procs: list[WorkerProcess],
+    handler_env: tuple[dict[str, str], Path],
+) -> None:
+    """SIGTERM during an outage, with a job that outlasts the drain: the give-back cannot be
+    written, and the worker gives up on it DRAIN_WRITES_SECONDS after the drain's deadline,
+    inside the unit's TimeoutStopSec (drain + 10 s here). It retried for the whole outage
+    budget (60 s), and systemd's SIGKILL would have come first. The job returns by its lease."""
+    from vultrscale.config import WorkerConfig, timeout_stop_seconds
+    from vultrscale.worker.runtime import DRAIN_WRITES_SECONDS
+
+    env, _log = handler_env
+    with psycopg.connect(url, autocommit=True) as conn:
+        (job,) = q.enqueue(conn, [{"step_seconds": 60}])
+    drain = 1.0
+    w = WorkerProcess(
+        url,
+        "outage_handlers:handle",
+        *("--lease-seconds", "12", "--drain-seconds", f"{drain:g}", "--outage-seconds", "60"),
+        env=env,
+    )
+    procs.append(w)
+    w.wait_started()
+    with psycopg.connect(url, autocommit=True) as conn:
+        wait_for(lambda: leases(conn) == 1, "the job to be held", 20)
+    server.pause()
+    try:
+        wait_for(lambda: _says(w, "database unreachable"), "the worker to notice", 15)
+        stopped = time.monotonic()
+        w.signal(signal.SIGTERM)
+        limit = timeout_stop_seconds(WorkerConfig(drain_seconds=drain))
+        code = w.wait(timeout=limit)  # the test fails here when systemd would have killed it
+        took = time.monotonic() - stopped
+    finally:
+        server.resume()
+    assert code == 1, w.text()  # the database was gone: not a clean drain
+    assert drain + DRAIN_WRITES_SECONDS - 1 < took < limit, (took, w.text())
+    assert "Traceback" not in w.text()
+    with psycopg.connect(url, autocommit=True) as conn:
+        # still leased, its lease left to run out: any worker's reaper puts it back then
+        assert jobs(conn)[job] == ("leased", 1) and leases(conn) == 1

@@ -139,10 +139,12 @@ def retrying(
     announce: Callable[[BaseException], None],
     gate: bool = True,
     stop: threading.Event | None = None,
+    until: float | None = None,
 ) -> T:
     """Run ``fn``, retrying transient errors with backoff until the outage budget is spent
-    (then the last error is raised). With ``gate``, wait for the leases to be re-checked first.
-    ``announce`` is called once, with the error that started an outage."""
+    (then the last error is raised), or the ``until`` deadline (``time.monotonic()``) passed.
+    With ``gate``, wait for the leases to be re-checked first. ``announce`` is called once,
+    with the error that started an outage."""
 
     def note(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -150,7 +152,11 @@ def retrying(
             announce(exc)
 
     def spent(state: tenacity.RetryCallState) -> bool:
-        return outage.over_budget() or (stop is not None and stop.is_set())
+        return (
+            outage.over_budget()
+            or (stop is not None and stop.is_set())
+            or (until is not None and time.monotonic() >= until)
+        )
 
     for attempt in tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_transient),
@@ -181,9 +187,19 @@ class WorkerDatabase:
         self.outage = outage
         self.announce = announce
 
-    def run(self, fn: Callable[[psycopg.Connection], T], *, gate: bool = True) -> T:
+    def run(
+        self,
+        fn: Callable[[psycopg.Connection], T],
+        *,
+        gate: bool = True,
+        until: float | None = None,
+    ) -> T:
+        """``fn`` on a pooled connection, retried within the budget; with ``until`` (monotonic),
+        neither waiting for a connection nor retrying past it."""
+
         def once() -> T:
-            with self.pool.connection() as conn:
+            wait = None if until is None else max(0.1, until - time.monotonic())
+            with self.pool.connection(timeout=wait) as conn:
                 return fn(conn)
 
-        return retrying(self.outage, once, announce=self.announce, gate=gate)
+        return retrying(self.outage, once, announce=self.announce, gate=gate, until=until)

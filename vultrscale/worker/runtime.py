@@ -65,6 +65,12 @@ Handler = Callable[[Job], Any]
 T = TypeVar("T")
 _P = ParamSpec("_P")
 
+# The drain's last writes (results, give-backs, the stopped mark) get this long past the drain
+# deadline, through an outage too: the unit's TimeoutStopSec leaves at least 10 s past it
+# (cloud-init/worker.service), so the worker ends before systemd's SIGKILL. A database away
+# longer gets none of them; the jobs return when their leases expire.
+DRAIN_WRITES_SECONDS = 5.0
+
 POLL_MIN_SECONDS = 0.05
 POLL_MAX_SECONDS = 1.0
 # The pool's own reconnect backoff grows to 16 s and more: after a 30 s outage it would leave
@@ -867,15 +873,17 @@ class Worker:
                 poll = POLL_MIN_SECONDS
             self._wake.clear()
 
-    def _with_db(self, fn: Callable[[psycopg.Connection], T]) -> T:
-        """Run ``fn`` for the drain: retried through an outage within the budget, without
-        waiting at the gate (every write it makes is fenced by the lease)."""
+    def _with_db(self, fn: Callable[[psycopg.Connection], T], until: float | None = None) -> T:
+        """Run ``fn`` for the drain: retried through an outage within the budget and before
+        ``until`` (monotonic), without waiting at the gate (every write it makes is fenced by
+        the lease)."""
         assert self._db is not None
-        return self._db.run(fn, gate=False)
+        return self._db.run(fn, gate=False, until=until)
 
-    def _give_back_unfinished(self) -> None:
-        """Complete what finished, give back the rest in one fenced statement."""
-        self._with_db(self._flush_done)
+    def _give_back_unfinished(self, until: float | None = None) -> None:
+        """Complete what finished, give back the rest in one fenced statement (the writes
+        given up at ``until``: then the jobs return when their leases expire)."""
+        self._with_db(self._flush_done, until)
         with self._lock:
             # Slots put a success on _done under this lock, after checking given_back: what is
             # on _done now finished, everything else running is given back and stays so.
@@ -885,12 +893,14 @@ class Worker:
             for job in leftover:
                 job._mark_given_back()  # first: the slot writes nothing more, steps refuse
         if finished:
-            self._with_db(lambda conn: self._complete(conn, finished))
+            self._with_db(lambda conn: self._complete(conn, finished), until)
         if leftover:
             # Fenced by token: a run whose lease is gone (an earlier run of a job claimed
             # again) gives nothing back; each job is said once.
             pairs = [(j.id, j.token) for j in leftover]
-            back = self._with_db(lambda conn: queue.give_back_many(conn, self.worker_id, pairs))
+            back = self._with_db(
+                lambda conn: queue.give_back_many(conn, self.worker_id, pairs), until
+            )
             self.summary.add("given_back", len(back))
             for job_id in sorted(back):
                 self.say(f"job {job_id}: given back to the queue (the worker is stopping).")
@@ -927,6 +937,7 @@ class Worker:
             job._mark_stopping()
         self._marked_draining = True  # our own mark: the heartbeat need not announce it
         deadline = (self._stop_requested or time.monotonic()) + s.drain_seconds
+        writes_until = deadline + DRAIN_WRITES_SECONDS
         # The database's mark only tells others; our own already stops claims. Sent aside, so
         # a database that is slow or away now does not eat the drain time.
         announce = threading.Thread(
@@ -936,7 +947,7 @@ class Worker:
         while not self._fast.is_set():
             self._check_health()
             if not self._done.empty():
-                self._with_db(self._flush_done)
+                self._with_db(self._flush_done, writes_until)
             with self._lock:
                 if not self._running:
                     break
@@ -945,9 +956,9 @@ class Worker:
                 break
             self._wake.wait(min(left, 0.5))
             self._wake.clear()
-        self._give_back_unfinished()
+        self._give_back_unfinished(writes_until)
         self._shutdown_threads()
         if not self._fast.is_set():
             announce.join(max(0.0, deadline - time.monotonic()))  # the mark, then the stop
-        self._with_db(lambda c: queue.mark_stopped(c, self.worker_id))
+        self._with_db(lambda c: queue.mark_stopped(c, self.worker_id), writes_until)
         self._pool.close(timeout=2)
