@@ -314,3 +314,38 @@ def test_an_async_handler_blocked_in_the_default_executor_does_not_hold_the_exit
     assert w.wait(timeout=10) == 0, w.text()  # the blocking call had 60 s to go
     assert f"job {job_id}: given back to the queue (the worker is stopping)." in w.out
     assert jobs(conn) == {job_id: ("ready", 0)}
+
+
+QUOTES_ITS_ADDRESS = """
+import os
+
+
+def handle(job):
+    raise RuntimeError(f"cannot reach {os.environ['DATABASE_URL']}")
+"""
+
+
+def test_a_handler_error_quoting_the_database_address_is_stored_and_printed_redacted(
+    db_url: str, conn: psycopg.Connection, procs: list[WorkerProcess], tmp_path: Path
+) -> None:
+    """The worker's messages of its own never showed the password; a handler's error that
+    quotes the environment's DATABASE_URL went into jobs.last_error and the log as it was."""
+    from vultrscale.errors import url_password
+
+    url = db_url
+    if url_password(url) is None:  # a throwaway server trusts; the password is only carried
+        url += ("&" if "?" in url else "?") + "password=handler-quotes-me"
+    password = url_password(url)
+    assert password
+    (tmp_path / "quotes_address.py").write_text(QUOTES_ITS_ADDRESS)
+    (job_id,) = q.enqueue(conn, [{}], max_attempts=1)
+    w = WorkerProcess(url, "quotes_address:handle", env={"PYTHONPATH": str(tmp_path)})
+    procs.append(w)
+    wait_for(lambda: jobs(conn)[job_id][0] == "dead", "the job to end", 15)
+    (last,) = conn.execute("SELECT last_error FROM jobs WHERE id = %s", (job_id,)).fetchone()  # type: ignore[misc]
+    assert last.startswith("RuntimeError: cannot reach ") and password not in last
+    assert "***" in last
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.text()
+    assert any("cannot reach" in line for line in w.out), w.text()
+    assert password not in w.text()

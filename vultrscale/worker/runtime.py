@@ -50,7 +50,14 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from vultrscale.config import mask_url, outage_budget
 from vultrscale.db import pg, queue
 from vultrscale.db.queue import DEFAULT_BACKOFF_CAP_SECONDS, DEFAULT_BACKOFF_SECONDS
-from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError, first_line
+from vultrscale.errors import (
+    DatabaseError,
+    RuntimeFailure,
+    UsageError,
+    first_line,
+    redact,
+    secret_values,
+)
 from vultrscale.worker.job import Job, LeaseLost, PermanentError
 from vultrscale.worker.outage import (
     RETRY_MAX_SECONDS,
@@ -249,14 +256,17 @@ def _database_error(
     )
 
 
-def _error_text(error: BaseException) -> str:
-    """``Type: message`` of a handler's error, as it is stored and printed: a NUL (Postgres text
-    refuses it) and a lone surrogate (not UTF-8, so not printable either) become escapes."""
+def _error_text(error: BaseException, conninfo: str) -> str:
+    """``Type: message`` of a handler's error, as it is stored and printed: the worker's
+    database address and its password redacted (a handler may quote the environment's
+    DATABASE_URL), a NUL (Postgres text refuses it) and a lone surrogate (not UTF-8, so not
+    printable either) as escapes."""
     try:
         message = str(error)
     except Exception:  # noqa: BLE001 - the handler's __str__ is the handler's bug
         message = "(its message could not be read)"
-    text = f"{type(error).__name__}: {message}".replace("\x00", "\\x00")
+    text = redact(f"{type(error).__name__}: {message}", secret_values([conninfo]))
+    text = text.replace("\x00", "\\x00")
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -735,7 +745,7 @@ class Worker:
             if error is None:
                 self._done.put(job)
                 return True
-        text = _error_text(error)
+        text = _error_text(error, self.conninfo)
         new_state = self._db.run(
             lambda conn: queue.fail(
                 conn,
