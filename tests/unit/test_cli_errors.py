@@ -167,3 +167,26 @@ def test_an_enqueue_payload_postgres_cannot_store_is_exit_2_before_connecting(
     err = capsys.readouterr().err
     assert message in err and "cannot reach the database" not in err
     assert "unexpected" not in err and "Fix:" in err
+
+
+def _ctrl_c(*_args: object, **_kwargs: object) -> None:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, as a terminal's Ctrl-C sends
+    raise AssertionError("the SIGINT was not delivered")  # pragma: no cover
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_in_a_command_is_exit_130_and_says_interrupted(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """Typer turned it into a silent exit 130: no line, and no document for --json."""
+    monkeypatch.setattr(config, "load", _ctrl_c)
+    assert cli.main(["config", "check", *(["--json"] if as_json else [])]) == 130
+    out = capsys.readouterr()
+    assert out.err.splitlines() == ["Error: interrupted."]
+    if as_json:
+        assert json.loads(out.out) == {"error": "interrupted.", "hint": None, "exit_code": 130}
+    else:
+        assert out.out == ""

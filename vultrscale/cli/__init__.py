@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -233,16 +235,45 @@ def main(argv: list[str] | None = None) -> int:
     opts = args[: args.index("--")] if "--" in args else args
     state.debug = "--debug" in opts
     as_json = "--json" in opts
+    # Typer turns a Ctrl-C inside a command into a silent exit 130, indistinguishable from a
+    # command's own return 130 (the demo's, after its summary): noted here as it arrives.
+    interrupted: list[int] = []
+    previous = _note_sigint(interrupted)
     try:
         rv = typer.main.get_command(app).main(
             args=args, prog_name="vultrscale", standalone_mode=False
         )
         code = rv if isinstance(rv, int) else 0
+        if interrupted:
+            from vultrscale.errors import EXIT_INTERRUPTED
+
+            if code == EXIT_INTERRUPTED:  # said once, as any other way a command ends
+                code = _outcome(KeyboardInterrupt(), as_json)
     except BaseException as exc:  # noqa: BLE001 - sorted out below; errors load only on failure
         code = _outcome(exc, as_json)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     if argv is None:
         sys.exit(code)
     return code
+
+
+def _note_sigint(into: list[int]) -> Any:
+    """Python's own SIGINT handling (KeyboardInterrupt), noting each signal in ``into``; returns
+    the handler it replaced, or None where there is none to replace (not the main thread, or
+    SIGINT ignored: a shell's background job). Commands that handle SIGINT themselves (the
+    demo, the worker) install their own over it."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return None
+
+    def noted(signum: int, frame: Any) -> None:
+        into.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    return signal.signal(signal.SIGINT, noted)
 
 
 def _outcome(exc: BaseException, as_json: bool) -> int:
