@@ -15,6 +15,8 @@ service has stopped) before the next is touched, so the services stop one after 
 The fixed waits, in every drain: the stand-in service exits ``--drain-delay`` (0.5) s after
 SIGTERM and the scaler polls every ``--poll`` (0.2) s, so no drain can end before the first
 poll after the delay (0.6 s with the defaults); a serial loop pays that once per host.
+The same drain without the poll's steps is printed too: every stop out plus the delay, what a
+scaler polling at no cost would see (the stops going out is what is left to compare).
 Each drain is broken down: when every stop was sent, the is-active rounds (how many, how long),
 the scaler's CPU and the hosts' CPU (their sshd with the sessions, sudo and stand-in it ran),
 which here shares this machine's cores with the scaler and on a real fleet does not.
@@ -222,8 +224,25 @@ def main() -> int:
     ratio = m_many / m_one
     verdict = "within" if ratio <= 1.5 else "NOT within"
     print(f"ratio {args.hosts}/1: {ratio:.2f}x ({verdict} the 1.5x target)")
+    # Without the poll's steps: every service has stopped by the time its stop was answered
+    # plus the delay, and the last ones not much before; what a scaler polling at no cost, the
+    # instant each service stopped, would see. What is left is getting the stops out.
+    sent_one, sent_all = (median_ms(which, lambda r: r.sent) for which in ("one", "all"))
+    delay_ms = args.drain_delay * 1000
+    print(
+        f"without the poll's steps (every stop out + the service's {args.drain_delay:g}s): "
+        f"1 host {sent_one + delay_ms:.0f} ms, {args.hosts} hosts {sent_all + delay_ms:.0f} ms, "
+        f"{(sent_all + delay_ms) / (sent_one + delay_ms):.2f}x"
+    )
     if args.json:
-        figures = {"one_ms": m_one * 1000, "all_ms": m_many * 1000, "hosts": args.hosts}
+        figures = {
+            "one_ms": m_one * 1000,
+            "all_ms": m_many * 1000,
+            "hosts": args.hosts,
+            "one_sent_ms": sent_one,
+            "all_sent_ms": sent_all,
+            "delay_ms": delay_ms,
+        }
         if serial:
             figures["serial_ms"] = statistics.median(serial) * 1000
         print(json.dumps(figures))
