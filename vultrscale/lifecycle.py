@@ -242,9 +242,10 @@ def adopted_row(
     fleet: str, label: str, v: Listed, state: InstanceState, created: datetime, now: datetime
 ) -> LedgerRow:
     """The row ``sync`` adopts, as ``label`` (see ``by_label``), for a tagged instance the
-    ledger did not know. One adopted running has run (``running_at``, the stamp of
-    ``LedgerRow.boot_since``): should its worker go quiet, boot_timeout counts from then, not
-    from its creation at Vultr."""
+    ledger did not know. It has no ``posted_at``, as this scaler never POSTed it: its
+    boot_timeout counts from its adoption, not from its creation at Vultr (``LedgerRow.
+    boot_since``). One adopted running has run (``running_at``): should its worker go quiet,
+    boot_timeout counts from then."""
     return LedgerRow.new(
         label,
         fleet,
@@ -255,7 +256,6 @@ def adopted_row(
         region=v.region,
         main_ip=v.main_ip,
         internal_ip=v.internal_ip,
-        posted_at=created,
         running_at=now if state is InstanceState.RUNNING else None,
         state_since=now,
     )

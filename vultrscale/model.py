@@ -99,16 +99,17 @@ class LedgerRow:
         stamp = STATE_STAMPS.get(state)
         if stamp is not None and getattr(self, stamp) is None:
             changes[stamp] = now
+        if posts_intent(self.state, state) and self.posted_at is None:
+            changes["posted_at"] = now
         return replace(self, **changes)
 
     @property
     def boot_since(self) -> datetime:
         """Where ``boot_timeout``'s clock starts: at the create, for an instance this scaler made
         and is booting; for one that ran before (its worker went quiet) or that was adopted
-        already up (no stamp of a boot of ours), when the ledger saw it enter its boot state."""
-        if self.running_at is not None or (
-            self.state is InstanceState.BOOTING and self.active_at is None
-        ):
+        (no POST of ours, so no ``posted_at``, whatever Vultr said of it: pending, booting,
+        up), when the ledger saw it enter its boot state."""
+        if self.running_at is not None or self.posted_at is None:
             return self.state_since
         return self.created_at
 
@@ -121,6 +122,15 @@ def retired_label(label: str, instance_id: str | None, gone_at: datetime | None 
         return f"{label}@{instance_id}"
     return f"{label}@gone-{gone_at.timestamp():.6f}" if gone_at else f"{label}@none"
 
+
+def posts_intent(old: InstanceState, new: InstanceState) -> bool:
+    """A create intent found already past PENDING (its POST's answer was lost, then the list
+    showed it booting) is stamped ``posted_at`` as it leaves CREATING, as one moved to PENDING
+    is: only an adopted row, never POSTed by this scaler, has none (``LedgerRow.boot_since``)."""
+    return old is InstanceState.CREATING and new not in _NOT_POSTED
+
+
+_NOT_POSTED = frozenset({InstanceState.CREATING, InstanceState.PENDING, InstanceState.GONE})
 
 # The column of fleet_instances each state stamps the first time a row enters it.
 STATE_STAMPS: dict[InstanceState, str] = {

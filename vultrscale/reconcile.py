@@ -481,8 +481,11 @@ def _looked_up(
             v = cloud.get_instance(row.instance_id)
         except NotFound:
             continue
-        # keyed apart from a listed namesake (a label reused by a later instance)
-        found[v.label if v.label not in listed else f"{v.label}@{v.id}"] = v
+        # Keyed by the row's label, the name the ledger tracks it by (``<label>@<id>`` for a
+        # label empty or shared, see ``lifecycle.by_label``), which the list gives no other
+        # instance: keyed by its Vultr label, an aliased instance lost its workers' heartbeats
+        # and leases for the pass, and a drain past its deadline deleted it with leases live.
+        found[row.label] = v
     return found
 
 

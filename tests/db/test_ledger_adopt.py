@@ -10,7 +10,7 @@ import pytest
 
 from vultrscale import budget
 from vultrscale.db import ledger
-from vultrscale.model import InstanceState
+from vultrscale.model import InstanceState, LedgerRow
 
 T0 = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
 
@@ -140,3 +140,49 @@ def test_an_instance_adopted_running_is_stamped_as_having_run(db_url: str) -> No
     assert rows["worker-booting"].running_at is None
     assert rows["worker-back"].running_at == back
     assert quiet.boot_since == back
+
+
+def test_an_adopted_row_has_no_post_of_ours_and_an_intent_found_booting_has_one(
+    db_url: str,
+) -> None:
+    """boot_timeout counts from the adoption of a stranger, pending or booting at Vultr (no
+    ``posted_at``: this scaler never POSTed it), and from the create for an intent whose POST's
+    answer was lost and that the list then showed booting (stamped as it left CREATING)."""
+    adopted, found = T0 + timedelta(hours=2), T0 + timedelta(minutes=2)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        _adopt(conn, "hand-1", T0, state=InstanceState.PENDING, now=adopted)
+        ledger.insert_intent(
+            conn,
+            fleet="workers",
+            label="worker-lost-answer",
+            plan="vc2-1c-2gb",
+            region="ewr",
+            hourly_rate=0.015,
+            monthly_cost=10.0,
+            host_key="ssh-ed25519 AAAAours",
+            now=T0,
+        )
+        ledger.transition(
+            conn,
+            "worker-lost-answer",
+            InstanceState.BOOTING,
+            found,
+            fleet="workers",
+            instance_id="ours-1",
+        )
+        ledger.transition(conn, "worker-by-hand", InstanceState.BOOTING, adopted, fleet="workers")
+        ledger.transition(  # a second transition keeps the first stamp
+            conn,
+            "worker-lost-answer",
+            InstanceState.RUNNING,
+            found + timedelta(minutes=1),
+            fleet="workers",
+        )
+        rows = {r.label: r for r in ledger.rows(conn, "workers", since=T0)}
+    stranger, ours = rows["worker-by-hand"], rows["worker-lost-answer"]
+    assert (stranger.posted_at, stranger.boot_since) == (None, adopted)
+    assert (ours.posted_at, ours.created_at) == (found, T0)
+    # the in-memory rule (LedgerRow.moved) stamps the same
+    intent = LedgerRow.new("w", "workers", InstanceState.CREATING, T0)
+    assert intent.moved(InstanceState.BOOTING, found).posted_at == found
+    assert intent.moved(InstanceState.BOOTING, found).boot_since == T0

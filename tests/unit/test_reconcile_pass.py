@@ -638,6 +638,63 @@ def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoptio
     assert [x["kind"] for x in replaced.actions if x["label"] == "worker-by-hand"] == ["replace"]
 
 
+def test_a_tagged_instance_adopted_while_vultr_says_pending_gets_boot_timeout_from_its_adoption(
+    fleet: Fleet,
+) -> None:
+    fleet.queue(4)
+    hand = _by_hand(fleet, "hand-1", fleet.clock.now() - timedelta(hours=2))  # made long before
+    fleet.cloud.instances[hand.id] = dataclasses.replace(hand, status="pending")
+
+    adopted = fleet.run()
+    assert fleet.states()["worker-by-hand"] == "pending"
+    assert not [x for x in adopted.actions if x["label"] == "worker-by-hand"], "replaced at once"
+    assert hand.id in fleet.cloud.instances
+    fleet.clock.advance(15 * 60 + 1)
+    replaced = fleet.run()
+    assert [x["kind"] for x in replaced.actions if x["label"] == "worker-by-hand"] == ["replace"]
+
+
+class _ShortList:
+    """The cloud whose tagged list leaves some instances out (a short page) while a GET by id
+    still finds them, as Vultr's list does now and then."""
+
+    def __init__(self, cloud: MemoryCloud, hidden: set[str]) -> None:
+        self.cloud, self.hidden = cloud, hidden
+
+    def list_instances(self, tag: str | None = None) -> list[VInstance]:
+        return [v for v in self.cloud.list_instances(tag) if v.id not in self.hidden]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cloud, name)
+
+
+def test_a_short_list_keeps_a_shared_labels_draining_instance_while_its_worker_holds_leases(
+    fleet: Fleet,
+) -> None:
+    """Found by its GET, an instance tracked as ``<label>@<id>`` keeps that name, and with it
+    its workers' leases: keyed by its Vultr label it had none that pass, and a drain past its
+    deadline deleted it with two leases live."""
+    fleet.signals.signals = Signals(ready=0, in_flight=2)
+    for i in range(2):  # two made by hand under one label; their workers report under it
+        _by_hand(fleet, f"hand-{i}", label="twin", ip=f"10.9.0.{i}")
+    workers = fleet.ledger.workers_by_label
+    workers["twin"] = WorkerView("twin", fleet.clock.now(), False, 2, True)
+    fleet.run()
+    assert fleet.states() == {"twin@hand-0": "running", "twin@hand-1": "running"}
+    fleet.drain_now("twin@hand-0")
+    for _ in range(12):  # past the drain deadline (5m + 30s), its leases still live
+        fleet.clock.advance(30)
+        workers["twin"] = dataclasses.replace(workers["twin"], last_seen=fleet.clock.now())
+        waiting = fleet.run()
+    assert any("2 live lease(s), waiting" in r for r in _results(waiting, "twin@hand-0"))
+
+    fleet.clock.advance(30)
+    short = fleet.run(dataclasses.replace(fleet.parts, cloud=_ShortList(fleet.cloud, {"hand-0"})))
+    assert "hand-0" in fleet.cloud.instances, _results(short, "twin@hand-0")
+    assert any("2 live lease(s), waiting" in r for r in _results(short, "twin@hand-0"))
+    assert fleet.states()["twin@hand-1"] == "running"  # not taken for a quiet worker either
+
+
 def test_an_instance_adopted_running_whose_worker_goes_quiet_gets_boot_timeout_to_come_back(
     fleet: Fleet,
 ) -> None:

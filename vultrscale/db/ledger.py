@@ -26,6 +26,7 @@ from vultrscale.model import (
     PlanPrice,
     Signals,
     WorkerView,
+    posts_intent,
     retired_label,
 )
 from vultrscale.ports import Session
@@ -170,7 +171,7 @@ def adopt(
                     hourly_rate,
                     monthly_cost,
                     created_at,
-                    created_at,
+                    None,  # posted_at: never POSTed by this scaler (LedgerRow.boot_since)
                     now if state is InstanceState.RUNNING else None,
                     now,
                     note,
@@ -197,6 +198,11 @@ def transition(
     another fleet's row must never move because this fleet's pass met the same name."""
     column = STATE_STAMPS.get(state)
     stamp = f", {column} = COALESCE({column}, %(now)s)" if column else ""
+    if posts_intent(InstanceState.CREATING, state):  # from a create intent (SET reads the old row)
+        stamp += (
+            ", posted_at = CASE WHEN state = 'creating' THEN COALESCE(posted_at, %(now)s) "
+            "ELSE posted_at END"
+        )
     conn.execute(
         "UPDATE fleet_instances SET state = %(state)s, state_since = CASE WHEN state = "
         "%(state)s THEN state_since ELSE %(now)s END"
