@@ -20,6 +20,7 @@ draining mark before the SSH stop), and a pass never waits for a drain to finish
 from __future__ import annotations
 
 import logging
+import math
 import random
 import string
 import threading
@@ -315,7 +316,19 @@ def _check_plan(cfg: Config, cloud: Cloud) -> PlanPrice:
             f"plan {fleet.plan!r} is not offered in region {fleet.region!r}",
             hint="Choose another plan or region; GET /v2/regions/<id>/availability lists them.",
         )
-    return PlanPrice(plan.id, float(plan.monthly_cost), plan.hourly_cost)
+    # No price is not a price of zero: a plan listed without a monthly cost (absent, null,
+    # unreadable) read as $0 would pass every ceiling, and the budget would limit nothing.
+    monthly, hourly = plan.monthly_cost, plan.hourly_cost
+    if not (math.isfinite(monthly) and monthly > 0) or (
+        hourly is not None and not (math.isfinite(hourly) and hourly > 0)
+    ):
+        raise UsageError(
+            f"Vultr lists plan {fleet.plan!r} without a usable price (monthly_cost read as "
+            f"{monthly!r}, hourly_cost {hourly!r}): the budget cannot be held, so nothing is "
+            "created",
+            hint="Check GET /v2/plans for the plan; pick another plan if it has no price.",
+        )
+    return PlanPrice(plan.id, float(monthly), hourly)
 
 
 def _snapshot(cfg: Config, parts: Parts, ledger: FleetLedger) -> str:

@@ -475,6 +475,26 @@ def test_a_refused_plan_is_never_remembered(tmp_path: Path) -> None:
     assert fleet.ledger.plan_checks == {}
 
 
+@pytest.mark.parametrize(
+    "monthly, hourly",
+    [(0.0, 0.015), (math.nan, 0.015), (-10.0, None), (10.0, 0.0), (10.0, math.inf)],
+    ids=["monthly-missing-read-as-0", "monthly-nan", "monthly-negative", "hourly-0", "hourly-inf"],
+)
+def test_a_plan_listed_without_a_usable_price_creates_nothing(
+    tmp_path: Path, monthly: float, hourly: float | None
+) -> None:
+    """A missing monthly_cost parses as 0.0: read as a free plan it passed every ceiling and
+    the fleet scaled to max_instances on a $20 budget."""
+    from vultrscale.memory import PLAN
+
+    fleet = Fleet(tmp_path, budget={"monthly_ceiling_usd": 20.0}, policy={"max_instances": 20})
+    fleet.cloud.plans[PLAN.id] = dataclasses.replace(PLAN, monthly_cost=monthly, hourly_cost=hourly)
+    fleet.queue(80)
+    with pytest.raises(UsageError, match="without a usable price"):
+        fleet.run()
+    assert fleet.cloud.posts == 0 and fleet.ledger.plan_checks == {}
+
+
 def test_a_remembered_price_is_still_held_against_the_ceiling(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path)
     fleet.bring_up(jobs=4)
