@@ -90,11 +90,18 @@ def _minutes_into_paid_hour(instance: Instance, now: datetime) -> timedelta:
     return (budget.utc(now) - anchor) % budget.HOUR
 
 
+def paid_hour_ends(instance: Instance, now: datetime) -> datetime:
+    """When the instance's billed hour that holds ``now`` ends: an hour on from its creation
+    (or from the month's start), at the month's end at the latest, where the bill starts
+    afresh (``budget.billed``): kept past midnight on the 1st, an idle instance pays a new hour."""
+    return min(
+        now + (budget.HOUR - _minutes_into_paid_hour(instance, now)), budget.month_bounds(now)[1]
+    )
+
+
 def drain_window_opens(instance: Instance, now: datetime) -> datetime:
     """The first moment at or after ``now`` when the instance is near the end of a paid hour."""
-    into = _minutes_into_paid_hour(instance, now)
-    threshold = budget.HOUR - BILLING_HOUR_MARGIN
-    return now if into >= threshold else now + (threshold - into)
+    return max(now, paid_hour_ends(instance, now) - BILLING_HOUR_MARGIN)
 
 
 def _boot_age(instance: Instance, now: datetime) -> timedelta | None:
@@ -468,8 +475,7 @@ class _Decision:
         for inst in chosen:
             when = ""
             if pol.billing_hour_aware:
-                ends = now + (budget.HOUR - _minutes_into_paid_hour(inst, now))
-                when = f"; its paid hour ends at {_hhmm(ends)}"
+                when = f"; its paid hour ends at {_hhmm(paid_hour_ends(inst, now))}"
             self.actions.append(
                 Action(
                     ActionKind.DRAIN,

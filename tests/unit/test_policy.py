@@ -436,6 +436,22 @@ def test_billing_hour_counts_from_the_month_start_for_an_instance_from_last_mont
     assert labels(decide(o, cfg(), now), ActionKind.DRAIN) == ["r1"]
 
 
+def test_billing_hour_ends_at_the_month_end_where_the_bill_starts_afresh() -> None:
+    """Created May 31 23:40, idle at 23:56: its paid hour ends at midnight, where June bills a
+    new one, not at 00:40; kept for 00:35, the promise moved to 00:55 at midnight and it paid
+    that hour too."""
+    now = t(2026, 5, 31, 23, 56)
+    r = vm("r1", 16, now=now)
+    o = Observation(
+        instances=(r,), signals=Signals(0, 0), price=PRICE, idle_since=now - timedelta(minutes=10)
+    )
+    plan = decide(o, cfg(), now)
+    assert labels(plan, ActionKind.DRAIN) == ["r1"]
+    assert "its paid hour ends at 00:00:00 UTC" in plan.drains[0].reason
+    early = now - timedelta(minutes=6)  # 23:50: the window opens at 23:55, not at 00:35
+    assert policy.drain_window_opens(r, early) == t(2026, 5, 31, 23, 55)
+
+
 @pytest.mark.parametrize(
     ("signals", "previous", "expected"),
     [
