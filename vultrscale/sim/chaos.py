@@ -17,6 +17,7 @@ import random
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -114,6 +115,7 @@ class Chaos:
         self._bursts = list(plan.api_bursts)
         self._silenced = False
         self._passes = 0
+        self._pass_seconds: list[float] = []  # how long each pass that ran to its end took
         self._lock = threading.Lock()
 
     def _record(self, kind: str, at: float, target: str) -> None:
@@ -177,14 +179,19 @@ class Chaos:
 
     def run_pass(self, argv: Sequence[str], env: Mapping[str, str], elapsed: float) -> PassRun:
         """Run one pass process to its end, or SIGKILL it at a random point. The first pass is
-        never killed and the third is if none was before, so every run kills at least one."""
+        never killed, and from the third on each is until one was, so every run kills one."""
         self._passes += 1
         killed_before = any(f.kind == PASS_KILLED for f in self.injected())
-        forced = self._passes == 3 and not killed_before
+        forced = self._passes >= 3 and not killed_before
         draw = self.rng.random()
         delay = self.rng.uniform(*self.plan.pass_kill_after)
+        if forced and self._pass_seconds:
+            # At a point every pass so far has reached: on a quick machine a pass ends before
+            # most drawn delays, and a run ended with no pass killed (seen in CI).
+            delay = min(delay, self.rng.uniform(0.3, 0.9) * min(self._pass_seconds))
         kill = self._passes > 1 and (forced or draw < self.plan.pass_kill_odds)
         kill_after = delay if kill else None
+        started = time.monotonic()
         proc = subprocess.Popen(
             list(argv),
             env=dict(env),
@@ -211,4 +218,5 @@ class Chaos:
             proc.kill()
             proc.wait()
             raise
+        self._pass_seconds.append(time.monotonic() - started)
         return PassRun(proc.returncode, out, err)
