@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
 
-from vultrscale.model import InstanceState, LedgerRow, ServiceState, WorkerView
+from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
 
 # A create intent whose instance never shows up in the tagged list within this time is dead:
 # the POST failed before Vultr acted (or never happened).
@@ -216,15 +216,19 @@ def applied(
     listed: Mapping[str, Listed],
     fleet: str,
     now: datetime,
+    prices: Mapping[str, PlanPrice] | None = None,
 ) -> dict[str, LedgerRow]:
     """The ledger rows as they are once ``transitions`` are written at ``now`` (gone rows
-    dropped)."""
+    dropped). ``prices``: by plan, what an adopted instance is billed at (``adopted_row``)."""
     out = dict(rows)
     for t in transitions:
         row = out.get(t.label)
         if t.adopt:
             v = listed[t.label]
-            out[t.label] = adopted_row(fleet, t.label, v, t.state, v.date_created or now, now)
+            price = (prices or {}).get(v.plan)
+            out[t.label] = adopted_row(
+                fleet, t.label, v, t.state, v.date_created or now, now, price
+            )
         elif row is not None:
             out[t.label] = row.moved(
                 t.state,
@@ -239,13 +243,20 @@ def applied(
 
 
 def adopted_row(
-    fleet: str, label: str, v: Listed, state: InstanceState, created: datetime, now: datetime
+    fleet: str,
+    label: str,
+    v: Listed,
+    state: InstanceState,
+    created: datetime,
+    now: datetime,
+    price: PlanPrice | None = None,
 ) -> LedgerRow:
     """The row ``sync`` adopts, as ``label`` (see ``by_label``), for a tagged instance the
-    ledger did not know. It has no ``posted_at``, as this scaler never POSTed it: its
-    boot_timeout counts from its adoption, not from its creation at Vultr (``LedgerRow.
-    boot_since``). One adopted running has run (``running_at``): should its worker go quiet,
-    boot_timeout counts from then."""
+    ledger did not know, billed at ``price``, its own plan's (None: the fleet plan's, as the
+    budget takes a row with no price of its own). It has no ``posted_at``, as this scaler
+    never POSTed it: its boot_timeout counts from its adoption, not from its creation at Vultr
+    (``LedgerRow.boot_since``). One adopted running has run (``running_at``): should its
+    worker go quiet, boot_timeout counts from then."""
     return LedgerRow.new(
         label,
         fleet,
@@ -254,6 +265,8 @@ def adopted_row(
         instance_id=v.id,
         plan=v.plan,
         region=v.region,
+        hourly_rate=price.hourly if price else None,
+        monthly_cost=price.monthly if price else None,
         main_ip=v.main_ip,
         internal_ip=v.internal_ip,
         running_at=now if state is InstanceState.RUNNING else None,

@@ -72,7 +72,7 @@ from vultrscale.vultr.errors import (
 )
 
 if TYPE_CHECKING:
-    from vultrscale.vultr.models import VInstance
+    from vultrscale.vultr.models import VInstance, VPlan
 
 log = logging.getLogger("vultrscale.reconcile")
 
@@ -207,7 +207,7 @@ def _checked_pass(
             {"kind": a.kind.value, "label": a.label, "reason": a.reason}
             for a in decision.plan.actions
         ]
-        result.errors.extend(e for e in (obs.api_error, obs.signal_error) if e)
+        result.errors.extend(e for e in (obs.api_error, obs.signal_error, obs.price_error) if e)
         if refused is not None:
             # A running fleet whose plan or price stops passing (Vultr raised the price above
             # the ceiling, retired the plan): no create, but drains and deletes go on, or
@@ -316,18 +316,26 @@ def _check_plan(cfg: Config, cloud: Cloud) -> PlanPrice:
             f"plan {fleet.plan!r} is not offered in region {fleet.region!r}",
             hint="Choose another plan or region; GET /v2/regions/<id>/availability lists them.",
         )
-    # No price is not a price of zero: a plan listed without a monthly cost (absent, null,
-    # unreadable) read as $0 would pass every ceiling, and the budget would limit nothing.
+    price = priced(plan)
+    if price is None:
+        raise UsageError(
+            f"Vultr lists plan {fleet.plan!r} without a usable price (monthly_cost read as "
+            f"{plan.monthly_cost!r}, hourly_cost {plan.hourly_cost!r}): the budget cannot be "
+            "held, so nothing is created",
+            hint="Check GET /v2/plans for the plan; pick another plan if it has no price.",
+        )
+    return price
+
+
+def priced(plan: VPlan) -> PlanPrice | None:
+    """The plan's price; None when Vultr lists none usable. No price is not a price of zero: a
+    monthly_cost absent, null or unreadable (parsed as 0.0), read as $0, would pass every
+    ceiling, and the budget would limit nothing."""
     monthly, hourly = plan.monthly_cost, plan.hourly_cost
     if not (math.isfinite(monthly) and monthly > 0) or (
         hourly is not None and not (math.isfinite(hourly) and hourly > 0)
     ):
-        raise UsageError(
-            f"Vultr lists plan {fleet.plan!r} without a usable price (monthly_cost read as "
-            f"{monthly!r}, hourly_cost {hourly!r}): the budget cannot be held, so nothing is "
-            "created",
-            hint="Check GET /v2/plans for the plan; pick another plan if it has no price.",
-        )
+        return None
     return PlanPrice(plan.id, float(monthly), hourly)
 
 
@@ -375,6 +383,10 @@ class Observed:
     probes: Mapping[str, ServiceState | str]  # draining rows: is-active, or why it wasn't asked
     signal_error: str | None = None
     api_error: str | None = None
+    # By plan: the fleet plan's price and those of the instances adopted this pass on another
+    # plan (made by hand: each is billed at its own plan's price, not the fleet's).
+    prices: Mapping[str, PlanPrice] = field(default_factory=dict)
+    price_error: str | None = None  # an adopted instance's plan Vultr lists without a price
 
 
 def observe(
@@ -432,6 +444,25 @@ def observe(
         for label, own in aliased.items():
             if own in found:
                 workers[label] = replace(found[own], instance_label=label)
+    prices: dict[str, PlanPrice] = {price.plan: price} if price is not None else {}
+    price_error = None
+    if unknown and api_error is None:
+        try:
+            found_prices, unpriced = _plan_prices(
+                parts.cloud, {listed[t].plan for t in unknown} - prices.keys()
+            )
+        except AuthError:
+            raise
+        except VultrError as exc:  # adopted at a guessed price, never: the pass holds
+            api_error = f"Vultr API: {exc}"
+        else:
+            prices.update(found_prices)
+            if unpriced:
+                who = sorted(t for t in unknown if listed[t].plan in unpriced)
+                price_error = (
+                    f"{', '.join(who)}: adopted on plan(s) {', '.join(sorted(unpriced))}, which "
+                    f"Vultr lists without a usable price; billed at {cfg.fleet.plan}'s price"
+                )
     probes: dict[str, ServiceState | str] = {}
     if probe and api_error is None:
         probes = _probe_drains(cfg, parts.drain, rows.values(), listed)
@@ -447,7 +478,23 @@ def observe(
         probes=probes,
         signal_error=signal_error,
         api_error=api_error,
+        prices=prices,
+        price_error=price_error,
     )
+
+
+def _plan_prices(cloud: Cloud, plans: set[str]) -> tuple[dict[str, PlanPrice], set[str]]:
+    """The prices of ``plans`` (those of instances to adopt, other than the fleet's), and the
+    plans Vultr does not list with a usable price."""
+    found: dict[str, PlanPrice] = {}
+    for plan in sorted(plans):
+        try:
+            price = priced(cloud.get_plan(plan))
+        except NotFound:
+            price = None
+        if price is not None:
+            found[plan] = price
+    return found, plans - found.keys()
 
 
 def _listing(parts: Parts, tag: str, *, skip: bool) -> Callable[[], list[VInstance]]:
@@ -563,7 +610,7 @@ def decide(obs: Observed, cfg: Config) -> Decision:
         transitions = tuple(
             lifecycle.sync(obs.rows.values(), obs.listed, obs.workers, now, own_workers=own)
         )
-    rows = lifecycle.applied(obs.rows, transitions, obs.listed, cfg.fleet.name, now)
+    rows = lifecycle.applied(obs.rows, transitions, obs.listed, cfg.fleet.name, now, obs.prices)
     steps = []
     for label, service in obs.probes.items():
         row = rows.get(label)
@@ -727,6 +774,7 @@ def _write_transitions(
         result.note(t.label, t.note)
         if t.adopt:
             v = obs.listed[t.label]
+            own = obs.prices.get(v.plan) or price  # its own plan's price, else the fleet's
             ledger.adopt(
                 label=t.label,
                 instance_id=v.id,
@@ -735,8 +783,8 @@ def _write_transitions(
                 region=v.region,
                 created_at=v.date_created or now,
                 now=now,
-                hourly_rate=price.hourly if price else None,
-                monthly_cost=price.monthly if price else None,
+                hourly_rate=own.hourly if own else None,
+                monthly_cost=own.monthly if own else None,
             )
         else:
             ledger.transition(

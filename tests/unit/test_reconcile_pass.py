@@ -25,7 +25,7 @@ from vultrscale.memory import (
 from vultrscale.model import Instance, InstanceState, ServiceState, Signals, WorkerView
 from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_forever, run_pass
 from vultrscale.vultr.errors import ApiUnreachable, AuthError
-from vultrscale.vultr.models import VInstance
+from vultrscale.vultr.models import VInstance, VPlan
 
 START = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
 S = InstanceState
@@ -672,6 +672,37 @@ def test_a_tagged_instance_adopted_while_vultr_says_pending_gets_boot_timeout_fr
     fleet.clock.advance(15 * 60 + 1)
     replaced = fleet.run()
     assert [x["kind"] for x in replaced.actions if x["label"] == "worker-by-hand"] == ["replace"]
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["its-plan-priced", "its-plan-unlisted"])
+def test_an_instance_adopted_on_a_dearer_plan_is_billed_at_its_own_plans_price(
+    tmp_path: Path, listed: bool
+) -> None:
+    """Made by hand on a $40 plan, it was recorded at the fleet plan's $10, and a $50 ceiling
+    let four more $10 instances in: $80 a month. A plan Vultr does not list is said."""
+    big = VPlan("vc2-4c-8gb", vcpu_count=4, ram=8192, monthly_cost=40.0, hourly_cost=0.06)
+    fleet = Fleet(tmp_path, budget={"monthly_ceiling_usd": 50.0}, policy={"max_instances": 5})
+    if listed:
+        fleet.cloud.plans[big.id] = big
+    hand = _by_hand(fleet, "hand-1", fleet.clock.now())
+    fleet.cloud.instances[hand.id] = dataclasses.replace(hand, plan=big.id)
+    fleet.queue(20)  # demand for 5
+
+    result = fleet.run()
+    row = fleet.ledger.instances["worker-by-hand"]
+    if listed:
+        assert (row.monthly_cost, row.hourly_rate) == (40.0, 0.06)
+        assert result.plan is not None and result.plan.creates == 1  # $40 + $10 = the ceiling
+        assert not result.errors
+    else:
+        assert row.monthly_cost == 10.0  # no price to be had: the fleet plan's, and said
+        assert any(
+            "vc2-4c-8gb, which Vultr lists without a usable price" in e for e in result.errors
+        )
+    if listed:
+        fleet.clock.advance(600)
+        fleet.run()
+        assert len(fleet.cloud.instances) == 2  # and no more: the fleet is at its ceiling
 
 
 class _ShortList:
