@@ -126,9 +126,118 @@ def test_list_instances_follows_cursors_over_three_pages(
 
 
 def test_a_repeated_cursor_stops_instead_of_looping(api: respx.MockRouter, client: VultrClient):
-    api.get("/v2/instances").mock(return_value=httpx.Response(200, json=page([], "c1", 0)))
+    api.get("/v2/instances").mock(
+        return_value=httpx.Response(200, json=page([instance(1)], "c1", 2))
+    )
     with pytest.raises(VultrError, match="repeated a page cursor"):
         client.list_instances()
+
+
+@pytest.mark.parametrize(
+    ("pages", "match"),
+    [
+        pytest.param(lambda n: page([], f"c{n}", 0), "empty page with a next cursor", id="empty"),
+        pytest.param(
+            lambda n: page([instance(n)], f"c{n}", 10**9), "more than 2000 pages", id="endless"
+        ),
+        pytest.param(
+            lambda n: page([instance(n)], {"cursor": "x"}, 2), "cursor is not a string", id="dict"
+        ),
+    ],
+)
+def test_a_listing_that_would_never_end_stops_with_an_api_error(
+    api: respx.MockRouter, client: VultrClient, pages: Any, match: str
+) -> None:
+    """Fresh cursors on empty pages were followed for good (the reviewer stopped one at 2,001
+    requests); a cursor that is an object raised TypeError, which ended the pass as a bug."""
+    served = iter(range(1, 10**6))
+    api.get("/v2/instances").mock(
+        side_effect=lambda request: httpx.Response(200, json=pages(next(served)))
+    )
+    with pytest.raises(VultrError, match=match):
+        client.list_instances()
+    assert api.calls.call_count <= 2000
+
+
+def test_a_server_error_text_is_redacted_before_it_is_shortened(
+    api: respx.MockRouter, client: VultrClient
+) -> None:
+    """Shortened first, a key cut by the 200-character limit was not found whole, and its first
+    part was shown (a proxy page echoing the request's Authorization header)."""
+    html = "<html><body>" + "x" * 160 + f" Authorization: Bearer {KEY} </body></html>"
+    api.get("/v2/account").mock(return_value=httpx.Response(400, text=html))
+    deep = {"error": {"pad": "y" * 260, "auth": f"Bearer {KEY}"}}  # cut at 300 characters
+    api.get("/v2/plans").mock(return_value=httpx.Response(400, json=deep))
+    for call in (client.account, client.list_plans):
+        with pytest.raises(VultrError) as caught:
+            call()
+        text = f"{caught.value} {caught.value.api_message} {caught.value.hint}"
+        assert KEY[:6] not in text, text
+
+
+def test_a_redirect_hint_shows_no_key_and_no_password(
+    api: respx.MockRouter, client: VultrClient
+) -> None:
+    api.get("/v2/account").mock(
+        return_value=httpx.Response(
+            302, headers={"Location": f"https://user:pr0xyPassw0rd@elsewhere.example/?t={KEY}"}
+        )
+    )
+    with pytest.raises(VultrError) as caught:
+        client.account()
+    hint = caught.value.hint or ""
+    assert "elsewhere.example" in hint and KEY not in hint and "pr0xyPassw0rd" not in hint
+
+
+@pytest.mark.parametrize("value", ["abc#frag", "#", "abc?tag=x", "a%2fb", "abc\x00def", ""])
+def test_an_id_that_would_change_the_request_is_refused_before_it_is_sent(
+    api: respx.MockRouter, client: VultrClient, value: str
+) -> None:
+    """'abc#frag' sent DELETE /v2/instances/abc: another instance's id."""
+    route = api.delete(url__regex=r".*").mock(return_value=httpx.Response(204))
+    with pytest.raises(UsageError, match="is not a valid Vultr id"):
+        client.delete_instance(value)
+    assert not route.called
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "-inf", "1.5e3"])
+def test_a_retry_after_that_is_not_delta_seconds_keeps_the_backoff(
+    api: respx.MockRouter, value: str
+) -> None:
+    """'-1', 'nan' or '-inf' were read as 0 s: four retries back to back."""
+    waits: list[float] = []
+    client = VultrClient(KEY, BASE, sleep=waits.append)
+    api.get("/v2/account").mock(
+        return_value=httpx.Response(429, headers={"Retry-After": value}, json={"error": "slow"})
+    )
+    with pytest.raises(VultrError):
+        client.account()
+    assert len(waits) == 4 and all(w >= 0.5 for w in waits), waits
+
+
+@pytest.mark.parametrize("body", [{"instance": {"label": "x"}}, {"instance": {"id": ""}}])
+def test_a_create_answered_without_an_id_is_an_ambiguous_create(
+    api: respx.MockRouter, client: VultrClient, body: dict[str, Any]
+) -> None:
+    api.post("/v2/instances").mock(return_value=httpx.Response(202, json=body))
+    with pytest.raises(AmbiguousCreate):
+        client.create_instance(region="ewr", plan="vc2-1c-2gb", label="x", tags=[], os_id=1)
+
+
+def test_odd_numbers_and_deep_json_are_api_errors_not_crashes(
+    api: respx.MockRouter, client: VultrClient
+) -> None:
+    plans = {"plans": [{"id": "p", "vcpu_count": 1e999, "monthly_cost": 5}], "meta": {}}
+    api.get("/v2/plans").mock(
+        return_value=httpx.Response(200, text=json.dumps(plans).replace("Infinity", "1e999"))
+    )
+    assert client.list_plans()[0].vcpu_count == 0
+    api.get("/v2/account").mock(return_value=httpx.Response(200, text="[" * 100_000))
+    with pytest.raises(VultrError):
+        client.account()
+    api.get("/v2/regions").mock(return_value=httpx.Response(500, text="{" * 100_000))
+    with pytest.raises(VultrError):
+        client.list_regions()
 
 
 def test_models_tolerate_missing_and_odd_fields():

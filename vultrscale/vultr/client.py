@@ -46,6 +46,9 @@ log = logging.getLogger("vultrscale.vultr")
 
 DEFAULT_BASE_URL = "https://api.vultr.com"
 PER_PAGE = 500  # the documented maximum: fewest requests for a large fleet
+# A listing past this many pages (a million instances at PER_PAGE) is a server that never
+# stops sending cursors, not an account: stop rather than loop for good.
+MAX_PAGES = 2000
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_RETRY_AFTER = 60.0  # seconds; a larger Retry-After is capped, not obeyed blindly
 _LOCKED = re.compile(r"currently locked", re.IGNORECASE)
@@ -109,10 +112,8 @@ def _retry_after(response: httpx.Response) -> float | None:
     if not value:
         return None
     value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    if value.isascii() and value.isdigit():  # delta-seconds (RFC 9110): digits only
+        return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -122,24 +123,30 @@ def _retry_after(response: httpx.Response) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
-def _api_message(response: httpx.Response) -> str:
+def _api_message(response: httpx.Response, redact_text: Callable[[str], str]) -> str:
     """The ``error`` text of a Vultr error body, in whatever key order; for a body that is not
-    JSON (an HTML 504 during maintenance), its text without tags, shortened."""
+    JSON (an HTML 504 during maintenance), its text without tags, shortened. ``redact_text``
+    runs before any shortening: a secret cut in two would no longer be found whole, and its
+    first part would be shown."""
     try:
         body = response.json()
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         body = None
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, str) and error.strip():
-            return error.strip()
+            return redact_text(error.strip())
         if error is not None:
-            return json.dumps(error)[:300]
+            try:
+                dumped = json.dumps(error)
+            except (ValueError, RecursionError):
+                dumped = "(an error object too deep to show)"
+            return redact_text(dumped)[:300]
     try:
         text = response.text
     except (UnicodeDecodeError, LookupError):
         text = ""
-    text = " ".join(_TAGS.sub(" ", text).split())
+    text = redact_text(" ".join(_TAGS.sub(" ", text).split()))
     if not text:
         return response.reason_phrase or "(empty body)"
     return text if len(text) <= 200 else text[:197] + "..."
@@ -250,7 +257,7 @@ class VultrClient:
             body["enable_ipv6"] = True
         answer = self._call("POST", "/v2/instances", json_body=body, create_label=label)
         try:
-            return VInstance.from_api(_object(answer, "instance"))
+            return VInstance.from_api(_created(answer, "instance"))
         except VultrError as exc:
             # Accepted, but the answer is unreadable: the instance may exist.
             raise AmbiguousCreate(
@@ -284,7 +291,7 @@ class VultrClient:
             "POST", "/v2/snapshots", json_body=body, by_id=True, create_label=description
         )
         try:
-            return VSnapshot.from_api(_object(answer, "snapshot"))
+            return VSnapshot.from_api(_created(answer, "snapshot"))
         except VultrError as exc:
             raise AmbiguousCreate(
                 "POST /v2/snapshots succeeded but the answer was unreadable.", label=description
@@ -369,8 +376,16 @@ class VultrClient:
             cursor = links.get("next") if isinstance(links, dict) else None
             if not cursor:
                 return
+            # Each check ends a listing that would never end: a cursor seen before, one that
+            # is not a string, a page with nothing on it yet a next one, too many pages.
+            if not isinstance(cursor, str):
+                raise VultrError(f"GET {path}: the page cursor is not a string.")
             if cursor in seen:
                 raise VultrError(f"GET {path}: the API repeated a page cursor.")
+            if not items:
+                raise VultrError(f"GET {path}: the API sent an empty page with a next cursor.")
+            if len(seen) + 1 >= MAX_PAGES:
+                raise VultrError(f"GET {path}: more than {MAX_PAGES} pages; stopped there.")
             seen.add(cursor)
             query["cursor"] = cursor
 
@@ -466,7 +481,7 @@ class VultrClient:
                 return None
             try:
                 return response.json()
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: too deep
                 pass
             text = f"{method} {path}: the API answered {status} with a body that is not JSON"
             if creating:
@@ -485,7 +500,7 @@ class VultrClient:
         create_label: str | None,
     ) -> NoReturn:
         status = response.status_code
-        message = self._redact(_api_message(response))
+        message = _api_message(response, self._redact)
         text = f"{method} {path} failed: {status} {message}"
         if status == 401:
             raise AuthError(
@@ -519,7 +534,10 @@ class VultrClient:
         if status == 403:
             hint = "The API key may lack the permission (ACL) for this action."
         elif 300 <= status < 400:
-            hint = f"VULTR_API_URL redirects to {response.headers.get('Location', '?')}; use that."
+            where = response.headers.get("Location", "?")
+            if where.lower().startswith(("http://", "https://")):
+                where = mask_url(where)  # its user:password, if it has one
+            hint = f"VULTR_API_URL redirects to {self._redact(where)}; use that."
         raise BadRequest(text, status=status, api_message=message, hint=hint)
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
@@ -563,8 +581,22 @@ def _object(body: Any, key: str) -> dict[str, Any]:
     return value
 
 
+def _created(body: Any, key: str) -> dict[str, Any]:
+    """The object a create answered with; one with no id (whatever else it says) tells nothing
+    of what was made, which the caller's AmbiguousCreate looks up."""
+    value = _object(body, key)
+    if not isinstance(value.get("id"), str) or not value["id"].strip():
+        raise VultrError(f"The API answer's {key!r} object has no id.", hint=_BAD_BODY_HINT)
+    return value
+
+
 def _seg(value: str) -> str:
-    """A path segment: ids are opaque, so refuse anything that would change the path."""
-    if not value or "/" in value or value in (".", "..") or any(c.isspace() for c in value):
+    """A path segment: ids are opaque, so refuse anything that would change the path or the
+    request (``/``, ``?``, ``#``, ``%``, spaces, control characters): Vultr's ids are UUIDs and
+    plan or region slugs, letters, digits, ``-``, ``_`` and ``.``."""
+    if not _SEGMENT.fullmatch(value) or value in (".", ".."):
         raise UsageError(f"{value!r} is not a valid Vultr id.")
     return value
+
+
+_SEGMENT = re.compile(r"[A-Za-z0-9._-]{1,128}")

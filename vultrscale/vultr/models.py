@@ -29,7 +29,7 @@ def _int(data: dict[str, Any], key: str) -> int:
         return int(value)
     try:
         return int(value) if value is not None and value != "" else 0
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(1e999), int(inf)
         return 0
 
 
@@ -54,7 +54,7 @@ def _opt_int(data: dict[str, Any], key: str) -> int | None:
         return None
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(1e999), int(inf)
         return None
 
 
