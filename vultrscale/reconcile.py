@@ -924,8 +924,11 @@ def run_forever(
     max_passes: int | None = None,
 ) -> int:
     """Run passes every ``interval`` until ``stop`` is set. A runtime failure (of a pass, or
-    of ``on_result``) is reported and the loop goes on; a usage error (bad config) ends it
-    with exit 2."""
+    of ``on_result``) is reported and the loop goes on. A usage error in the first pass (bad
+    config, a plan Vultr refuses from the start) ends it with exit 2; in a later one (the
+    price rose past the ceiling, the snapshot was deleted) it is reported and the loop goes on,
+    so the fleet comes back when the condition clears: a refused fleet that wound down to
+    nothing used to end the loop there."""
     stop = stop or threading.Event()
     passes = 0
     last = EXIT_OK
@@ -935,8 +938,11 @@ def run_forever(
             result = run_pass(cfg, parts, dry_run=dry_run)
             last = result.exit_code
             on_result(result)
-        except UsageError:
-            raise
+        except UsageError as exc:
+            if passes == 0:
+                raise
+            last = exc.exit_code
+            on_error(exc)
         except RuntimeFailure as exc:
             last = exc.exit_code
             on_error(exc)

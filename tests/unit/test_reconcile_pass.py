@@ -536,6 +536,42 @@ def test_a_price_rise_above_the_ceiling_holds_creates_but_not_drains_and_deletes
     assert last == EXIT_USAGE and len(fleet.ledger.events) == events + 3
 
 
+def test_the_loop_goes_on_when_a_refused_fleet_has_wound_down_to_nothing(
+    tmp_path: Path,
+) -> None:
+    """Once the last instance of a fleet whose price went over the ceiling was deleted, the
+    next pass was refused outright and the loop ended (exit 2): nothing was left running to
+    bring the fleet back when the price came down. Only a first pass ends the loop now."""
+    from vultrscale.memory import PLAN
+
+    fleet = Fleet(tmp_path, budget={"monthly_ceiling_usd": 25.0})
+    fleet.bring_up(8)
+    fleet.cloud.plans[PLAN.id] = dataclasses.replace(PLAN, monthly_cost=30.0, hourly_cost=0.045)
+    fleet.clock.advance(PRICE_TTL.total_seconds() + 1)
+    fleet.queue(0)
+    for label in fleet.states():
+        fleet.drain.services[label] = ServiceState.INACTIVE  # drained at once
+    errors: list[str] = []
+
+    last = run_forever(
+        fleet.cfg,
+        fleet.parts,
+        interval=timedelta(seconds=30),
+        max_passes=40,
+        on_error=lambda exc: errors.append(exc.message),
+    )
+    assert last == EXIT_USAGE and not fleet.states() and not fleet.cloud.instances
+    assert errors and all("lower than one instance-month" in e for e in errors)
+    fleet.cloud.plans[PLAN.id] = PLAN  # the price comes down: the fleet can come back
+    fleet.clock.advance(PRICE_TTL.total_seconds() + 1)
+    fleet.queue(8)
+    assert fleet.run().exit_code == 0 and fleet.cloud.posts > 2
+    (tmp_path / "new").mkdir()
+    new = Fleet(tmp_path / "new", fleet={"region": "ams"})  # the memory cloud offers ewr only
+    with pytest.raises(UsageError, match="not offered in region"):  # a first pass: it ends
+        run_forever(new.cfg, new.parts, interval=timedelta(seconds=30), max_passes=3)
+
+
 def test_each_observed_instance_has_every_field_a_constructed_one_has(tmp_path: Path) -> None:
     """The pass builds its Instance values in one step (model.frozen_from), not by __init__:
     each must equal the one __init__ builds from the same fields, with no field missing."""
