@@ -232,8 +232,9 @@ def resume(
         raise UsageError(
             f"snapshot {snapshot_id} is recorded for fleet {owner!r}, not {fleet!r}; nothing "
             "was changed",
-            hint=f"Resume it with that fleet's config, or boot {fleet!r} from it with "
-            "fleet.snapshot_id (a snapshot named there is never pruned).",
+            hint=f"Resume it with that fleet's config. Booting {fleet!r} from it with "
+            f"fleet.snapshot_id works, but {owner!r}'s bakes may prune it: bake {fleet!r} a "
+            "snapshot of its own.",
         )
     try:
         snap = client.get_snapshot(snapshot_id)
