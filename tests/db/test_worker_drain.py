@@ -6,6 +6,8 @@ waiting on a condition there; nothing else of the worker is replaced.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
 import time
 from collections.abc import Iterator
@@ -181,3 +183,43 @@ def test_the_drain_time_counts_from_the_stop_even_when_the_draining_mark_is_slow
         answered.set()
     t.join(15)
     assert not t.is_alive()
+
+
+def _cancelled_sync(job: Job) -> None:
+    cancelled: concurrent.futures.Future[None] = concurrent.futures.Future()
+    cancelled.cancel()
+    cancelled.result()  # a Future someone else cancelled: CancelledError out of the handler
+
+
+async def _cancelled_async(job: Job) -> None:
+    task = asyncio.get_running_loop().create_task(asyncio.sleep(10))
+    task.cancel()
+    await task  # asyncio.CancelledError out of the handler
+
+
+@pytest.mark.parametrize("handler", [_cancelled_sync, _cancelled_async], ids=["sync", "async"])
+def test_a_handler_that_raises_a_cancellation_of_its_own_fails_its_attempt(
+    db_url: str, conn: psycopg.Connection, handler: Any
+) -> None:
+    """Taken for the drain's cancel (or a lost lease), its failure was never written: the job
+    sat leased until its lease ran out, counted as a lost lease, and went dead with 'lease
+    expired' as its error."""
+    (job_id,) = q.enqueue(conn, [{}], max_attempts=3)
+    lines: list[str] = []
+    w = Worker(_settings(1.0), db_url, handler, say=lines.append)
+    t = threading.Thread(target=w.run, name="test-worker", daemon=True)
+    t.start()
+    try:
+
+        def failed() -> bool:
+            row = conn.execute(
+                "SELECT state, attempts, last_error FROM jobs WHERE id = %s", (job_id,)
+            ).fetchone()
+            return row is not None and row[1] >= 1 and "CancelledError" in (row[2] or "")
+
+        wait_for(failed, "the attempt's failure to be written (the lease is 10 s)", 5)
+    finally:
+        w.request_stop()
+        t.join(15)
+    assert not t.is_alive()
+    assert w.summary.lost == 0 and w.summary.retried >= 1, lines

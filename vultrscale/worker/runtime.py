@@ -731,10 +731,16 @@ class Worker:
                     raise raised
             else:
                 self.handler(job)
-        except (concurrent.futures.CancelledError, LeaseLost):
-            if not job.given_back:
-                self.summary.add("lost")
-            return False
+        except (concurrent.futures.CancelledError, LeaseLost) as exc:
+            if not job.lost:
+                # Not the drain's cancel nor a step refused on a lost lease: the handler's own
+                # (a Future it cancelled, say). A failed attempt like any other, or its error
+                # was never written and the job sat leased until its lease ran out.
+                error = exc
+            else:
+                if not job.given_back:
+                    self.summary.add("lost")
+                return False
         except BaseException as exc:  # SystemExit too: a failed attempt, not a worker exit
             error = exc
         with self._lock:
