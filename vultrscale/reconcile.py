@@ -630,6 +630,7 @@ def decide(obs: Observed, cfg: Config) -> Decision:
         if step.verdict is Verdict.DELETE:
             rows[step.label] = rows[step.label].moved(InstanceState.DELETING, now)
     bills = budget.ledger_bills([*{**obs.rows, **rows}.values(), *obs.gone], obs.price, now)
+    last_up, last_down = _last_scales(obs)
     observation = Observation(
         instances=tuple(_instance(obs, r, bills[r.label]) for r in rows.values()),
         signals=obs.signals,
@@ -637,12 +638,31 @@ def decide(obs: Observed, cfg: Config) -> Decision:
         signal_error=obs.signal_error,
         api_error=obs.api_error,
         month_to_date_usd=sum(bills.values()),
-        last_scale_up=_not_after(obs.state.last_scale_up, now),
-        last_scale_down=_not_after(obs.state.last_scale_down, now),
+        last_scale_up=_not_after(last_up, now),
+        last_scale_down=_not_after(last_down, now),
         idle_since=_not_after(obs.state.idle_since, now),
     )
     plan = policy.decide(observation, cfg, now)
     return Decision(transitions, tuple(steps), rows, observation, plan)
+
+
+def _last_scales(obs: Observed) -> tuple[datetime | None, datetime | None]:
+    """The last scale-up and scale-down: the later of the fleet state's and the ledger rows'.
+    The fleet state is written at the end of a pass, so a pass that died after its POST or its
+    drain (or whose only POST had an unclear outcome) left it unwritten, and the next pass
+    skipped the cool-down and ``max_step_up``'s pace. A row shows a scale-up when this scaler
+    wrote its create intent and the POST went or may have gone out (posted, or still waiting
+    for its answer; not a refused POST, nor an adopted row), a scale-down by its draining_at."""
+    up, down = obs.state.last_scale_up, obs.state.last_scale_down
+    creating = InstanceState.CREATING
+    for row in (*obs.rows.values(), *obs.gone):
+        if (row.posted_at is not None or row.state is creating) and (
+            up is None or row.created_at > up
+        ):
+            up = row.created_at
+        if row.draining_at is not None and (down is None or row.draining_at > down):
+            down = row.draining_at
+    return up, down
 
 
 def _not_after(when: datetime | None, now: datetime) -> datetime | None:

@@ -741,6 +741,46 @@ def test_an_instance_adopted_on_a_dearer_plan_is_billed_at_its_own_plans_price(
         assert len(fleet.cloud.instances) == 2  # and no more: the fleet is at its ceiling
 
 
+@pytest.mark.parametrize("fault", ["ledger-fails-after-the-post", "post-answer-lost"])
+def test_a_pass_cut_short_after_its_post_still_starts_the_scale_up_cool_down(
+    tmp_path: Path, fault: str
+) -> None:
+    """The fleet state is written at the end of a pass: a pass whose ledger failed after its
+    POST, or whose only POST had an unclear outcome, left last_scale_up unwritten, and the
+    next pass 30 s later created again, past the 60 s cool-down and max_step_up's pace."""
+    from vultrscale.errors import DatabaseError
+    from vultrscale.vultr.errors import AmbiguousCreate
+
+    fleet = Fleet(tmp_path, policy={"max_instances": 5, "max_step_up": 1})
+    fleet.queue(16)  # wants 4
+    ledger, cloud = fleet.ledger, fleet.cloud
+    transition, create = ledger.transition, cloud.create_instance
+
+    def failing_transition(label: str, state: S, now: datetime, **kw: Any) -> None:
+        if state is S.PENDING:
+            ledger.transition = transition  # type: ignore[method-assign]
+            raise DatabaseError("fleet ledger: moving to pending: server closed the connection")
+        transition(label, state, now, **kw)
+
+    def answer_lost(**kw: Any) -> VInstance:
+        cloud.create_instance = create  # type: ignore[method-assign]
+        create(**kw)  # made at Vultr; the answer never came
+        raise AmbiguousCreate("POST /v2/instances: no answer (ReadTimeout)", label=kw["label"])
+
+    if fault == "ledger-fails-after-the-post":
+        ledger.transition = failing_transition  # type: ignore[method-assign]
+        with pytest.raises(DatabaseError):
+            fleet.run()
+    else:
+        cloud.create_instance = answer_lost  # type: ignore[method-assign]
+        assert fleet.run().exit_code == 1
+    assert cloud.posts == 1
+    fleet.clock.advance(30)
+    held = fleet.run()
+    assert cloud.posts == 1, held.actions
+    assert held.plan is not None and any("cool-down" in c for c in held.plan.clamps)
+
+
 class _ShortList:
     """The cloud whose tagged list leaves some instances out (a short page) while a GET by id
     still finds them, as Vultr's list does now and then."""
