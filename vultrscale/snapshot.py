@@ -168,15 +168,21 @@ def bake(
     description = description or default_description(fleet, clock.now())
     # Snapshots that already carry this description are not ours if the POST is ambiguous.
     existing = {s.id for s in client.list_snapshots(description=description)}
+    made: str | None = None
     try:
-        snap = client.create_snapshot(instance_id, description=description)
-    except NotFound as exc:  # deleted between the check and the POST
-        raise _no_instance(instance_id) from exc
-    except AmbiguousCreate as exc:
-        snap = _find_created(client, description, existing, clock, exc)
-
-    created_at = snap.date_created or clock.now()
-    _record(database_url, fleet, snap.id, description, created_at, store.PENDING)
+        try:
+            snap = client.create_snapshot(instance_id, description=description)
+        except NotFound as exc:  # deleted between the check and the POST
+            raise _no_instance(instance_id) from exc
+        except AmbiguousCreate as exc:
+            snap = _find_created(client, description, existing, clock, exc)
+        made = snap.id
+        created_at = snap.date_created or clock.now()
+        _record(database_url, fleet, snap.id, description, created_at, store.PENDING)
+    except KeyboardInterrupt:
+        # Ctrl-C between the POST and its record: the snapshot may exist at Vultr, listed
+        # nowhere of ours, and no prune would ever delete it. Say what to look for.
+        raise _interrupted_unrecorded(made, description) from None
 
     if not wait and snap.status != store.COMPLETE:
         return BakeResult(
@@ -261,6 +267,22 @@ def resume(
         timeout=timeout,
         clock=clock,
         on_progress=on_progress,
+    )
+
+
+def _interrupted_unrecorded(snapshot_id: str | None, description: str) -> SnapshotInterrupted:
+    if snapshot_id:
+        return SnapshotInterrupted(
+            f"interrupted before snapshot {snapshot_id} was recorded; Vultr keeps making it, "
+            "but it is not the fleet's snapshot",
+            hint=f"Run `{resume_command(snapshot_id)}` to wait for it and record it (or delete "
+            "it in the Vultr console, Orchestration > Snapshots).",
+        )
+    return SnapshotInterrupted(
+        f"interrupted while asking Vultr for the snapshot {description!r}; Vultr may have made "
+        "it, and nothing recorded it",
+        hint=f"Look for the description {description!r} in the Vultr console (Orchestration > "
+        "Snapshots): run `vultrscale snapshot --resume <ID>` to record it, or delete it.",
     )
 
 

@@ -337,6 +337,43 @@ def test_a_database_failure_after_the_post_names_the_snapshot_to_resume(
     assert f"vultrscale snapshot --resume {made}" in info.value.hint
 
 
+@pytest.mark.parametrize("when", ["during-the-post", "during-the-record"])
+def test_ctrl_c_between_the_post_and_its_record_says_what_to_resume(
+    client: VultrClient,
+    sim: Simulator,
+    clock: FakeClock,
+    db_url: str,
+    base_instance: str,
+    monkeypatch: pytest.MonkeyPatch,
+    when: str,
+) -> None:
+    """Interrupted there, the bake said only 'interrupted' (exit 130): the snapshot existed at
+    Vultr, recorded nowhere, and no prune would ever delete it."""
+    if when == "during-the-post":
+        post = client.create_snapshot
+
+        def acts_then_interrupted(instance_id: str, description: str = "") -> object:
+            post(instance_id, description=description)  # made at Vultr
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(client, "create_snapshot", acts_then_interrupted)
+    else:
+
+        def interrupted(*args: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(store, "record_snapshot", interrupted)
+    with pytest.raises(snapshots.SnapshotInterrupted) as info:
+        snapshots.bake(client, db_url, _cfg(), base_instance, description="bake-1", clock=clock)
+    [made] = sim.snapshots
+    said = f"{info.value.message} {info.value.hint}"
+    assert info.value.exit_code == 130
+    if when == "during-the-post":
+        assert "'bake-1'" in said and "--resume <ID>" in said
+    else:
+        assert f"vultrscale snapshot --resume {made}" in said
+
+
 # --- the command line, over real HTTP ------------------------------------------------------
 
 
