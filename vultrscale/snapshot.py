@@ -484,19 +484,26 @@ def prune(
     """
     deleted: list[str] = []
     errors: list[str] = []
-    with store.connect(database_url) as conn:
-        rows = [r for r in store.fleet_snapshots(conn, fleet) if r.status == store.COMPLETE]
-        for row in rows[keep:]:
-            if row.snapshot_id in protect:
-                continue
-            try:
-                client.delete_snapshot(row.snapshot_id)
-            except NotFound:
-                pass  # already gone at Vultr: forgetting it is all that is left to do
-            except VultrError as exc:
-                errors.append(f"{row.snapshot_id}: {exc.message}")
-                continue
-            store.forget_snapshot(conn, row.snapshot_id)
-            deleted.append(row.snapshot_id)
-        kept = [s.snapshot_id for s in store.fleet_snapshots(conn, fleet)]
+    kept: list[str] = []
+    try:
+        with store.connect(database_url) as conn:
+            rows = [r for r in store.fleet_snapshots(conn, fleet) if r.status == store.COMPLETE]
+            for row in rows[keep:]:
+                if row.snapshot_id in protect:
+                    continue
+                try:
+                    client.delete_snapshot(row.snapshot_id)
+                except NotFound:
+                    pass  # already gone at Vultr: forgetting it is all that is left to do
+                except VultrError as exc:
+                    errors.append(f"{row.snapshot_id}: {exc.message}")
+                    continue
+                store.forget_snapshot(conn, row.snapshot_id)
+                deleted.append(row.snapshot_id)
+            kept = [s.snapshot_id for s in store.fleet_snapshots(conn, fleet)]
+    except DatabaseError as exc:
+        # The bake itself is done and recorded: a prune the database cuts short is a warning
+        # (the next bake prunes again; one deleted but still listed is then forgotten), not a
+        # failure that sends the user to bake, and pay for, the same image again.
+        errors.append(f"the rest of the older snapshots: the database failed ({exc.message})")
     return deleted, errors, kept

@@ -305,6 +305,33 @@ def test_a_snapshot_that_cannot_be_deleted_stays_recorded_and_is_reported(
     assert set(sim.snapshots) == {third.snapshot_id, fourth.snapshot_id}
 
 
+def test_a_database_failure_while_pruning_leaves_the_bake_a_success_with_a_warning(
+    client: VultrClient,
+    sim: Simulator,
+    clock: FakeClock,
+    db_url: str,
+    base_instance: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It failed the whole command (exit 1, only the database's error), though the new
+    snapshot was complete and already the fleet's: the user would bake, and pay, again."""
+    first = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+
+    def fails(*args: object) -> None:
+        raise DatabaseError("forgetting snapshot: terminating connection due to administrator")
+
+    monkeypatch.setattr(store, "forget_snapshot", fails)
+    third = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    assert third.is_complete and third.deleted == ()
+    assert any("the database failed" in e for e in third.delete_errors)
+    monkeypatch.undo()
+    with store.connect(db_url) as conn:
+        assert store.recorded_snapshot(conn, "workers") == third.snapshot_id
+    fourth = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    assert first.snapshot_id in fourth.deleted  # deleted at Vultr before, forgotten now
+
+
 def test_no_wait_lists_it_pending_but_does_not_make_it_the_fleets(
     client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
 ) -> None:
