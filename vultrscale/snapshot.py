@@ -18,6 +18,7 @@ Time comes from a Clock so tests advance a FakeClock instead of sleeping.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -202,7 +203,6 @@ def bake(
         created_at,
         description,
         instance_id,
-        previous,
         keep=keep,
         timeout=timeout,
         clock=clock,
@@ -232,7 +232,6 @@ def resume(
     snapshot_id = snapshot_id.strip()
     _check_args(keep, timeout)
     with store.connect(database_url) as conn:
-        previous = store.recorded_snapshot(conn, fleet)
         owner = store.snapshot_fleet(conn, snapshot_id)
     if owner is not None and owner != fleet:
         raise UsageError(
@@ -262,7 +261,6 @@ def resume(
         created_at,
         snap.description,
         "",
-        previous,
         keep=keep,
         timeout=timeout,
         clock=clock,
@@ -311,6 +309,14 @@ def _record(
             hint=f"{exc.hint} Once the database works, run "
             f"`vultrscale snapshot --resume {snapshot_id}`.".strip(),
         ) from exc
+
+
+def _unrecorded(snapshot_id: str, exc: DatabaseError) -> DatabaseError:
+    return DatabaseError(
+        f"snapshot {snapshot_id} is complete at Vultr but could not be recorded: {exc.message}",
+        hint=f"{exc.hint} Once the database works, run "
+        f"`vultrscale snapshot --resume {snapshot_id}`.".strip(),
+    )
 
 
 def _check_args(keep: int, timeout: timedelta) -> None:
@@ -369,7 +375,6 @@ def _finish(
     created_at: datetime,
     description: str,
     instance_id: str,
-    previous: str | None,
     *,
     keep: int,
     timeout: timedelta,
@@ -388,11 +393,20 @@ def _finish(
             "but it is not the fleet's snapshot yet",
             hint=f"Run `{resume_command(snapshot_id)}` to wait for it again and record it.",
         ) from None
-    _record(database_url, fleet, snapshot_id, description, created_at, store.COMPLETE)
-    # The previous fleet snapshot too: a reconcile pass that read it before this bake may be
-    # creating instances from it right now.
-    protect = {snapshot_id, *(s for s in (cfg.fleet.snapshot_id, previous) if s)}
-    deleted, errors, kept = prune(client, database_url, fleet, keep, protect)
+    with contextlib.ExitStack() as stack:
+        try:
+            conn = stack.enter_context(store.connect(database_url))
+            stack.enter_context(store.fleet_lock(conn, fleet))
+            # The fleet's snapshot now, not when this command began: another bake or resume
+            # may have recorded one meanwhile, which this prune must keep too.
+            previous = store.recorded_snapshot(conn, fleet)
+        except DatabaseError as exc:
+            raise _unrecorded(snapshot_id, exc) from exc
+        _record(database_url, fleet, snapshot_id, description, created_at, store.COMPLETE)
+        # The previous fleet snapshot too: a reconcile pass that read it before this bake may
+        # be creating instances from it right now.
+        protect = {snapshot_id, *(s for s in (cfg.fleet.snapshot_id, previous) if s)}
+        deleted, errors, kept = prune(client, database_url, fleet, keep, protect)
     return BakeResult(
         fleet=fleet,
         snapshot_id=snapshot_id,

@@ -152,6 +152,27 @@ def test_prune_keeps_the_previous_fleet_snapshot_a_running_pass_may_create_from(
     assert set(sim.snapshots) == {second.snapshot_id, third.snapshot_id}
 
 
+def test_a_snapshot_recorded_while_a_bake_waits_is_kept_by_that_bakes_prune(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    """The snapshot the prune must keep, the fleet's previous one, was read when the bake
+    began: B, resumed and made the fleet's snapshot while A waited, was deleted by A's prune
+    (and a pass creating from it got 'Invalid snapshot ID')."""
+    first = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    b = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, wait=False)
+    resumed: list[snapshots.BakeResult] = []
+
+    def meanwhile(progress: snapshots.Progress) -> None:  # another terminal: --resume B
+        if not resumed:
+            resumed.append(snapshots.resume(client, db_url, _cfg(), b.snapshot_id, clock=clock))
+
+    a = snapshots.bake(
+        client, db_url, _cfg(), base_instance, clock=clock, keep=1, on_progress=meanwhile
+    )
+    assert resumed and a.previous == b.snapshot_id
+    assert b.snapshot_id in sim.snapshots and first.snapshot_id in a.deleted
+
+
 def test_prune_leaves_pending_snapshots_alone_and_does_not_count_them(
     client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
 ) -> None:

@@ -11,6 +11,7 @@ and translates psycopg errors into ``DatabaseError``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -74,6 +75,28 @@ def record_snapshot(
                 " updated_at = now()",
                 (fleet, snapshot_id),
             )
+
+
+# Keeps the snapshot lock apart from the pass lock (db.ledger's namespace) and an app's own.
+_LOCK_NAMESPACE = 0x56534E
+
+
+@contextmanager
+def fleet_lock(conn: psycopg.Connection, fleet: str) -> Iterator[None]:
+    """Hold ``fleet``'s snapshot lock on ``conn`` (waiting for it): two bakes or resumes that
+    finish at once record and prune one after the other, each knowing the other's snapshot.
+    A reconcile pass never takes it."""
+    from vultrscale.db.ledger import lock_key
+
+    key = (_LOCK_NAMESPACE, lock_key(fleet))
+    with _translated(f"taking the snapshot lock of fleet {fleet!r}"):
+        conn.execute("SELECT pg_advisory_lock(%s, %s)", key)
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            with contextlib.suppress(psycopg.Error):  # closing the connection frees it too
+                conn.execute("SELECT pg_advisory_unlock(%s, %s)", key)
 
 
 def recorded_snapshot(conn: psycopg.Connection, fleet: str) -> str | None:
