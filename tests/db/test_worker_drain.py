@@ -19,7 +19,7 @@ import pytest
 
 from tests.e2e.worker_procs import jobs, wait_for
 from vultrscale.db import queue as q
-from vultrscale.worker import Job, LeaseLost
+from vultrscale.worker import Job, LeaseLost, PermanentError
 from vultrscale.worker.runtime import Worker, WorkerSettings
 
 
@@ -223,3 +223,38 @@ def test_a_handler_that_raises_a_cancellation_of_its_own_fails_its_attempt(
         t.join(15)
     assert not t.is_alive()
     assert w.summary.lost == 0 and w.summary.retried >= 1, lines
+
+
+def test_a_job_whose_failure_is_being_written_at_the_drain_deadline_is_not_given_back(
+    db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its failure was written outside the lock the drain picks what it gives back under: a
+    slow write let the drain give the job back first (attempt refunded), the failure was
+    dropped, and a job that failed for good ran again."""
+    (job_id,) = q.enqueue(conn, [{}])
+    gave_back = threading.Event()
+    real_fail = q.fail
+
+    def slow_fail(*args: Any, **kwargs: Any) -> Any:
+        gave_back.wait(5)  # the drain's give-back runs while this write is on its way
+        return real_fail(*args, **kwargs)
+
+    monkeypatch.setattr(q, "fail", slow_fail)
+
+    def handle(job: Job) -> None:
+        wait_for(lambda: job.stopping, "the drain", 10)
+        raise PermanentError("bad input")
+
+    class Watched(Worker):
+        def _give_back_unfinished(self, until: float | None = None) -> None:
+            super()._give_back_unfinished(until)
+            gave_back.set()
+
+    w = Watched(_settings(0.2), db_url, handle, say=lambda _: None)
+    t = _start(w)
+    w.request_stop()
+    t.join(15)
+    assert not t.is_alive()
+    assert gave_back.is_set()
+    assert jobs(conn) == {job_id: ("failed", 1)}
+    assert w.summary.given_back == 0 and w.summary.failed == 1

@@ -358,6 +358,7 @@ class Worker:
         # Every run in hand, by identity: this worker may claim a job again (its lease lost)
         # while the earlier run of it still executes; each run leaves only itself.
         self._running: set[Job] = set()
+        self._failing: set[Job] = set()  # runs whose failure is being written (under _lock)
         self._stop_requested: float | None = None  # monotonic time of the first stop request
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -745,25 +746,30 @@ class Worker:
             error = exc
         with self._lock:
             # Under the lock the drain uses to pick what it gives back: a job is either on
-            # _done (completed) or given back, never both.
+            # _done (completed), failing (its failure being written) or given back, never two.
             if job.given_back:
                 return False  # handed back at the drain deadline: whatever it did is dropped
             if error is None:
                 self._done.put(job)
                 return True
+            self._failing.add(job)
         text = _error_text(error, self.conninfo)
-        new_state = self._db.run(
-            lambda conn: queue.fail(
-                conn,
-                job.id,
-                self.worker_id,
-                job.token,
-                text,
-                permanent=isinstance(error, PermanentError),
-                backoff_seconds=s.backoff_seconds,
-                backoff_cap_seconds=s.backoff_cap_seconds,
+        try:
+            new_state = self._db.run(
+                lambda conn: queue.fail(
+                    conn,
+                    job.id,
+                    self.worker_id,
+                    job.token,
+                    text,
+                    permanent=isinstance(error, PermanentError),
+                    backoff_seconds=s.backoff_seconds,
+                    backoff_cap_seconds=s.backoff_cap_seconds,
+                )
             )
-        )
+        finally:
+            with self._lock:
+                self._failing.discard(job)
         if new_state is None:
             if not job.given_back:
                 self.summary.add("lost")
@@ -905,7 +911,11 @@ class Worker:
             # on _done now finished, everything else running is given back and stays so.
             finished = self._take_done()
             finished_runs = set(finished)
-            leftover = [j for j in self._running if j not in finished_runs]
+            # A job whose handler failed is finished too: its failure is being written (a
+            # PermanentError given back would run again, its attempt refunded).
+            leftover = [
+                j for j in self._running if j not in finished_runs and j not in self._failing
+            ]
             for job in leftover:
                 job._mark_given_back()  # first: the slot writes nothing more, steps refuse
         if finished:
