@@ -458,9 +458,12 @@ def _wait_complete(
             if status == store.COMPLETE:
                 return snap, clock.monotonic() - start
             if status in FAILED_STATUSES:
+                # Of no use to anyone: deleted (best effort) and forgotten, or it stayed
+                # recorded as pending, which no prune touches, and at Vultr for good.
+                gone = _discard(client, database_url, snapshot_id)
                 raise SnapshotFailed(
                     f"snapshot {snapshot_id} is {status!r} at Vultr; it was not made the "
-                    "fleet's snapshot",
+                    f"fleet's snapshot{gone}",
                     snapshot_id=snapshot_id,
                     hint="Check the instance (disk, state) and run the command again.",
                 )
@@ -479,6 +482,22 @@ def _wait_complete(
             on_progress(Progress(snapshot_id, status, now - start, pause, note))
         clock.sleep(pause)
         interval = min(interval * POLL_GROWTH, MAX_POLL)
+
+
+def _discard(client: SnapshotApi, database_url: str, snapshot_id: str) -> str:
+    """Delete a failed snapshot at Vultr and forget it; what became of it, for the message."""
+    try:
+        client.delete_snapshot(snapshot_id)
+    except NotFound:
+        pass
+    except VultrError as exc:
+        return f" (deleting it failed: {exc.message}; delete it in the Vultr console)"
+    try:
+        with store.connect(database_url) as conn:
+            store.forget_snapshot(conn, snapshot_id)
+    except DatabaseError:
+        return " and was deleted at Vultr"
+    return " and was deleted"
 
 
 def prune(

@@ -268,6 +268,19 @@ def test_snapshot_that_disappears_is_a_clear_failure(
         assert store.fleet_snapshots(conn, "workers") == []
 
 
+def test_a_snapshot_vultr_reports_failed_is_deleted_and_forgotten(
+    client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
+) -> None:
+    """It stayed at Vultr and recorded as pending, which no prune touches: kept for good."""
+    sim.snapshot_outcome = "failed"
+    with pytest.raises(snapshots.SnapshotFailed) as info:
+        snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
+    assert "'failed' at Vultr" in info.value.message and "was deleted" in info.value.message
+    assert sim.snapshots == {}
+    with store.connect(db_url) as conn:
+        assert store.fleet_snapshots(conn, "workers") == []
+
+
 def test_ambiguous_post_is_resolved_by_description_not_by_posting_again(
     client: VultrClient, sim: Simulator, clock: FakeClock, db_url: str, base_instance: str
 ) -> None:

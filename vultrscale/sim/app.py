@@ -280,7 +280,7 @@ class Simulator:
         self.error_rate = 0.0
         self.error_statuses: tuple[int, ...] = (500, 502, 503)
         self.latency = 0.0
-        self.snapshot_outcome: Literal["complete", "stuck", "deleted"] = "complete"
+        self.snapshot_outcome: Literal["complete", "stuck", "deleted", "failed"] = "complete"
         self.request_log: list[RequestRecord] = []
         self.request_log_limit = 200_000
 
@@ -443,6 +443,8 @@ class Simulator:
                         )
                     elif snap.outcome == "deleted":
                         del self._snapshots[sid]
+                    elif snap.outcome == "failed":  # the spec names no statuses: a guess
+                        snap.data["status"] = "failed"
         hook = self.on_instance_ready
         if hook is not None:
             for instance, user_data in fired:
