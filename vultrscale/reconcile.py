@@ -944,22 +944,25 @@ def run_forever(
     max_passes: int | None = None,
 ) -> int:
     """Run passes every ``interval`` until ``stop`` is set. A runtime failure (of a pass, or
-    of ``on_result``) is reported and the loop goes on. A usage error in the first pass (bad
-    config, a plan Vultr refuses from the start) ends it with exit 2; in a later one (the
+    of ``on_result``) is reported and the loop goes on. A usage error before a first pass ran
+    to its result (bad config, a plan Vultr refuses from the start) ends it with exit 2; after
+    one (the
     price rose past the ceiling, the snapshot was deleted) it is reported and the loop goes on,
     so the fleet comes back when the condition clears: a refused fleet that wound down to
     nothing used to end the loop there."""
     stop = stop or threading.Event()
     passes = 0
+    ran = False  # a pass has run to its result (not one that found the lock held, or failed)
     last = EXIT_OK
     while not stop.is_set():
         began = parts.clock.monotonic()
         try:
             result = run_pass(cfg, parts, dry_run=dry_run)
+            ran = ran or not result.lock_held
             last = result.exit_code
             on_result(result)
         except UsageError as exc:
-            if passes == 0:
+            if not ran:
                 raise
             last = exc.exit_code
             on_error(exc)

@@ -203,6 +203,7 @@ def bake(
         created_at,
         description,
         instance_id,
+        previous,
         keep=keep,
         timeout=timeout,
         clock=clock,
@@ -232,6 +233,7 @@ def resume(
     snapshot_id = snapshot_id.strip()
     _check_args(keep, timeout)
     with store.connect(database_url) as conn:
+        previous = store.recorded_snapshot(conn, fleet)
         owner = store.snapshot_fleet(conn, snapshot_id)
     if owner is not None and owner != fleet:
         raise UsageError(
@@ -261,6 +263,7 @@ def resume(
         created_at,
         snap.description,
         "",
+        previous,
         keep=keep,
         timeout=timeout,
         clock=clock,
@@ -375,12 +378,15 @@ def _finish(
     created_at: datetime,
     description: str,
     instance_id: str,
+    began_with: str | None,
     *,
     keep: int,
     timeout: timedelta,
     clock: Clock,
     on_progress: ProgressFn | None,
 ) -> BakeResult:
+    """Wait, then record and prune. ``began_with``: the fleet's snapshot when the command
+    began, kept by the prune as well as the one it has just before recording."""
     fleet = cfg.fleet.name
     try:
         snap, elapsed = _wait_complete(
@@ -397,15 +403,21 @@ def _finish(
         try:
             conn = stack.enter_context(store.connect(database_url))
             stack.enter_context(store.fleet_lock(conn, fleet))
-            # The fleet's snapshot now, not when this command began: another bake or resume
-            # may have recorded one meanwhile, which this prune must keep too.
+            # The fleet's snapshot now as well as when this command began: another bake or
+            # resume may have recorded one meanwhile, and a pass may still create from either.
             previous = store.recorded_snapshot(conn, fleet)
         except DatabaseError as exc:
             raise _unrecorded(snapshot_id, exc) from exc
+        except KeyboardInterrupt:  # waiting for another bake's record and prune
+            raise SnapshotInterrupted(
+                f"interrupted before snapshot {snapshot_id}, complete at Vultr, was recorded",
+                hint=f"Run `{resume_command(snapshot_id)}` to record it.",
+            ) from None
         _record(database_url, fleet, snapshot_id, description, created_at, store.COMPLETE)
-        # The previous fleet snapshot too: a reconcile pass that read it before this bake may
-        # be creating instances from it right now.
-        protect = {snapshot_id, *(s for s in (cfg.fleet.snapshot_id, previous) if s)}
+        # The previous fleet snapshots too: a reconcile pass that read one of them before this
+        # bake may be creating instances from it right now.
+        keeping = (cfg.fleet.snapshot_id, previous, began_with)
+        protect = {snapshot_id, *(s for s in keeping if s)}
         deleted, errors, kept = prune(client, database_url, fleet, keep, protect)
     return BakeResult(
         fleet=fleet,

@@ -157,7 +157,8 @@ def test_a_snapshot_recorded_while_a_bake_waits_is_kept_by_that_bakes_prune(
 ) -> None:
     """The snapshot the prune must keep, the fleet's previous one, was read when the bake
     began: B, resumed and made the fleet's snapshot while A waited, was deleted by A's prune
-    (and a pass creating from it got 'Invalid snapshot ID')."""
+    (and a pass creating from it got 'Invalid snapshot ID'). The one the fleet had when A began
+    is kept too: a pass may still create from it."""
     first = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock)
     b = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, wait=False)
     resumed: list[snapshots.BakeResult] = []
@@ -170,7 +171,10 @@ def test_a_snapshot_recorded_while_a_bake_waits_is_kept_by_that_bakes_prune(
         client, db_url, _cfg(), base_instance, clock=clock, keep=1, on_progress=meanwhile
     )
     assert resumed and a.previous == b.snapshot_id
-    assert b.snapshot_id in sim.snapshots and first.snapshot_id in a.deleted
+    assert b.snapshot_id in sim.snapshots and first.snapshot_id in sim.snapshots
+    assert a.deleted == ()
+    later = snapshots.bake(client, db_url, _cfg(), base_instance, clock=clock, keep=1)
+    assert set(later.deleted) == {first.snapshot_id, b.snapshot_id}  # the next bake prunes
 
 
 def test_prune_leaves_pending_snapshots_alone_and_does_not_count_them(

@@ -570,6 +570,15 @@ def test_the_loop_goes_on_when_a_refused_fleet_has_wound_down_to_nothing(
     new = Fleet(tmp_path / "new", fleet={"region": "ams"})  # the memory cloud offers ewr only
     with pytest.raises(UsageError, match="not offered in region"):  # a first pass: it ends
         run_forever(new.cfg, new.parts, interval=timedelta(seconds=30), max_passes=3)
+    new.ledger.held_elsewhere = True  # another pass holds the lock at first: none ran yet
+    with pytest.raises(UsageError, match="not offered in region"):
+        run_forever(
+            new.cfg,
+            new.parts,
+            interval=timedelta(seconds=30),
+            max_passes=3,
+            on_result=lambda r: setattr(new.ledger, "held_elsewhere", False),
+        )
 
 
 def test_each_observed_instance_has_every_field_a_constructed_one_has(tmp_path: Path) -> None:

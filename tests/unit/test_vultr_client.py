@@ -175,14 +175,17 @@ def test_a_server_error_text_is_redacted_before_it_is_shortened(
         assert KEY[:6] not in text, text
 
 
+@pytest.mark.parametrize(
+    "location",
+    [
+        f"https://user:pr0xyPassw0rd@elsewhere.example/?t={KEY}",
+        "//user:pr0xyPassw0rd@elsewhere.example/",  # protocol-relative
+    ],
+)
 def test_a_redirect_hint_shows_no_key_and_no_password(
-    api: respx.MockRouter, client: VultrClient
+    api: respx.MockRouter, client: VultrClient, location: str
 ) -> None:
-    api.get("/v2/account").mock(
-        return_value=httpx.Response(
-            302, headers={"Location": f"https://user:pr0xyPassw0rd@elsewhere.example/?t={KEY}"}
-        )
-    )
+    api.get("/v2/account").mock(return_value=httpx.Response(302, headers={"Location": location}))
     with pytest.raises(VultrError) as caught:
         client.account()
     hint = caught.value.hint or ""

@@ -174,7 +174,7 @@ def snapshot_cmd(
                 + ", ".join(result.deleted)
             )
         )
-    else:
+    elif not result.delete_errors:
         out.print(f"No older fleet snapshots to delete (keeping {keep}).")
     for problem in result.delete_errors:
         err.print(

@@ -535,8 +535,10 @@ class VultrClient:
             hint = "The API key may lack the permission (ACL) for this action."
         elif 300 <= status < 400:
             where = response.headers.get("Location", "?")
-            if where.lower().startswith(("http://", "https://")):
-                where = mask_url(where)  # its user:password, if it has one
+            try:  # absolute, so that mask_url drops a user:password however it was written
+                where = mask_url(str(httpx.URL(self.base_url).join(where)))
+            except (httpx.InvalidURL, ValueError, TypeError):
+                where = "(a Location that is not a URL)"
             hint = f"VULTR_API_URL redirects to {self._redact(where)}; use that."
         raise BadRequest(text, status=status, api_message=message, hint=hint)
 
