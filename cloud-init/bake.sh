@@ -32,12 +32,24 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 log() { printf 'bake: %s\n' "$*"; }
 die() { printf 'bake: error: %s\n' "$*" >&2; exit 1; }
 
-[[ "$(id -u)" -eq 0 ]] || die "run as root"
+# Every setting is checked before anything is changed (and before the root check, so a dry
+# check of the settings changes nothing anywhere).
 [[ -n "$VULTRSCALE_SPEC" ]] || die "set VULTRSCALE_SPEC to what pip should install for vultrscale: a wheel of your clone (python3 -m pip wheel --no-deps -w dist .) or a git+https URL"
 [[ "$WORKER_USER" =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "WORKER_USER '$WORKER_USER' is not a user name"
 [[ "$WORKER_SERVICE" =~ ^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$ ]] || die "WORKER_SERVICE '$WORKER_SERVICE' is not a unit name"
+[[ "$WORKER_SERVICE" != *.service ]] || die "WORKER_SERVICE '$WORKER_SERVICE': name the unit without '.service' (${WORKER_SERVICE%.service}), as fleet.service does"
+[[ "$VENV" =~ ^/[A-Za-z0-9._/-]+$ ]] || die "VENV '$VENV' is not an absolute path of letters, digits and ._/-"
+if [[ -n "$APP_DIR" ]]; then
+    [[ -d "$APP_DIR" ]] || die "APP_DIR '$APP_DIR' is not a directory"
+    # The worker runs in a copy of it and reads a vultrscale.toml or .env there: the scaler's
+    # settings and secrets would be in every snapshot, and would override the user-data's.
+    for f in .env vultrscale.toml; do
+        [[ ! -e "$APP_DIR/$f" ]] || die "APP_DIR '$APP_DIR' holds $f: copy only your handler code (the scaler's settings and secrets would be in every instance)"
+    done
+fi
 [[ -f "$HERE/worker.service" ]] || die "worker.service not found next to bake.sh"
 [[ -f "$HERE/sudoers-worker.tmpl" ]] || die "sudoers-worker.tmpl not found next to bake.sh"
+[[ "$(id -u)" -eq 0 ]] || die "run as root"
 
 log "packages"
 export DEBIAN_FRONTEND=noninteractive
@@ -62,10 +74,11 @@ log "virtualenv $VENV"
 "$VENV/bin/pip" install -q --upgrade pip
 # shellcheck disable=SC2086  # APP_SPEC may name several requirements
 "$VENV/bin/pip" install -q --upgrade "$VULTRSCALE_SPEC" $APP_SPEC
+# A wheel rebuilt at the same version is "already installed" to pip: the old code would stay.
+"$VENV/bin/pip" install -q --force-reinstall --no-deps "$VULTRSCALE_SPEC"
 
 install -d -m 0755 /opt/vultrscale/app
 if [[ -n "$APP_DIR" ]]; then
-    [[ -d "$APP_DIR" ]] || die "APP_DIR '$APP_DIR' is not a directory"
     cp -a "$APP_DIR/." /opt/vultrscale/app/
     chown -R root:root /opt/vultrscale/app
 fi
@@ -73,6 +86,7 @@ fi
 log "unit $WORKER_SERVICE.service (runs as $WORKER_USER)"
 install -d -m 0755 /etc/vultrscale
 sed -e "s/^User=.*/User=$WORKER_USER/" -e "s/^Group=.*/Group=$WORKER_USER/" \
+    -e "s|^ExecStart=/opt/vultrscale/venv/|ExecStart=$VENV/|" \
     "$HERE/worker.service" >"/etc/systemd/system/$WORKER_SERVICE.service"
 chmod 0644 "/etc/systemd/system/$WORKER_SERVICE.service"
 systemctl daemon-reload

@@ -728,6 +728,11 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"fleet.label_prefix: {f.label_prefix!r} must be lowercase letters, digits, '-'")
     if not SERVICE_NAME.match(f.service):
         p.append(f"fleet.service: {f.service!r} is not a valid systemd unit name")
+    elif f.service.endswith(".service"):  # cloud-init adds it: worker.service.service
+        p.append(
+            f"fleet.service: {f.service!r}: name the unit without '.service' "
+            f"({f.service.removesuffix('.service')!r})"
+        )
     if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", f.ssh_user):
         p.append(f"fleet.ssh_user: {f.ssh_user!r} is not a valid user name")
     if f.ssh_address not in ("main_ip", "internal_ip"):

@@ -255,6 +255,45 @@ def test_bake_script_parses_and_is_strict() -> None:
     assert os.access(bake, os.X_OK)
 
 
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        pytest.param({"WORKER_SERVICE": "worker.service"}, "without '.service'", id="suffix"),
+        pytest.param({"APP_DIR": ".env"}, "holds .env", id="app-dir-with-env"),
+        pytest.param({"APP_DIR": "vultrscale.toml"}, "holds vultrscale.toml", id="with-toml"),
+        pytest.param({"VENV": "venv"}, "not an absolute path", id="relative-venv"),
+        pytest.param({"VULTRSCALE_SPEC": ""}, "set VULTRSCALE_SPEC", id="no-spec"),
+    ],
+)
+def test_bake_refuses_bad_settings_before_it_changes_anything(
+    tmp_path: Path, settings: dict[str, str], said: str
+) -> None:
+    """An APP_DIR with the scaler's .env or vultrscale.toml put its secrets in every snapshot
+    (and the worker read them); 'worker.service' made a unit cloud-init never enabled. Run
+    with a PATH of only what the checks use, so that nothing past them could run here."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("dirname", "id"):
+        found = shutil.which(name)
+        assert found is not None
+        (tools / name).symlink_to(found)
+    env = {"PATH": str(tools), "VULTRSCALE_SPEC": "./vultrscale-0.1.0-py3-none-any.whl"}
+    if "APP_DIR" in settings:
+        app = tmp_path / "app"
+        app.mkdir()
+        (app / settings["APP_DIR"]).write_text("VULTR_API_KEY=secret\n")
+        settings = {"APP_DIR": str(app)}
+    result = subprocess.run(
+        ["/bin/bash", str(REPO / "cloud-init" / "bake.sh")],
+        env={**env, **settings},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1 and said in result.stderr, result.stderr
+    assert "bake: packages" not in result.stdout  # refused before its first step
+
+
 def test_templates_ship_inside_the_package() -> None:
     # vultrscale/templates links to cloud-init/, and setuptools copies it as package data.
     names = {p.name for p in cloudinit.template_dir().iterdir()}

@@ -142,6 +142,15 @@ x = 1
     assert err.value.exit_code == 2
 
 
+def test_a_service_named_with_its_suffix_is_refused(tmp_path: Path) -> None:
+    """cloud-init adds '.service' (worker.service.service, never enabled) while the drain's
+    stop names worker.service: no worker ran, or none could be drained."""
+    path = write(tmp_path, '[fleet]\nservice = "worker.service"\n')
+    with pytest.raises(ConfigError) as err:
+        config.load(path, {})
+    assert any("without '.service' ('worker')" in p for p in err.value.problems)
+
+
 def test_semantic_problems_listed_together(tmp_path: Path) -> None:
     path = write(
         tmp_path,
