@@ -100,7 +100,6 @@ _URL_USERINFO = re.compile(
     r"^(?P<scheme>[A-Za-z][\w+.-]*://)(?P<user>[^:@/]*):(?P<pw>.*)@(?P<rest>[^@]*)$"
 )
 _URL_USERINFO_IN_TEXT = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*://[^:@/\s]*:)\S*@")
-_USER_PARAM = re.compile(r"(?:^|\s)user\s*=\s*('(?:[^'\\]|\\.)*'|\S*)")
 _PASSWORD_PARAM = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)", re.IGNORECASE)
 # A fragment libpq (or another parser) quotes back from a string it could not parse.
 _QUOTED = re.compile(r""""([^"]*)"|'([^']*)'""")
@@ -171,17 +170,11 @@ def url_password(url: str) -> str | None:
 
 
 def url_user(url: str) -> str | None:
-    """The user a database URL or conninfo string logs in as, if it names one."""
-    if "://" in url:
-        from urllib.parse import parse_qs, unquote, urlsplit
-
-        parts = urlsplit(url)
-        if parts.username:
-            return unquote(parts.username)
-        users = parse_qs(parts.query).get("user")
-        return users[0] if users else None
-    p = _USER_PARAM.search(url)
-    return p.group(1).strip("'") if p and p.group(1) else None
+    """The user a database URL or conninfo string logs in as, if it names one, as libpq reads
+    it (None for a string libpq cannot read). A pattern of our own found ``user=`` inside a
+    quoted password (``password='pw user=tail'``) and printed that part of it as the role."""
+    parsed = parse_conninfo(url)
+    return (parsed.get("user") or None) if parsed is not None else None
 
 
 def mask_url(url: str) -> str:
