@@ -16,7 +16,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -494,6 +494,11 @@ def load(
         except OSError as exc:
             raise ConfigError([f"cannot read {cfg_path}: {exc.strerror}"]) from None
     elif must_exist:
+        if cfg_path.exists():
+            raise ConfigError(
+                [f"config file {cfg_path} is not a file (a directory?)"],
+                hint="Pass the path of a TOML file with --config.",
+            )
         raise ConfigError(
             [f"config file {cfg_path} does not exist"],
             hint="Pass an existing file with --config, or unset VULTRSCALE_CONFIG to use defaults.",
@@ -775,7 +780,7 @@ def validate(cfg: Config) -> list[str]:
         where = f"policy.floor[{i}]"
         try:
             ZoneInfo(fl.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # "Europe": a directory of zones
             p.append(f'{where}.timezone: unknown time zone {fl.timezone!r} (e.g. "Europe/Berlin")')
         problem = cron_problem(fl.cron)
         if problem:
@@ -799,12 +804,16 @@ def validate(cfg: Config) -> list[str]:
 
 def cron_problem(expr: str) -> str | None:
     """None if ``expr`` is a valid five-field cron expression, else what is wrong."""
-    from croniter import croniter
+    from croniter import CroniterBadDateError, croniter
 
     if len(expr.split()) != 5:
         return f"{expr!r} must have five fields: minute hour day month weekday"
     if not croniter.is_valid(expr):
         return f"{expr!r} is not a valid cron expression"
+    try:  # valid fields that no date has ("0 0 31 2 *"): simulate's next match never comes
+        croniter(expr, datetime(2000, 1, 1)).get_next(datetime)
+    except CroniterBadDateError:
+        return f"{expr!r} matches no date (e.g. a day the month never has)"
     return None
 
 

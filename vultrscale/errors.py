@@ -130,12 +130,33 @@ def parse_conninfo(text: str) -> dict[str, str] | None:
 
 
 def conninfo_problem(text: str, name: str = "DATABASE_URL") -> str | None:
-    """None if libpq can read ``text``, else a message (without any of ``text``) on the form."""
-    if parse_conninfo(text) is not None:
-        return None
-    return (
-        f"{name} is not a Postgres connection string libpq can read; expected {POSTGRES_URL_FORM}"
-    )
+    """None if libpq can read ``text`` and its hosts are host names, else a message (without
+    any of ``text``) on the form."""
+    parsed = parse_conninfo(text)
+    if parsed is None:
+        return (
+            f"{name} is not a Postgres connection string libpq can read; expected "
+            f"{POSTGRES_URL_FORM}"
+        )
+    for host in parsed.get("host", "").split(","):
+        if not is_host_name(host):
+            return (
+                f"{name} names a host that is not a valid host name (an empty or overlong label?)"
+            )
+    return None
+
+
+def is_host_name(host: str) -> bool:
+    """Whether a resolver takes ``host``: empty (the default), a socket directory, an IP
+    address, or a name IDNA encodes. One it refuses ('db..example.com', a label of 64
+    characters) raised UnicodeError out of every connect, 'unexpected UnicodeError'."""
+    if not host or host.startswith("/") or host.startswith("@") or ":" in host:
+        return True
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return False
+    return True
 
 
 # The libpq connection keywords whose values are secrets: the password, and the passphrase of

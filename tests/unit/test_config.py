@@ -151,6 +151,35 @@ def test_a_service_named_with_its_suffix_is_refused(tmp_path: Path) -> None:
     assert any("without '.service' ('worker')" in p for p in err.value.problems)
 
 
+@pytest.mark.parametrize(
+    ("floor", "said"),
+    [
+        # A directory of zones: IsADirectoryError, 'unexpected', exit 1, in every command.
+        pytest.param(
+            'cron = "* 8-18 * * mon-fri"\ntimezone = "Europe"', "unknown time zone", id="tz-dir"
+        ),
+        pytest.param(
+            f'cron = "* * * * *"\ntimezone = "{"a" * 300}"', "unknown time zone", id="tz-long"
+        ),
+        # Valid fields, no date: config check passed, simulate died (CroniterBadDateError).
+        pytest.param('cron = "0 0 31 2 *"', "matches no date", id="feb-31"),
+    ],
+)
+def test_a_floor_that_can_never_apply_is_a_config_error(
+    tmp_path: Path, floor: str, said: str
+) -> None:
+    path = write(tmp_path, f"[[policy.floor]]\n{floor}\nmin_instances = 1\n")
+    with pytest.raises(ConfigError) as err:
+        config.load(path, {})
+    assert any(said in p for p in err.value.problems), err.value.problems
+
+
+def test_a_config_path_that_is_a_directory_is_said_so(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        config.load(tmp_path, {})
+    assert any("is not a file" in p for p in err.value.problems), err.value.problems
+
+
 def test_semantic_problems_listed_together(tmp_path: Path) -> None:
     path = write(
         tmp_path,

@@ -1,10 +1,12 @@
-"""Which role a database URL or conninfo string logs in as: libpq's reading, nothing of ours."""
+"""Connection strings: the role one logs in as (libpq's reading, nothing of ours) and hosts
+no resolver takes."""
 
 from __future__ import annotations
 
 import pytest
 
-from vultrscale.errors import url_user
+from vultrscale.errors import UsageError, conninfo_problem, url_user
+from vultrscale.vultr.client import VultrClient
 
 
 @pytest.mark.parametrize(
@@ -25,3 +27,21 @@ def test_the_role_is_libpqs_reading_and_never_a_part_of_the_password(
     url: str, user: str | None
 ) -> None:
     assert url_user(url) == user
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://u:pw@a..b:5432/db", "host=a..b password=pw", f"host={'a' * 64}.com"],
+)
+def test_a_host_the_resolver_refuses_is_a_config_problem_not_a_crash(url: str) -> None:
+    """'unexpected UnicodeError' (exit 1) out of every connect; the password never in it."""
+    problem = conninfo_problem(url)
+    assert problem is not None and "not a valid host name" in problem and "pw" not in problem
+    assert conninfo_problem("postgresql://u:pw@[::1]:5432/db") is None
+    assert conninfo_problem("host=/var/run/postgresql dbname=d") is None
+
+
+@pytest.mark.parametrize("base", ["http://a..b", "http://xn--zz.invalid", f"http://{'a' * 64}.com"])
+def test_an_api_url_whose_host_is_not_valid_is_refused_at_once(base: str) -> None:
+    with pytest.raises(UsageError, match="Vultr API URL"):
+        VultrClient("k" * 20, base)

@@ -87,7 +87,13 @@ def connect(
     kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
     where = f"cannot reach the database at {mask_url(url)}"
     with translated(f"{doing}: {where}" if doing else where, url):
-        conn = psycopg.connect(url, autocommit=autocommit, **kwargs)
+        try:
+            conn = psycopg.connect(url, autocommit=autocommit, **kwargs)
+        except UnicodeError:  # a host the resolver refuses (conninfo_problem checks first)
+            raise DatabaseError(
+                f"{doing + ': ' if doing else ''}{where}: its host is not a valid host name",
+                hint="Check the host in the connection string (an empty or overlong label?).",
+            ) from None
         try:
             # Timestamps arrive in UTC, whatever the server's or the role's TimeZone: two read
             # in a zone with daylight saving (Europe/Berlin) subtract in wall-clock time in

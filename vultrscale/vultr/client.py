@@ -28,7 +28,14 @@ import tenacity
 
 from vultrscale import __version__
 from vultrscale.config import Secret
-from vultrscale.errors import UsageError, http_userinfo, mask_url, redact, secret_values
+from vultrscale.errors import (
+    UsageError,
+    http_userinfo,
+    is_host_name,
+    mask_url,
+    redact,
+    secret_values,
+)
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     ApiUnreachable,
@@ -85,12 +92,16 @@ def _validate_base_url(base_url: str) -> str:
     hint = "Set VULTR_API_URL to an http(s) URL such as https://api.vultr.com (without /v2)."
     try:
         url = httpx.URL(base_url.strip())
-    except (httpx.InvalidURL, TypeError):
+        host = url.host  # decoded from IDNA: an invalid A-label raises here
+    except (httpx.InvalidURL, TypeError, UnicodeError):  # UnicodeError: IDNA refuses the host
         shown = mask_url(base_url)
         raise UsageError(f"Vultr API URL {shown!r} is not a valid URL.", hint=hint) from None
-    if url.scheme not in ("http", "https") or not url.host:
+    if url.scheme not in ("http", "https") or not host:
         shown = mask_url(base_url)
         raise UsageError(f"Vultr API URL {shown!r} is not an http(s) URL.", hint=hint)
+    if not is_host_name(host):  # every request raised UnicodeError: 'unexpected'
+        shown = mask_url(base_url)
+        raise UsageError(f"Vultr API URL {shown!r} names a host that is not valid.", hint=hint)
     text = str(url).rstrip("/")
     return text[: -len("/v2")] if text.endswith("/v2") else text
 
