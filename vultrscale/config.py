@@ -437,13 +437,16 @@ def resolve_config_path(explicit: str | None, env: Mapping[str, str]) -> tuple[P
     return Path(DEFAULT_CONFIG_NAME), False
 
 
-def read_dotenv(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines of a .env file (``export`` and quotes allowed); absent file: empty."""
+def read_dotenv(path: Path, *, strict: bool = True) -> dict[str, str]:
+    """KEY=VALUE lines of a .env file (``export`` and quotes allowed); absent file: empty.
+    ``strict``: a line python-dotenv cannot read is a ConfigError (else it is left out: for
+    redacting what the readable lines hold, on an error path)."""
     if not path.is_file():
         return {}
     import io
 
     from dotenv import dotenv_values
+    from dotenv.parser import parse_stream
 
     try:
         raw = path.read_bytes()
@@ -451,8 +454,17 @@ def read_dotenv(path: Path) -> dict[str, str]:
         raise ConfigError([f"cannot read {path}: {exc.strerror}"]) from None
     # Bytes that are not UTF-8 kept as the environment keeps them (lone surrogates): `load`
     # names the variable instead of failing on the whole file.
-    text = io.StringIO(raw.decode("utf-8", errors="surrogateescape"))
-    return {k: v for k, v in dotenv_values(stream=text).items() if v is not None}
+    text = raw.decode("utf-8", errors="surrogateescape")
+    # A line python-dotenv cannot read was dropped with a log line: a DATABASE_URL with its
+    # closing quote missing became "DATABASE_URL is not set". Named by its number, never shown.
+    bad = [b.original.line for b in parse_stream(io.StringIO(text)) if b.error]
+    if bad and strict:
+        lines = ", ".join(str(n) for n in bad)
+        raise ConfigError(
+            [f"{path}: line(s) {lines} are not KEY=VALUE lines python-dotenv can read"],
+            hint="Look for a quote left open or a line without '='; quote values with spaces.",
+        )
+    return {k: v for k, v in dotenv_values(stream=io.StringIO(text)).items() if v is not None}
 
 
 def load(

@@ -111,6 +111,23 @@ def test_new_instances_name_an_empty_worker_database_url_that_hides_the_dotenv(
         cfg.worker_database_url()  # not the scaler's DATABASE_URL behind the user's back
 
 
+def test_a_dotenv_line_that_cannot_be_read_is_named_by_number_never_shown(
+    tmp_path: Path,
+) -> None:
+    """It was dropped with a log line: a DATABASE_URL with its closing quote missing read as
+    'DATABASE_URL is not set', and config check said the configuration was valid."""
+    path = write(tmp_path, "")
+    (tmp_path / ".env").write_text(
+        'VULTR_API_KEY=k0123456789\nDATABASE_URL="postgresql://u:Secr3tPW@h/db\nfoo bar\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        config.load(path, {})
+    text = " ".join(err.value.problems) + (err.value.hint or "")
+    assert "line(s) 2, 3" in text and "Secr3tPW" not in text
+    lenient = config.read_dotenv(tmp_path / ".env", strict=False)  # the error path's redaction
+    assert lenient == {"VULTR_API_KEY": "k0123456789"}
+
+
 def test_every_problem_is_reported_at_once_with_its_key(tmp_path: Path) -> None:
     path = write(
         tmp_path,

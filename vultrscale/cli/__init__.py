@@ -176,7 +176,7 @@ def _env_with_dotenv() -> dict[str, str]:
     merged: dict[str, str] = {}
     for folder in {Path(named).expanduser().parent if named else Path("."), Path(".")}:
         try:
-            merged.update(read_dotenv(folder / ".env"))
+            merged.update(read_dotenv(folder / ".env", strict=False))
         except Exception:  # noqa: BLE001 - an unreadable .env: redact what the environment has
             continue
     return {**merged, **os.environ}
@@ -209,7 +209,7 @@ def library_logs(debug: bool) -> None:
     that accepts TCP and sends no banner, and the drain reports that host itself, in one line."""
     import logging
 
-    for name in ("paramiko",):
+    for name in ("paramiko", "dotenv"):  # dotenv: a line it cannot read (config says which)
         logger = logging.getLogger(name)
         if not logger.handlers:
             logger.addHandler(logging.NullHandler())  # no "last resort" printing either
