@@ -190,3 +190,36 @@ def test_ctrl_c_in_a_command_is_exit_130_and_says_interrupted(
         assert json.loads(out.out) == {"error": "interrupted.", "hint": None, "exit_code": 130}
     else:
         assert out.out == ""
+
+
+@pytest.mark.parametrize(
+    ("key", "code", "said"),
+    [("ctrl-c", 130, "interrupted."), ("ctrl-d", 1, "aborted: the input ended before an answer.")],
+)
+def test_ctrl_c_at_an_init_prompt_is_exit_130_and_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    key: str,
+    code: int,
+    said: str,
+) -> None:
+    """click turns a Ctrl-C at a prompt into Abort, which said 'aborted.', exit 1."""
+    import sys
+
+    try:
+        from typer._click import termui  # typer's own copy of click's prompt (typer >= 0.16)
+    except ImportError:  # pragma: no cover - an older typer prompts through click itself
+        from click import termui  # type: ignore[no-redef]
+
+    def eof(*_args: object, **_kwargs: object) -> str:
+        raise EOFError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VULTR_API_KEY", raising=False)
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(termui, "visible_prompt_func", _ctrl_c if key == "ctrl-c" else eof)
+    assert cli.main(["init"]) == code
+    assert capsys.readouterr().err.splitlines()[-1] == f"Error: {said}"
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             if code == EXIT_INTERRUPTED:  # said once, as any other way a command ends
                 code = _outcome(KeyboardInterrupt(), as_json)
     except BaseException as exc:  # noqa: BLE001 - sorted out below; errors load only on failure
-        code = _outcome(exc, as_json)
+        code = _outcome(exc, as_json, interrupted=bool(interrupted))
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -276,8 +276,9 @@ def _note_sigint(into: list[int]) -> Any:
     return signal.signal(signal.SIGINT, noted)
 
 
-def _outcome(exc: BaseException, as_json: bool) -> int:
-    """The exit code for an exception ending a command, reported once."""
+def _outcome(exc: BaseException, as_json: bool, *, interrupted: bool = False) -> int:
+    """The exit code for an exception ending a command, reported once. ``interrupted``: a
+    SIGINT arrived (click turns a Ctrl-C at a prompt into Abort)."""
     from vultrscale.errors import (
         EXIT_INTERRUPTED,
         EXIT_RUNTIME,
@@ -290,7 +291,9 @@ def _outcome(exc: BaseException, as_json: bool) -> int:
     if isinstance(exc, (typer.Exit, getattr(errors, "Exit", typer.Exit))):
         return int(exc.exit_code)  # type: ignore[attr-defined]
     if isinstance(exc, (typer.Abort, getattr(errors, "Abort", typer.Abort))):
-        return fail("aborted.", "", EXIT_RUNTIME, as_json)
+        if interrupted:  # Ctrl-C at a prompt: as a Ctrl-C anywhere else (it said 'aborted.', 1)
+            return fail("interrupted.", "", EXIT_INTERRUPTED, as_json)
+        return fail("aborted: the input ended before an answer.", "", EXIT_RUNTIME, as_json)
     if isinstance(exc, errors.ClickException):
         exc.show()
         code = EXIT_USAGE if isinstance(exc, errors.UsageError) else exc.exit_code
