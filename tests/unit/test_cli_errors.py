@@ -223,3 +223,21 @@ def test_ctrl_c_at_an_init_prompt_is_exit_130_and_writes_nothing(
     assert cli.main(["init"]) == code
     assert capsys.readouterr().err.splitlines()[-1] == f"Error: {said}"
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("postgresql://u:pa/ss?wd@127.0.0.1:1/db", "not a Postgres connection string"),
+        ("postgresql://u:p\udcffword@127.0.0.1:1/db", "not UTF-8 text"),
+    ],
+)
+def test_the_demo_refuses_a_database_url_it_cannot_use_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str, said: str
+) -> None:
+    """It read DATABASE_URL as it was: exit 1 ('cannot reach the database'), or 'unexpected
+    UnicodeEncodeError', where every other command says exit 2."""
+    monkeypatch.setenv("DATABASE_URL", url)
+    assert cli.main(["demo", "--duration", "10s", "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "pa/ss" not in err and "pword" not in err

@@ -101,6 +101,15 @@ def demo_cmd(
             f"--logs {logs}: {logs_dir} exists and is not a directory",
             hint="Name a directory (it is created if missing).",
         )
+    url = os.environ.get("DATABASE_URL", "").strip() or None
+    if url is not None:  # before anything starts: as every other command checks it
+        from vultrscale.errors import conninfo_problem, is_text
+
+        problem = "DATABASE_URL is not UTF-8 text" if not is_text(url) else conninfo_problem(url)
+        if problem:
+            raise UsageError(
+                problem, hint="Fix DATABASE_URL, or unset it for a throwaway Postgres."
+            )
     settings = demo.Settings(
         duration=duration.total_seconds(),
         bursts=demo.parse_bursts(bursts),
@@ -128,7 +137,6 @@ def demo_cmd(
     # also SIGINT: a shell starts a background job with SIGINT ignored
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _stop)
-    url = os.environ.get("DATABASE_URL", "").strip() or None
     with contextlib.ExitStack() as drawing:
         if live is not None:
             drawing.enter_context(views.keys_not_echoed())
