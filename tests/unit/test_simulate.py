@@ -583,6 +583,16 @@ def test_a_plot_path_that_names_no_file_exits_2_before_any_replay(
     assert not (tmp_path / "dir.png").exists()
 
 
+def test_a_plot_in_a_directory_that_is_not_there_exits_2_before_any_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    """It failed only after the whole replay (9 s here), and --json lost the results."""
+    monkeypatch.setattr(compare, "compare", lambda *a, **k: pytest.fail("replayed"))
+    assert main(["simulate", "--days", "1", "--plot", str(tmp_path / "no" / "week.png")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a directory this user can write in" in err and "Fix:" in err
+
+
 def test_a_plot_name_without_extension_reports_the_png_it_wrote(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

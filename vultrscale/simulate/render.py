@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich import box
@@ -117,6 +118,14 @@ def plot_path(path: Path) -> Path:
     if not path.name or path.is_dir():  # ".", "/", a directory: no file to write
         raise UsageError(
             f"--plot {path}: not a file name", hint="Name the file to draw, e.g. --plot fleet.png."
+        )
+    folder = path.parent.expanduser()
+    if not folder.is_dir() or not os.access(
+        folder, os.W_OK | os.X_OK
+    ):  # after the replay, too late
+        raise UsageError(
+            f"--plot {path}: {folder} is not a directory this user can write in",
+            hint="Create the directory, or name a file in one you can write.",
         )
     if not path.suffix:
         return path.with_name(path.name + ".png")
