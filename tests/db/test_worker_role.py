@@ -470,3 +470,74 @@ def test_db_init_leaves_the_workers_role_no_way_to_the_scalers_privileges(
         (worker_role.name,),
     ).fetchone()
     assert member_of == (0,)
+
+
+@pytest.mark.parametrize("owns", ["schema", "database"])
+def test_db_init_refuses_a_role_that_owns_the_schema_or_the_database(
+    db_url: str, admin: psycopg.Connection, owns: str
+) -> None:
+    """Accepted, it printed 'no privilege on the scaler's tables', and logged in as it the
+    reviewer dropped fleet_events and jobs: an owner of the schema (or of the database, which
+    owns public from Postgres 15) may drop every table in it."""
+    name = f"vs_owner_{uuid.uuid4().hex[:10]}"
+    db = urlsplit(db_url).path.lstrip("/")
+    admin.execute(f"CREATE ROLE {name}")
+    target = "SCHEMA public" if owns == "schema" else f'DATABASE "{db}"'
+    before = admin.execute(
+        "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'public'"
+        if owns == "schema"
+        else "SELECT datdba::regrole::text FROM pg_database WHERE datname = current_database()"
+    ).fetchone()
+    assert before is not None
+    try:
+        admin.execute(f"ALTER {target} OWNER TO {name}")
+        with pytest.raises(UsageError, match="owns this schema, this database"):
+            roles.init_database(db_url, _config(db_url, name, _as(db_url, name)))
+    finally:
+        admin.execute(f"ALTER {target} OWNER TO {before[0]}")
+        admin.execute(f"DROP OWNED BY {name}")
+        admin.execute(f"DROP ROLE {name}")
+
+
+def test_db_init_takes_back_create_on_the_schema(
+    db_url: str, worker_role: Role, admin: psycopg.Connection
+) -> None:
+    """Kept, it let the role plant a function (public.unnest(text[])) that the scaler's own
+    check then ran with the scaler's rights: the role granted itself the scaler's tables."""
+    admin.execute(f"GRANT CREATE ON SCHEMA public TO {worker_role.name}")
+    roles.init_database(db_url, _config(db_url, worker_role.name, worker_role.url))
+    row = admin.execute(
+        "SELECT has_schema_privilege(%s, 'public', 'CREATE')", (worker_role.name,)
+    ).fetchone()
+    assert row == (False,)
+
+
+def test_db_init_works_beside_an_apps_table_the_scaler_may_not_touch(
+    pg_admin_url: str,
+) -> None:
+    """REVOKE ... ON ALL TABLES IN SCHEMA failed outright on it ('permission denied for table
+    app_t'), and so did every db init of a scaler that shares its database with the app."""
+    tag = uuid.uuid4().hex[:8]
+    scaler, app, worker, db = f"vs_s_{tag}", f"vs_app_{tag}", f"vs_w_{tag}", f"vs_shared_{tag}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as root:
+        root.execute(f"CREATE ROLE {scaler} LOGIN CREATEROLE PASSWORD 'pw-{tag}'")
+        root.execute(f"CREATE ROLE {app}")
+        root.execute(f"CREATE DATABASE {db} OWNER {scaler}")
+        try:
+            with psycopg.connect(_with_user(pg_admin_url, db), autocommit=True) as in_db:
+                in_db.execute(f"ALTER SCHEMA public OWNER TO {scaler}")
+                in_db.execute("CREATE TABLE app_t (id int)")
+                in_db.execute(f"ALTER TABLE app_t OWNER TO {app}")
+                in_db.execute("REVOKE ALL ON app_t FROM PUBLIC")
+            url = _as(_with_user(pg_admin_url, db), scaler, f"pw-{tag}")
+            lines = roles.init_database(url, _config(url, worker, _as(url, worker)))
+            assert any(f"role {worker}" in line for line in lines), lines
+        finally:
+            root.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            for role in (worker, app, scaler):
+                root.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def _with_user(admin_url: str, db: str) -> str:
+    parts = urlsplit(admin_url)
+    return urlunsplit(parts._replace(path=f"/{db}"))

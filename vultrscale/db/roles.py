@@ -118,6 +118,23 @@ def _check_role(conn: psycopg.Connection, role: str) -> bool:
             "strip the owner",
             hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
         )
+    # The owner of the schema may drop every table in it, the database's owner the database
+    # (and from Postgres 15 it owns public, through pg_database_owner): no grant limits either.
+    # Also an owner of a function here, which the scaler's own statements could resolve to.
+    owner = conn.execute(
+        "SELECT r.oid = n.nspowner OR r.oid = d.datdba"
+        " OR EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid"
+        "            AND p.proowner = r.oid)"
+        " FROM pg_roles r, pg_namespace n, pg_database d WHERE r.rolname = %s"
+        " AND n.oid = current_schema()::regnamespace AND d.datname = current_database()",
+        (role,),
+    ).fetchone()
+    if owner and owner[0]:
+        raise UsageError(
+            f"worker.db_role = {role} owns this schema, this database or a function in the "
+            "schema: it may drop or replace the scaler's tables, which no grant takes back",
+            hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
+        )
     return row is not None
 
 
@@ -160,14 +177,31 @@ def apply_worker_role(conn: psycopg.Connection, role: str, password: str | None)
         conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, ident))
     if not can[1]:
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(nsp, ident))
-    for stmt in (
-        # Exactly the list: whatever an earlier version (or a person) granted goes first.
-        # Revoking a table's privileges revokes its column privileges too.
-        "REVOKE ALL ON ALL TABLES IN SCHEMA {nsp} FROM {role}",
-        "REVOKE ALL ON ALL SEQUENCES IN SCHEMA {nsp} FROM {role}",
-        "REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {nsp} FROM {role}",
-    ):
-        conn.execute(sql.SQL(stmt).format(db=db, nsp=nsp, role=ident))
+    # Exactly the list: whatever an earlier version (or a person) granted goes first, on every
+    # table, sequence and routine of the schema the scaler may manage (it owns it, or is a
+    # member of its owner). One by one: REVOKE ... ON ALL TABLES IN SCHEMA failed outright on a
+    # table of the app's that the scaler has no privilege on, and db init with it, every time.
+    # Revoking a table's privileges revokes its column privileges too. CREATE on the schema goes
+    # as well: with it the role could plant a function the scaler's statements resolve to.
+    managed = conn.execute(
+        "SELECT 'TABLE ' || c.oid::regclass::text FROM pg_class c"
+        " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN"
+        " ('r', 'p', 'v', 'm', 'f') AND pg_has_role(current_user, c.relowner, 'USAGE')"
+        " UNION ALL SELECT 'SEQUENCE ' || c.oid::regclass::text FROM pg_class c"
+        " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'S'"
+        " AND pg_has_role(current_user, c.relowner, 'USAGE')"
+        " UNION ALL SELECT 'ROUTINE ' || p.oid::regprocedure::text FROM pg_proc p"
+        " WHERE p.pronamespace = current_schema()::regnamespace"
+        " AND pg_has_role(current_user, p.proowner, 'USAGE')"
+    ).fetchall()
+    for (what,) in managed:
+        kind, _, name = str(what).partition(" ")
+        conn.execute(
+            sql.SQL("REVOKE ALL ON {} {} FROM {} CASCADE").format(
+                sql.SQL(kind), sql.SQL(name), ident
+            )
+        )
+    conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(nsp, ident))
     for g in WORKER_GRANTS:
         privileges = sql.SQL(", ").join(
             sql.SQL(p + " ({})").format(sql.SQL(", ").join(map(sql.Identifier, g.columns)))
