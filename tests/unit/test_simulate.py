@@ -466,17 +466,52 @@ def test_a_plan_sweep_prices_each_variant_at_its_own_plan(
         assert r["cost_usd"] == pytest.approx(r["billed_hours"] * hourly[plan], abs=1e-4)
 
 
-def test_a_jobs_per_instance_sweep_gives_each_row_its_own_lower_bound(
+def test_a_sweep_measures_every_row_over_one_window(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each row's window ended at its own grace, which holds drain.timeout: the row with 2h
+    billed the same behaviour 1.98 instance-hours more, and ranked dearer."""
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "50", "--json",
+            "--sweep", "drain.timeout=1m,2h", "--sweep", "policy.min_instances=1"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["policy"].split()[0]: r for r in doc["results"]}
+    short, long = rows["drain.timeout=1m"], rows["drain.timeout=2h"]
+    assert short["instance_hours"] == pytest.approx(long["instance_hours"], abs=0.01)
+    assert short["cost_usd"] == pytest.approx(long["cost_usd"], abs=1e-6)
+    assert doc["grace_seconds"] > 7200  # the longer drain's grace, for both
+
+
+def test_keda_keeps_to_a_cap_of_zero(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    csv = tmp_path / "jobs.csv"
+    csv.write_text("0,60\n300,60\n600,60\n")
+    config = tmp_path / "zero.toml"
+    config.write_text("[policy]\nmax_instances = 0\n")
+    argv = ["--config", str(config), "simulate", "--workload", str(csv), "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["policy"]: r for r in doc["results"]}
+    assert rows["keda"]["scale_ups"] == 0 and rows["keda"]["cost_usd"] == 0
+    assert "always-on 1" not in rows
+
+
+def test_a_concurrency_sweep_gives_each_row_its_own_lower_bound(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The simulated instances ran queue.jobs_per_instance jobs at once, not the worker's
+    concurrency (what the user-data gives it): a sweep of worker.concurrency gave three
+    identical rows."""
     argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json",
-            "--sweep", "queue.jobs_per_instance=2,4"]  # fmt: skip
+            "--sweep", "worker.concurrency=2,4"]  # fmt: skip
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     bounds = {r["policy"]: r["lower_bound_hours"] for r in doc["results"]}
     job_hours = doc["workload"]["job_hours"]
-    assert bounds["queue.jobs_per_instance=2"] == pytest.approx(job_hours / 2, abs=0.01)
-    assert bounds["queue.jobs_per_instance=4"] == pytest.approx(job_hours / 4, abs=0.01)
+    assert bounds["worker.concurrency=2"] == pytest.approx(job_hours / 2, abs=0.01)
+    assert bounds["worker.concurrency=4"] == pytest.approx(job_hours / 4, abs=0.01)
+    rows = {r["policy"]: r for r in doc["results"]}
+    assert (
+        rows["worker.concurrency=2"]["instance_hours"]
+        != rows["worker.concurrency=4"]["instance_hours"]
+    )
     assert doc["lower_bound_hours"] is None  # no single bound stands for both rows
     assert main(argv[:-3] + argv[-2:]) == 0  # the table: its footer names no single bound
     assert "lower bound: each row's own" in capsys.readouterr().out

@@ -97,7 +97,7 @@ class Keda(Baseline):
             self.last_active = now
         # The HPA runs at 1..N while the trigger is active or within the cool-down; it keeps the
         # highest recommendation of the stabilisation window when scaling down.
-        self.history.append((now, max(1, desired)))
+        self.history.append((now, min(self.max, max(1, desired))))  # maxReplicaCount, 0 too
         while self.history and self.history[0][0] < now - KEDA_STABILIZATION:
             self.history.popleft()
         if not demand and now - self.last_active >= KEDA_COOLDOWN:

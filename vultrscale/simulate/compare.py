@@ -40,7 +40,7 @@ class Setup:
 class Comparison:
     trace: Trace
     results: tuple[PolicyResult, ...]
-    lower_bound_hours: float | None  # None: the rows' jobs per instance differ (each has its own)
+    lower_bound_hours: float | None  # None: the rows' jobs at once differ (each has its own)
     grace: float
     price: PlanPrice  # the first row's; a sweep over fleet.plan prices each row at its own
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -129,6 +129,16 @@ def replay_end(cfg: Config, setup: Setup, trace: Trace) -> float:
     return trace.span + grace_seconds(cfg, setup, trace)
 
 
+def worker_slots(cfg: Config) -> int:
+    """How many jobs a simulated instance runs at once: the reference worker's
+    ``worker.concurrency`` (what the user-data gives it) with the built-in queue; with another
+    preset the workers are the app's own, taken to run ``queue.jobs_per_instance``. The
+    policies still size the fleet by ``queue.jobs_per_instance``, as the real pass does."""
+    return (
+        cfg.worker.concurrency if cfg.queue.preset == "vultrscale" else cfg.queue.jobs_per_instance
+    )
+
+
 def _policies(
     names: Sequence[str], cfg: Config, trace: Trace, price: PlanPrice
 ) -> list[engine.Policy]:
@@ -138,7 +148,7 @@ def _policies(
         if name == "always-on":
             peak = min(cfg.policy.max_instances, max(1, math.ceil(peak_concurrency(trace) / per)))
             out.append(baselines.AlwaysOn(peak, per, f"always-on {peak} (peak)"))
-            if peak != 1:
+            if peak != 1 and cfg.policy.max_instances >= 1:  # none at all with a cap of 0
                 out.append(baselines.AlwaysOn(1, per, "always-on 1"))
         elif name == "naive":
             out.append(baselines.Naive(cfg.policy.max_instances, per))
@@ -158,12 +168,13 @@ def play(
     setup: Setup,
     *,
     progress: Callable[[float], None] | None = None,
+    end: float | None = None,
 ) -> tuple[World, engine.RunStats]:
-    """Play ``trace`` under ``pol`` to the trace's end plus its grace; the world and the run's
-    statistics, for measuring (and for tests that look inside)."""
+    """Play ``trace`` under ``pol`` to ``end`` (the trace's end plus its grace); the world and
+    the run's statistics, for measuring (and for tests that look inside)."""
     world = World(
         trace,
-        jobs_per_instance=cfg.queue.jobs_per_instance,
+        jobs_per_instance=worker_slots(cfg),
         drain_seconds=cfg.worker.drain_seconds,
         lease_seconds=cfg.worker.lease_seconds,
         boot_time=setup.boot_time,
@@ -173,7 +184,7 @@ def play(
         world,
         pol,
         interval=setup.interval,
-        until=replay_end(cfg, setup, trace),
+        until=replay_end(cfg, setup, trace) if end is None else end,
         sample_every=setup.interval if setup.plot else 0.0,
         progress=progress,
     )
@@ -189,15 +200,18 @@ def run_one(
     *,
     name: str | None = None,
     progress: Callable[[float], None] | None = None,
+    end: float | None = None,
 ) -> PolicyResult:
-    world, stats = play(pol, trace, cfg, setup, progress=progress)
+    """Play and measure one policy, to ``end`` (None: this config's replay end)."""
+    end = replay_end(cfg, setup, trace) if end is None else end
+    world, stats = play(pol, trace, cfg, setup, progress=progress, end=end)
     return measure(
         name or pol.name,
         world,
         stats,
         price=price,
-        end=replay_end(cfg, setup, trace),
-        jobs_per_instance=cfg.queue.jobs_per_instance,
+        end=end,
+        jobs_per_instance=worker_slots(cfg),
         curve_points=PLOT_POINTS if setup.plot else 0,
     )
 
@@ -220,7 +234,12 @@ def compare(
 
 
 def _comparison(
-    trace: Trace, results: Sequence[PolicyResult], cfg: Config, setup: Setup, price: PlanPrice
+    trace: Trace,
+    results: Sequence[PolicyResult],
+    cfg: Config,
+    setup: Setup,
+    price: PlanPrice,
+    grace: float | None = None,
 ) -> Comparison:
     # One lower bound for the table only when every row shares it (a sweep over
     # queue.jobs_per_instance gives each row its own).
@@ -231,7 +250,7 @@ def _comparison(
         trace,
         tuple(results),
         bounds.pop() if len(bounds) == 1 else None,
-        grace_seconds(cfg, setup, trace),
+        grace_seconds(cfg, setup, trace) if grace is None else grace,
         price,
     )
 
@@ -289,11 +308,16 @@ def sweep(
 ) -> Comparison:
     """vultrscale once per variant (``sweep_configs``), each at its own price, ranked by cost
     (then p95 wait)."""
+    # One window for every row, the longest grace any variant needs: each row's own (a sweep
+    # of drain.timeout) billed the same behaviour over a longer window, and ranked it dearer.
+    grace = max(grace_seconds(cfg, setup, trace) for _, cfg, _ in variants)
     results = []
     for label, cfg, price in variants:
         cb = (lambda f, n=label: progress(n, f)) if progress else None
         pol = Vultrscale(cfg, price, trace.epoch, name=label)
-        results.append(run_one(pol, trace, cfg, setup, price, name=label, progress=cb))
+        results.append(
+            run_one(pol, trace, cfg, setup, price, name=label, progress=cb, end=trace.span + grace)
+        )
     results.sort(key=lambda r: (r.lost, r.cost_usd, r.wait_p95))
     first = next(price for label, _, price in variants if label == results[0].policy)
-    return _comparison(trace, results, variants[0][1], setup, first)
+    return _comparison(trace, results, variants[0][1], setup, first, grace)

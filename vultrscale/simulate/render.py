@@ -72,13 +72,14 @@ def footer(cmp: Comparison) -> list[str]:
     tr = cmp.trace
     if cmp.lower_bound_hours is None:
         bound = (
-            "lower bound: each row's own (job time / its jobs per instance: no boot, no idle); "
+            "lower bound: each row's own (job time / the jobs its instances run at once: no "
+            "boot, no idle); "
             "xLB is each row's instance-hours over it"
         )
     else:
         bound = (
-            f"lower bound: {cmp.lower_bound_hours:.1f} instance-hours (job time / jobs per "
-            "instance: no boot, no idle); xLB is each row's instance-hours over it"
+            f"lower bound: {cmp.lower_bound_hours:.1f} instance-hours (job time / the jobs an "
+            "instance runs at once: no boot, no idle); xLB is each row's instance-hours over it"
         )
     plans = dict.fromkeys((r.plan, r.monthly_usd) for r in cmp.results)
     if len(plans) > 1:
