@@ -307,18 +307,14 @@ def _record(
         with store.connect(database_url) as conn:
             store.record_snapshot(conn, fleet, snapshot_id, description, created_at, status)
     except DatabaseError as exc:
-        raise DatabaseError(
-            f"snapshot {snapshot_id} exists at Vultr but could not be recorded: {exc.message}",
-            hint=f"{exc.hint} Once the database works, run "
-            f"`vultrscale snapshot --resume {snapshot_id}`.".strip(),
-        ) from exc
+        raise _unrecorded(snapshot_id, exc) from exc
 
 
-def _unrecorded(snapshot_id: str, exc: DatabaseError) -> DatabaseError:
+def _unrecorded(snapshot_id: str, exc: DatabaseError, how: str = "exists") -> DatabaseError:
+    """The database failed before ``snapshot_id`` was recorded: its id, and how to resume."""
     return DatabaseError(
-        f"snapshot {snapshot_id} is complete at Vultr but could not be recorded: {exc.message}",
-        hint=f"{exc.hint} Once the database works, run "
-        f"`vultrscale snapshot --resume {snapshot_id}`.".strip(),
+        f"snapshot {snapshot_id} {how} at Vultr but could not be recorded: {exc.message}",
+        hint=f"{exc.hint} Once the database works, run `{resume_command(snapshot_id)}`.".strip(),
     )
 
 
@@ -407,7 +403,7 @@ def _finish(
             # resume may have recorded one meanwhile, and a pass may still create from either.
             previous = store.recorded_snapshot(conn, fleet)
         except DatabaseError as exc:
-            raise _unrecorded(snapshot_id, exc) from exc
+            raise _unrecorded(snapshot_id, exc, "is complete") from exc
         except KeyboardInterrupt:  # waiting for another bake's record and prune
             raise SnapshotInterrupted(
                 f"interrupted before snapshot {snapshot_id}, complete at Vultr, was recorded",
@@ -496,14 +492,22 @@ def _wait_complete(
         interval = min(interval * POLL_GROWTH, MAX_POLL)
 
 
-def _discard(client: SnapshotApi, database_url: str, snapshot_id: str) -> str:
-    """Delete a failed snapshot at Vultr and forget it; what became of it, for the message."""
+def _delete_at_vultr(client: SnapshotApi, snapshot_id: str) -> str | None:
+    """DELETE the snapshot; None once it is gone (already gone counts), else why not."""
     try:
         client.delete_snapshot(snapshot_id)
     except NotFound:
-        pass
+        pass  # already gone at Vultr: forgetting it is all that is left to do
     except VultrError as exc:
-        return f" (deleting it failed: {exc.message}; delete it in the Vultr console)"
+        return exc.message
+    return None
+
+
+def _discard(client: SnapshotApi, database_url: str, snapshot_id: str) -> str:
+    """Delete a failed snapshot at Vultr and forget it; what became of it, for the message."""
+    why = _delete_at_vultr(client, snapshot_id)
+    if why is not None:
+        return f" (deleting it failed: {why}; delete it in the Vultr console)"
     try:
         with store.connect(database_url) as conn:
             store.forget_snapshot(conn, snapshot_id)
@@ -536,12 +540,9 @@ def prune(
             for row in rows[keep:]:
                 if row.snapshot_id in protect:
                     continue
-                try:
-                    client.delete_snapshot(row.snapshot_id)
-                except NotFound:
-                    pass  # already gone at Vultr: forgetting it is all that is left to do
-                except VultrError as exc:
-                    errors.append(f"{row.snapshot_id}: {exc.message}")
+                why = _delete_at_vultr(client, row.snapshot_id)
+                if why is not None:
+                    errors.append(f"{row.snapshot_id}: {why}")
                     continue
                 store.forget_snapshot(conn, row.snapshot_id)
                 deleted.append(row.snapshot_id)

@@ -71,6 +71,9 @@ _ROLE_HINT = (
 )
 
 
+_OWN_ROLE = "Name a role of its own for the workers, e.g. vultrscale_worker."
+
+
 def _check_role(conn: psycopg.Connection, role: str) -> bool:
     """Whether ``role`` exists; UsageError if it is the scaler's own, a superuser, a replication
     role, a member of another role, or an owner of tables here: no grant could limit it."""
@@ -78,7 +81,7 @@ def _check_role(conn: psycopg.Connection, role: str) -> bool:
     if row and row[0] == role:
         raise UsageError(
             f"worker.db_role = {role} is the role DATABASE_URL logs in as (the scaler's own)",
-            hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
+            hint=_OWN_ROLE,
         )
     row = conn.execute(
         "SELECT rolsuper OR rolbypassrls OR rolreplication FROM pg_roles WHERE rolname = %s",
@@ -88,7 +91,7 @@ def _check_role(conn: psycopg.Connection, role: str) -> bool:
         raise UsageError(
             f"worker.db_role = {role} is a superuser (or bypasses row security, or may "
             "replicate): no grant could limit it",
-            hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
+            hint=_OWN_ROLE,
         )
     # A member acts with its roles' privileges (inherited, or by SET ROLE): the scaler's own,
     # pg_write_all_data, ... Our grants cannot take that back; the membership must go.
@@ -107,33 +110,32 @@ def _check_role(conn: psycopg.Connection, role: str) -> bool:
             hint=f"REVOKE {', '.join(groups)} FROM {role}; or name a role of its own for the "
             "workers, e.g. vultrscale_worker.",
         )
+    # What it owns here, in one read. Tables: revoking its grants would strip the owner. The
+    # schema may be emptied by its owner, the database dropped by its owner (who from Postgres
+    # 15 owns public, through pg_database_owner), and a function of its own could be what the
+    # scaler's statements resolve to: no grant limits any of these.
     owns = conn.execute(
-        "SELECT 1 FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner"
-        " WHERE r.rolname = %s AND c.relnamespace = current_schema()::regnamespace LIMIT 1",
-        (role,),
-    ).fetchone()
-    if owns:
-        raise UsageError(
-            f"worker.db_role = {role} owns tables in this schema: revoking its grants would "
-            "strip the owner",
-            hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
-        )
-    # The owner of the schema may drop every table in it, the database's owner the database
-    # (and from Postgres 15 it owns public, through pg_database_owner): no grant limits either.
-    # Also an owner of a function here, which the scaler's own statements could resolve to.
-    owner = conn.execute(
-        "SELECT r.oid = n.nspowner OR r.oid = d.datdba"
+        "SELECT EXISTS (SELECT 1 FROM pg_class c WHERE c.relowner = r.oid"
+        "               AND c.relnamespace = n.oid),"
+        " r.oid = n.nspowner OR r.oid = d.datdba"
         " OR EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid"
         "            AND p.proowner = r.oid)"
         " FROM pg_roles r, pg_namespace n, pg_database d WHERE r.rolname = %s"
         " AND n.oid = current_schema()::regnamespace AND d.datname = current_database()",
         (role,),
     ).fetchone()
-    if owner and owner[0]:
+    tables, schema_or_database = owns if owns else (False, False)
+    if tables:
+        raise UsageError(
+            f"worker.db_role = {role} owns tables in this schema: revoking its grants would "
+            "strip the owner",
+            hint=_OWN_ROLE,
+        )
+    if schema_or_database:
         raise UsageError(
             f"worker.db_role = {role} owns this schema, this database or a function in the "
             "schema: it may drop or replace the scaler's tables, which no grant takes back",
-            hint="Name a role of its own for the workers, e.g. vultrscale_worker.",
+            hint=_OWN_ROLE,
         )
     return row is not None
 
