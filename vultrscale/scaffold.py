@@ -13,7 +13,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -505,3 +505,123 @@ WORKER_DATABASE_URL=
 # Point the client at `vultrscale sim serve` to try things (default https://api.vultr.com).
 # VULTR_API_URL=https://api.vultr.com
 """
+
+
+# --- init --systemd: the scaler's own units ---------------------------------------------------
+
+# The units, as deploy/ holds them (shipped in the package as vultrscale/deploy).
+SYSTEMD_UNITS = ("vultrscale.service", "vultrscale-pass.service", "vultrscale-pass.timer")
+# What the files say, and what init --systemd puts in their place.
+_UNIT_EXEC = "/usr/local/bin/vultrscale"
+_UNIT_DIR = "/etc/vultrscale"
+_UNIT_CONFIG = "vultrscale.toml"
+# Where the services cannot see a program or a file: ProtectHome= hides the homes,
+# PrivateTmp= gives them a /tmp of their own.
+_HIDDEN = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+# A path systemd takes as it is written: no space, quote, specifier (%), variable ($), escape.
+_UNIT_UNSAFE = frozenset(" \t\"'%$\\;")
+
+
+def deploy_dir() -> Path:
+    """The systemd units, alert rules and dashboard: ``vultrscale/deploy`` (a link to deploy/
+    in the repository), shipped in the package like the cloud-init templates."""
+    return Path(__file__).resolve().parent / "deploy"
+
+
+def _unit_path(what: str, value: str) -> str:
+    """``value`` as a path a unit may name: absolute, outside what the sandbox hides, and
+    nothing systemd would read as a specifier, a variable or a separator."""
+    hint = (
+        "Install vultrscale outside the home directories, e.g. "
+        "`PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install vultrscale` or "
+        "`UV_TOOL_DIR=/opt/uv-tools UV_TOOL_BIN_DIR=/usr/local/bin uv tool install vultrscale`, "
+        "and keep the config under /etc; nothing written."
+    )
+    bad = sorted(c for c in set(value) if c in _UNIT_UNSAFE or not c.isprintable())
+    if not value.startswith("/") or bad:
+        why = "is not an absolute path" if bad == [] else f"holds {''.join(bad)!r}"
+        raise UsageError(f"{what} {value!r} {why}: a systemd unit cannot name it.", hint=hint)
+    if any(value == h or value.startswith(h + "/") for h in _HIDDEN):
+        raise UsageError(
+            f"{what} {value} is where the service's sandbox cannot see it "
+            "(ProtectHome=, PrivateTmp=).",
+            hint=hint,
+        )
+    return value
+
+
+def systemd_units(command: Sequence[str], config_path: Path | None = None) -> dict[str, str]:
+    """The units' text with ``command`` (the program, and ``-m vultrscale`` after a Python) in
+    ExecStart and, when ``config_path`` is given, its directory for /etc/vultrscale (the .env
+    and ssh_key beside it) and its name for vultrscale.toml. UsageError for a path the
+    service could not use."""
+    program, *args = command
+    exe = " ".join([_unit_path("The vultrscale program", program), *args])
+    where, name = _UNIT_DIR, _UNIT_CONFIG
+    if config_path is not None:
+        absolute = Path(os.path.abspath(config_path))
+        where = _unit_path("The config's directory", str(absolute.parent))
+        name = absolute.name
+        if "/" in name or ":" in name or not name or set(name) & _UNIT_UNSAFE:
+            raise UsageError(
+                f"The config's name {name!r} cannot be named in a unit.",
+                hint="Name the config vultrscale.toml; nothing written.",
+            )
+    out = {}
+    for unit in SYSTEMD_UNITS:
+        text = (deploy_dir() / unit).read_text(encoding="utf-8")
+        text = text.replace(f"ExecStart={_UNIT_EXEC} ", f"ExecStart={exe} ")
+        text = text.replace(f":{_UNIT_DIR}/{_UNIT_CONFIG}", f":{where}/{name}")
+        text = text.replace(f"{_UNIT_DIR}/", f"{where}/")
+        out[unit] = text
+    return out
+
+
+def write_units(directory: Path, units: dict[str, str], *, force: bool) -> Written:
+    """Write ``units`` into ``directory`` (mode 0644) as :func:`write` writes the config: all
+    or none, an existing file refused unless ``force``, then kept as NAME.bak when it differs.
+    ``Written.config`` is the directory, ``Written.env`` the first unit."""
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory} is not a directory; nothing written.", hint=_SYSTEMD_HINT)
+    if not directory.is_dir():
+        raise UsageError(f"{directory} does not exist; nothing written.", hint=_SYSTEMD_HINT)
+    paths = [directory / name for name in units]
+    for path in paths:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise UsageError(f"{path} is not a file; nothing written.", hint=_SYSTEMD_HINT)
+        if path.exists() and not force:
+            raise UsageError(
+                f"{path} exists; nothing written.",
+                hint=f"Move it away, or pass --force to replace it (kept as {path.name}.bak).",
+            )
+    try:
+        kept = _write_together([(directory / name, text, 0o644) for name, text in units.items()])
+    except _WriteFailed as failed:
+        raise cannot_write(failed.path, failed.error, failed.verb, failed.replaced) from None
+    return Written(directory, paths[0], kept)
+
+
+_SYSTEMD_HINT = "Give an existing directory: /etc/systemd/system (as root), or one to look in."
+
+
+def systemd_next_steps(written: Written, executable: str, units: dict[str, str]) -> list[str]:
+    """What ``init --systemd`` says after writing: the files, the copies, and the setup the
+    units expect (the paths they name)."""
+    names = ", ".join(units)
+    text = units[SYSTEMD_UNITS[0]]
+    config = text.split("LoadCredential=vultrscale.toml:", 1)[1].split("\n", 1)[0]
+    env = text.split("EnvironmentFile=", 1)[1].split("\n", 1)[0]
+    key = text.split("LoadCredential=ssh_key:", 1)[1].split("\n", 1)[0]
+    folder = str(Path(config).parent)
+    return [
+        f"Wrote {names} in {written.config} (ExecStart: {executable}).",
+        *(f"Kept the previous {copy.name[: -len('.bak')]} as {copy}." for copy in written.kept),
+        "The services read, as root, before they drop to a user of their own:",
+        f"  {config} (the config), {env} (the secrets, mode 0600), {key} (the SSH key).",
+        "Then, as root:",
+        f"  install -d -m 0700 {folder}",
+        f"  vultrscale --config {config} init      # the config and its .env; fill in the .env",
+        f"  ssh-keygen -t ed25519 -N '' -f {key}",
+        "  systemctl daemon-reload && systemctl enable --now vultrscale.service",
+        "  (or one pass per timer tick instead: systemctl enable --now vultrscale-pass.timer)",
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -157,6 +158,7 @@ def demo_cmd(
         "vultrscale init",
         "vultrscale init --defaults --region fra --plan vc2-2c-4gb",
         "vultrscale --config prod/vultrscale.toml init --force",
+        "sudo vultrscale init --systemd /etc/systemd/system",
     ),
 )
 def init_cmd(
@@ -199,6 +201,16 @@ def init_cmd(
             show_default=False,
         ),
     ] = None,
+    systemd: Annotated[
+        Path | None,
+        typer.Option(
+            "--systemd",
+            metavar="DIR",
+            help="Instead: write the scaler's systemd units (the loop; a pass on a timer) "
+            "into DIR, with this vultrscale in ExecStart.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Write a commented vultrscale.toml and a .env template (mode 0600, placeholders for the
     secrets) for a real fleet, where --config points (default ./vultrscale.toml). On a terminal
@@ -210,6 +222,9 @@ def init_cmd(
     from vultrscale.cli._common import state
     from vultrscale.config import DEFAULT_API_URL, resolve_config_path
 
+    if systemd is not None:
+        _init_systemd(systemd, state.config_path, force=force)
+        return
     path, _ = resolve_config_path(state.config_path, os.environ)
     scaffold.refuse_existing(path, force=force)
     given = {"region": region, "plan": plan, "snapshot_id": snapshot}
@@ -470,3 +485,26 @@ def config_check(as_json: JsonFlag = False) -> None:
     from vultrscale.cli.views import print_config
 
     print_config(data, access, warnings)
+
+
+def _init_systemd(directory: Path, config_path: str | None, *, force: bool) -> None:
+    """``init --systemd DIR``: the units, ExecStart naming the vultrscale that runs now."""
+    from vultrscale import scaffold
+
+    executable = _this_program()
+    units = scaffold.systemd_units(executable, Path(config_path) if config_path else None)
+    written = scaffold.write_units(directory, units, force=force)
+    for line in scaffold.systemd_next_steps(written, " ".join(executable), units):
+        typer.echo(line)
+
+
+def _this_program() -> list[str]:
+    """The vultrscale command that runs now, as an absolute path (not resolved: pipx's and uv's
+    links keep their path across upgrades); `python -m vultrscale` when run that way."""
+    import shutil
+
+    argv0 = Path(sys.argv[0])
+    if argv0.name == "vultrscale" and os.access(argv0, os.X_OK):
+        return [os.path.abspath(argv0)]
+    found = shutil.which("vultrscale")
+    return [os.path.abspath(found)] if found else [sys.executable, "-m", "vultrscale"]

@@ -1,0 +1,121 @@
+"""`vultrscale init --systemd DIR`: the scaler's units, ExecStart naming this vultrscale, the
+config's directory where the units read it; never a path the sandbox hides, never over a file
+without --force. (systemd's own checks of the units: tests/e2e/test_scaler_units.py.)"""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+import pytest
+
+from vultrscale import scaffold
+from vultrscale.cli import main
+from vultrscale.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _service(text: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(text)
+    return parser
+
+
+def test_the_units_ship_inside_the_package() -> None:
+    # vultrscale/deploy links to deploy/, and setuptools copies it as package data.
+    assert scaffold.deploy_dir().resolve() == (REPO / "deploy").resolve()
+    assert {*scaffold.SYSTEMD_UNITS} <= {p.name for p in scaffold.deploy_dir().iterdir()}
+
+
+def test_init_writes_the_three_units_with_this_program_in_exec_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["init", "--systemd", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(scaffold.SYSTEMD_UNITS)
+    loop = _service((tmp_path / "vultrscale.service").read_text())["Service"]
+    program = loop["ExecStart"].split(" reconcile ")[0]
+    assert Path(program.split()[0]).is_absolute() and program in said
+    assert loop["ExecStart"].endswith("reconcile --loop --interval 30s --metrics-port 9464")
+    one = _service((tmp_path / "vultrscale-pass.service").read_text())["Service"]
+    assert one["ExecStart"] == f"{program} reconcile"
+    assert (tmp_path / "vultrscale.service").stat().st_mode & 0o777 == 0o644
+    assert "systemctl enable --now vultrscale.service" in said
+
+
+def test_a_config_named_with_config_moves_every_file_the_units_read(tmp_path: Path) -> None:
+    units = scaffold.systemd_units(["/usr/bin/vultrscale"], Path("/srv/fleet/prod.toml"))
+    svc = _service(units["vultrscale.service"])["Service"]
+    assert svc["EnvironmentFile"] == "/srv/fleet/.env"
+    assert "LoadCredential=vultrscale.toml:/srv/fleet/prod.toml" in units["vultrscale.service"]
+    assert "LoadCredential=ssh_key:/srv/fleet/ssh_key" in units["vultrscale-pass.service"]
+    assert "/etc/vultrscale" not in "".join(units.values())
+
+
+@pytest.mark.parametrize(
+    ("program", "said"),
+    [
+        ("/root/.local/bin/vultrscale", "sandbox cannot see it"),
+        ("/home/ops/.local/bin/vultrscale", "sandbox cannot see it"),
+        ("/tmp/venv/bin/vultrscale", "sandbox cannot see it"),
+        ("/opt/my tools/vultrscale", "holds ' '"),
+        ("/opt/50%/vultrscale", "holds '%'"),
+        ("bin/vultrscale", "not an absolute path"),
+    ],
+    ids=["root-home", "user-home", "tmp", "space", "specifier", "relative"],
+)
+def test_a_program_the_service_could_not_run_is_refused(program: str, said: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        scaffold.systemd_units([program])
+    assert said in refused.value.message
+    assert "pipx install" in refused.value.hint
+
+
+def test_a_python_without_the_console_script_runs_the_module() -> None:
+    units = scaffold.systemd_units(["/opt/py/bin/python3", "-m", "vultrscale"])
+    svc = _service(units["vultrscale-pass.service"])["Service"]
+    assert svc["ExecStart"] == "/opt/py/bin/python3 -m vultrscale reconcile"
+
+
+def test_existing_units_are_kept_unless_force_and_then_kept_as_bak(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "vultrscale.service"
+    mine.write_text("# my edits\n")
+    assert main(["init", "--systemd", str(tmp_path)]) == 2
+    assert "vultrscale.service exists" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vultrscale.service"]  # nothing else
+    assert main(["init", "--systemd", str(tmp_path), "--force"]) == 0
+    assert (tmp_path / "vultrscale.service.bak").read_text() == "# my edits\n"
+    assert "ExecStart=" in mine.read_text()
+
+
+def test_a_directory_that_is_not_there_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["init", "--systemd", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Fix:" in err
+
+
+def test_the_loop_cannot_restart_fast_nor_restart_a_config_it_refused() -> None:
+    unit = _service((REPO / "deploy" / "vultrscale.service").read_text())
+    svc, head = unit["Service"], unit["Unit"]
+    assert svc["Restart"] == "on-failure"
+    assert int(svc["RestartSec"]) >= 30  # at most one start every 30 s
+    assert svc["RestartPreventExitStatus"] == "2"  # a bad config stays failed, for the operator
+    burst, interval = int(head["StartLimitBurst"]), int(head["StartLimitIntervalSec"])
+    assert burst * int(svc["RestartSec"]) < interval  # a crash loop reaches the limit and stops
+
+
+def test_the_scaler_units_hold_no_secret_and_name_the_root_only_files() -> None:
+    for name in scaffold.SYSTEMD_UNITS:
+        text = (REPO / "deploy" / name).read_text()
+        for secret in ("VULTR_API_KEY=", "DATABASE_URL=", "postgresql://"):
+            assert secret not in text, (name, secret)
+    svc = _service((REPO / "deploy" / "vultrscale.service").read_text())["Service"]
+    assert svc["EnvironmentFile"] == "/etc/vultrscale/.env"
+    assert svc["DynamicUser"] == "yes" and svc["NoNewPrivileges"] == "yes"
+    assert svc["ProtectSystem"] == "strict" and svc["PrivateTmp"] == "yes"
