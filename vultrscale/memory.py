@@ -345,8 +345,9 @@ class MemoryLedger:
     ) -> None:
         self.state = FleetState(self.state.snapshot_id, last_scale_up, last_scale_down, idle_since)
 
-    def record_event(self, event: PassEvent) -> None:
+    def record_event(self, event: PassEvent) -> int:
         self.events.append(event)  # its summaries are built only if a test or a view reads it
+        return len(self.events)
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -17,11 +18,19 @@ from prometheus_client import (
 )
 
 from vultrscale.errors import RuntimeFailure, UsageError
-from vultrscale.model import InstanceState
+from vultrscale.model import ActionKind, InstanceState
 from vultrscale.reconcile import PassResult
+
+if TYPE_CHECKING:
+    from vultrscale.config import Config
 
 # What a gauge shows for a figure the pass could not read (the queue, the price).
 _UNKNOWN = float("nan")
+# The exit codes a pass ends with (README "Commands"): each series exists from the start, at 0,
+# so that an alert's increase() sees the first failure too (a series born at 1 shows none).
+_EXIT_CODES = ("0", "1", "2")
+# The states a drain runs through until the instance is gone.
+_DRAINING = (InstanceState.DRAINING, InstanceState.DELETING)
 
 
 class Metrics:
@@ -67,6 +76,42 @@ class Metrics:
             "vultrscale_passes", "Reconcile passes by exit code", ["fleet", "exit_code"], registry=r
         )
         self.actions = Counter("vultrscale_actions", "Actions taken", ["fleet", "kind"], registry=r)
+        self.committed = Gauge(
+            "vultrscale_budget_committed_usd",
+            "This UTC month's bill if the fleet ran as it is to the month's end",
+            lbl,
+            registry=r,
+        )
+        self.ceiling = Gauge(
+            "vultrscale_budget_ceiling_usd", "budget.monthly_ceiling_usd", lbl, registry=r
+        )
+        self.draining_oldest = Gauge(
+            "vultrscale_drain_oldest_seconds",
+            "Time since the oldest drain still under way began (0: none)",
+            lbl,
+            registry=r,
+        )
+        self.drain_deadline = Gauge(
+            "vultrscale_drain_deadline_seconds",
+            "drain.timeout and its margin: a drain older than this is past its deadline",
+            lbl,
+            registry=r,
+        )
+        for code in _EXIT_CODES:
+            self.passes.labels(fleet, code)
+        for kind in ActionKind:
+            self.actions.labels(fleet, kind.value)
+
+    @classmethod
+    def for_config(cls, cfg: Config) -> Metrics:
+        """The metrics of ``cfg``'s fleet, with the settings the alert rules compare to."""
+        from vultrscale.lifecycle import DRAIN_MARGIN
+
+        m = cls(cfg.fleet.name)
+        m.ceiling.labels(m.fleet).set(cfg.budget.monthly_ceiling_usd)
+        deadline = cfg.drain.timeout + DRAIN_MARGIN
+        m.drain_deadline.labels(m.fleet).set(deadline.total_seconds())
+        return m
 
     def observe(self, result: PassResult) -> None:
         f = self.fleet
@@ -81,6 +126,10 @@ class Metrics:
                 self.instances.labels(f, state.value).set(
                     sum(1 for i in obs.instances if i.state is state)
                 )
+            since = [i.draining_since for i in obs.instances if i.state in _DRAINING]
+            started = [t for t in since if t is not None]
+            age = (result.at - min(started)).total_seconds() if started else 0.0
+            self.draining_oldest.labels(f).set(max(age, 0.0))
             s = obs.signals
             # Unread this pass: NaN, not the last figures (a stale queue depth looks healthy).
             for gauge, value in (
@@ -95,6 +144,8 @@ class Metrics:
             self.target.labels(f).set(plan.target)
             mtd = plan.month_to_date_usd
             self.month_to_date.labels(f).set(_UNKNOWN if mtd is None else mtd)
+            committed = plan.committed_usd
+            self.committed.labels(f).set(_UNKNOWN if committed is None else committed)
             if not result.dry_run:
                 for action in plan.actions:
                     self.actions.labels(f, action.kind.value).inc()
@@ -104,7 +155,8 @@ class Metrics:
         queue and the month's bill are unread, NaN like any figure a pass could not read."""
         f = self.fleet
         self.passes.labels(f, str(exit_code)).inc()
-        for gauge in (self.ready, self.in_flight, self.expired, self.oldest, self.month_to_date):
+        unread = (self.ready, self.in_flight, self.expired, self.oldest, self.month_to_date)
+        for gauge in (*unread, self.committed):
             gauge.labels(f).set(_UNKNOWN)
 
     def write_textfile(self, path: str) -> None:

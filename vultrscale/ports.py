@@ -141,8 +141,8 @@ class FleetLedger(Protocol):
         last_scale_down: datetime | None,
         idle_since: datetime | None,
     ) -> None: ...
-    def record_event(self, event: PassEvent) -> None:
-        """Write the pass's ``fleet_events`` row."""
+    def record_event(self, event: PassEvent) -> int:
+        """Write the pass's ``fleet_events`` row; its id (the pass id `events` shows)."""
         ...
 
 

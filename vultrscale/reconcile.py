@@ -126,6 +126,7 @@ class PassResult:
     results: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    pass_id: int | None = None  # its fleet_events id (the pass id `events` shows); None: unrecorded
 
     def to_json(self) -> dict[str, Any]:
         obs = self.observation
@@ -259,7 +260,7 @@ def _record(ledger: FleetLedger, result: PassResult, *, quiet: bool) -> None:
         exit_code=result.exit_code,
     )
     try:
-        ledger.record_event(event)
+        result.pass_id = ledger.record_event(event)
     except DatabaseError as exc:
         if not quiet:
             raise

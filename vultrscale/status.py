@@ -217,6 +217,7 @@ def age_s(seconds: float) -> str:
 def events_table(events: list[dict[str, Any]]) -> Table:
     """The decision ledger as a table: one row per pass."""
     table = Table(title="events", title_justify="left", pad_edge=False)
+    table.add_column("pass", justify="right", no_wrap=True)  # the id the loop's log lines carry
     table.add_column("at (UTC)", no_wrap=True)
     table.add_column("exit", justify="right")
     table.add_column("plan")
@@ -233,6 +234,7 @@ def events_table(events: list[dict[str, Any]]) -> Table:
         details += [f"error: {x}" for x in e.get("errors") or []]
         at = e["at"]
         table.add_row(
+            str(e.get("id", "")),
             at.strftime("%m-%d %H:%M:%S") if isinstance(at, datetime) else str(at),
             str(e.get("exit_code")),
             plain(summary),

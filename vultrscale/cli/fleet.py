@@ -10,6 +10,7 @@ import typer
 
 from vultrscale import params
 from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
+from vultrscale.cli.passlog import LogFormat
 from vultrscale.errors import RuntimeFailure, UsageError, VultrscaleError
 from vultrscale.wiring import api_key, build_parts, database_url
 
@@ -28,6 +29,7 @@ app = group()
     epilog=examples(
         "vultrscale reconcile --dry-run",
         "vultrscale reconcile --loop --interval 30s --metrics-port 9108",
+        "vultrscale reconcile --loop --log-format json",
     ),
 )
 def reconcile_cmd(
@@ -65,6 +67,15 @@ def reconcile_cmd(
             help="With --loop, serve /metrics on 127.0.0.1:PORT.",
         ),
     ] = None,
+    log_format: Annotated[
+        LogFormat | None,
+        typer.Option(
+            "--log-format",
+            case_sensitive=False,
+            show_default=False,
+            help=shown("With --loop, one line per pass: human or json (journald, Loki).", "human"),
+        ),
+    ] = None,
 ) -> int:
     """One reconcile pass (or a loop): observe, progress drains, decide, act, record."""
     from vultrscale.cli import fail
@@ -75,19 +86,28 @@ def reconcile_cmd(
         raise UsageError(
             "--metrics-port needs --loop", hint="Use --metrics-file for single passes."
         )
+    if log_format is not None and (not loop or as_json):
+        raise UsageError(
+            "--log-format needs --loop, without --json",
+            hint="Drop it: a single pass prints the plan, --json prints a document per pass.",
+        )
     cfg = load_config()
     parts = build_parts(cfg)
     metrics = None
     if metrics_file or metrics_port is not None:
         from vultrscale import metrics as metrics_mod
 
-        metrics = metrics_mod.Metrics(cfg.fleet.name)
+        metrics = metrics_mod.Metrics.for_config(cfg)
         if metrics_file:
             target = metrics_file  # checked before each pass changes anything
             parts.preflight = (*parts.preflight, lambda: metrics_mod.check_textfile(target))
         if metrics_port is not None:
             metrics.serve(metrics_port)
 
+    from vultrscale.cli import passlog
+
+    line_format = log_format or LogFormat.HUMAN
+    secrets = cfg.secrets.values()
     # A pass in the metrics already whose textfile could not be written: its error is said,
     # but it is not counted again, nor are its figures taken for unread.
     unwritten: list[PassResult] = []
@@ -104,6 +124,8 @@ def reconcile_cmd(
                     raise
         if as_json:
             print_json(result.to_json())
+        elif loop:  # a log: one line per pass
+            typer.echo(passlog.pass_line(result, cfg.fleet.name, line_format, secrets))
         else:
             print_pass(result)
 
@@ -114,7 +136,12 @@ def reconcile_cmd(
                 with contextlib.suppress(RuntimeFailure):  # the pass's own error is the one said
                     metrics.write_textfile(metrics_file)
         unwritten.clear()
-        fail(exc.message, exc.hint, exc.exit_code, as_json=as_json)
+        if as_json:
+            fail(exc.message, exc.hint, exc.exit_code, as_json=as_json)
+        else:
+            at = parts.clock.now()
+            line = passlog.error_line(exc, at, cfg.fleet.name, line_format, secrets)
+            typer.echo(line, err=True)
 
     try:
         if not loop:

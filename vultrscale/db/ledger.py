@@ -339,17 +339,19 @@ def record_event(
     results: list[dict[str, Any]],
     errors: list[str],
     exit_code: int,
-) -> None:
-    """One row per pass: what it saw, decided, did, and what went wrong."""
+) -> int:
+    """One row per pass: what it saw, decided, did, and what went wrong; returns its id."""
 
     def js(v: Any) -> str:
         return json.dumps(v, default=str)
 
-    conn.execute(
+    row = conn.execute(
         "INSERT INTO fleet_events (fleet, at, dry_run, inputs, plan, actions, results, errors, "
-        "exit_code) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        "exit_code) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
         (fleet, at, dry_run, js(inputs), js(plan), js(actions), js(results), js(errors), exit_code),
-    )
+    ).fetchone()
+    assert row is not None  # INSERT ... RETURNING returns its row
+    return int(row[0])
 
 
 def events(
@@ -445,9 +447,9 @@ class PgLedger:
         with self._t("saving the fleet state"):
             save_fleet_state(self.conn, self.fleet, now, **kw)
 
-    def record_event(self, event: PassEvent) -> None:
+    def record_event(self, event: PassEvent) -> int:
         with self._t("recording the pass"):
-            record_event(self.conn, fleet=self.fleet, **event)
+            return record_event(self.conn, fleet=self.fleet, **event)
 
 
 class PgSignals:

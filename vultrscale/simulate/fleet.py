@@ -146,10 +146,11 @@ class SimLedger(MemoryLedger):
         self.gone_count = 0
         self._folded: LedgerRow | None = None
 
-    def record_event(self, event: PassEvent) -> None:
+    def record_event(self, event: PassEvent) -> int:
         self.passes += 1  # the errors and the time are read; the summaries are never built
         if event["errors"]:
             self.failed.append(f"{event['at'].isoformat()}: {'; '.join(event['errors'])}")
+        return self.passes
 
     def transition(self, label: str, state: InstanceState, now: datetime, **kw: Any) -> None:
         super().transition(label, state, now, **kw)

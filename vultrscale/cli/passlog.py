@@ -1,0 +1,146 @@
+"""`reconcile --loop`'s log: one line per pass, for a terminal, journald or Loki.
+
+A line carries the pass id that `vultrscale events` shows (the pass's ``fleet_events`` row), so
+a line in the journal leads to the pass's whole record. ``human`` is a line a person reads;
+``json`` is one JSON object per line (journald keeps it as the message, Loki's ``| json``
+parses it). Every line is redacted of the config's secrets and is one line whatever the text
+from outside (a label, an API message) holds.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from vultrscale.errors import redact
+
+if TYPE_CHECKING:
+    from vultrscale.errors import VultrscaleError
+    from vultrscale.reconcile import PassResult
+
+
+class LogFormat(enum.StrEnum):
+    HUMAN = "human"
+    JSON = "json"
+
+
+def _level(exit_code: int, errors: bool) -> str:
+    if exit_code == 0 and not errors:
+        return "info"
+    return "warning" if exit_code == 0 else "error"
+
+
+def _when(at: datetime) -> str:
+    return at.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def pass_record(result: PassResult, fleet: str) -> dict[str, Any]:
+    """The figures of one pass that its line shows, as the JSON line holds them."""
+    record: dict[str, Any] = {
+        "time": _when(result.at),
+        "level": _level(result.exit_code, bool(result.errors)),
+        "msg": "pass",
+        "fleet": fleet,
+        "pass_id": result.pass_id,
+        "exit_code": result.exit_code,
+        "dry_run": result.dry_run,
+        "lock_held": result.lock_held,
+        "duration_s": round(result.duration_s, 3),
+    }
+    obs, plan = result.observation, result.plan
+    if obs is not None:
+        summary = obs.summary()
+        record["instances"] = summary["instances"]
+        record["queue"] = summary["signals"]
+        record["month_to_date_usd"] = summary["month_to_date_usd"]
+    if plan is not None:
+        record["desired"], record["target"] = plan.desired, plan.target
+        record["clamps"] = list(plan.clamps)
+    record["actions"] = [_action(a) for a in result.actions]
+    record["errors"] = list(result.errors)
+    return record
+
+
+def _action(action: dict[str, Any]) -> str:
+    label = f" {action['label']}" if action.get("label") else ""
+    return f"{action['kind']}{label}: {action['reason']}"
+
+
+def pass_line(result: PassResult, fleet: str, fmt: LogFormat, secrets: Iterable[str]) -> str:
+    """One pass as one line."""
+    record = pass_record(result, fleet)
+    if fmt is LogFormat.JSON:
+        return _json_line(record, secrets)
+    return _one_line(_human(record), secrets)
+
+
+def error_line(
+    exc: VultrscaleError, at: datetime, fleet: str, fmt: LogFormat, secrets: Iterable[str]
+) -> str:
+    """A pass that ended in an error before it had a result (the database down, say). Its
+    failure is in `events` when it could be recorded; it has no id here."""
+    record = {
+        "time": _when(at),
+        "level": "error",
+        "msg": "pass failed",
+        "fleet": fleet,
+        "pass_id": None,
+        "exit_code": exc.exit_code,
+        "error": exc.message,
+        "hint": exc.hint or None,
+    }
+    if fmt is LogFormat.JSON:
+        return _json_line(record, secrets)
+    fix = f" Fix: {exc.hint}" if exc.hint else ""
+    text = f"{record['time']} fleet {fleet} pass failed: exit {exc.exit_code}: {exc.message}{fix}"
+    return _one_line(text, secrets)
+
+
+def _human(r: dict[str, Any]) -> str:
+    pass_id = "-" if r["pass_id"] is None else str(r["pass_id"])
+    head = f"{r['time']} fleet {r['fleet']} pass {pass_id}"
+    if r["lock_held"]:
+        return f"{head}: another pass holds the fleet's lock, nothing to do"
+    parts = [f"exit {r['exit_code']} in {r['duration_s']:.1f}s" + (" (dry run)" * r["dry_run"])]
+    if "instances" in r:
+        counts = r["instances"]
+        shown = ", ".join(f"{n} {state}" for state, n in counts.items()) or "none"
+        parts.append(f"instances {sum(counts.values())} ({shown})")
+        q = r["queue"]
+        parts.append(
+            "queue unread"
+            if q is None
+            else f"queue {q['ready']} ready, {q['in_flight']} in flight, "
+            f"oldest {q['oldest_ready_seconds']:g}s"
+        )
+    if "desired" in r:
+        parts.append(f"desired {r['desired']} target {r['target']}")
+    parts += [f"clamp: {c}" for c in r.get("clamps", [])]
+    parts += r["actions"]
+    parts += [f"error: {e}" for e in r["errors"]]
+    return f"{head}: " + "; ".join(parts)
+
+
+def _json_line(record: dict[str, Any], secrets: Iterable[str]) -> str:
+    # Redacted field by field: a secret replaced inside the encoded text could cut an escape.
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return redact(value, secrets)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    secrets = list(secrets)
+    return json.dumps(clean(record), default=str)  # non-ASCII escaped: one line, always
+
+
+def _one_line(text: str, secrets: Iterable[str]) -> str:
+    from vultrscale.status import one_line
+
+    # one_line drops control characters; splitlines also breaks at U+2028 and its kin.
+    return " ".join(one_line(redact(text, secrets)).splitlines())
