@@ -1,0 +1,123 @@
+"""Installable as a tool: the wheel built from this tree installs into an empty virtual
+environment with its dependencies and nothing of the project's, and runs from there: the
+version, the files it ships (systemd units, alert rules, dashboard, cloud-init templates) where
+its code looks for them, and a short demo (whose instances boot from the shipped user-data).
+
+Quick on purpose: the wheel's dependencies come from a wheelhouse kept in .cache/wheelhouse
+(filled from the package index the first time, or when a dependency changes), so the build
+and the install run with --no-index; no pip in the new environment (the project's pip installs
+into it with --python) and no bytecode compiled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # a first run fills the wheelhouse
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELHOUSE = REPO / ".cache" / "wheelhouse"
+
+
+# The installed package's path, then the names of the systemd units, rules, dashboard and
+# cloud-init templates it ships, as the code that uses them finds them.
+SHIPPED = """
+from vultrscale import cloudinit, scaffold
+print(scaffold.__file__)
+for d in (scaffold.deploy_dir(), cloudinit.template_dir()):
+    print(*(p.name for p in d.iterdir()))
+"""
+
+
+def _pip(*args: str, offline: bool) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.setdefault("PIP_CACHE_DIR", str(REPO / ".cache" / "pip"))
+    if offline:
+        env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(WHEELHOUSE))
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _install(venv_python: Path, wheel: Path) -> None:
+    args = ("--python", str(venv_python), "install", "-q", "--no-compile", str(wheel))
+    if _pip(*args, offline=True).returncode != 0:  # a dependency not in the wheelhouse yet
+        _ok(_pip("wheel", "-q", "-w", str(WHEELHOUSE), str(wheel), offline=False))
+        (WHEELHOUSE / wheel.name).unlink(missing_ok=True)  # only the dependencies stay
+        _ok(_pip(*args, offline=True))
+
+
+def test_the_wheel_installs_in_an_empty_venv_and_runs_the_demo_from_there(
+    tmp_path: Path,
+) -> None:
+    began = time.monotonic()
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    if not any(WHEELHOUSE.glob("setuptools-*.whl")):  # the build backend, for --no-index
+        _ok(_pip("wheel", "-q", "-w", str(WHEELHOUSE), "setuptools>=68", offline=False))
+    dist = tmp_path / "dist"
+    _ok(_pip("wheel", "-q", "--no-deps", "-w", str(dist), str(REPO), offline=True))
+    (wheel,) = dist.glob("vultrscale-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    _install(venv / "bin" / "python", wheel)
+    installed = time.monotonic()
+
+    # Nothing of the project's: no PYTHONPATH, no VIRTUAL_ENV, a working directory of its own.
+    env = {
+        "PATH": f"{venv / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+    }
+    home = tmp_path / "work"
+    home.mkdir()
+
+    def run(*args: str, timeout: float = 60) -> str:
+        result = subprocess.run(
+            [str(venv / "bin" / "vultrscale"), *args],
+            env=env,
+            cwd=home,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return result.stdout
+
+    assert run("--version").strip() == "vultrscale 0.1.0"
+    # The files the package ships: the same as the repository's, read from the wheel's copy.
+    shipped = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", SHIPPED],
+        env=env,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert shipped[0].startswith(str(venv)), shipped  # the wheel's copy, not the repository's
+    expected = sorted(p.name for d in ("deploy", "cloud-init") for p in (REPO / d).iterdir())
+    assert sorted(shipped[1:]) == expected
+    out = run(
+        "demo", "--no-live", "--bursts", "0:1", "--job-seconds", "1:1", "--duration", "90s",
+        timeout=180,
+    )  # fmt: skip
+    assert "Demo summary" in out and "0 lost" in out
+    print(
+        f"wheel built and installed in {installed - began:.1f} s, "
+        f"version, shipped files and demo in {time.monotonic() - installed:.1f} s"
+    )
