@@ -134,6 +134,10 @@ def scrape(db_url: str, tmp_path: Path) -> Iterator[set[str]]:
             time.sleep(0.2)  # a condition polled under a deadline
         assert sim.count("POST", "/v2/instances", 202) >= 2  # a pass that acted
         yield names
+        # As systemd stops it (KillSignal=SIGINT): exit 130, which the units take for success.
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 130
     finally:
         proc.send_signal(signal.SIGINT)
         try:

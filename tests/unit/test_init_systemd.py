@@ -106,6 +106,8 @@ def test_the_loop_cannot_restart_fast_nor_restart_a_config_it_refused() -> None:
     assert svc["Restart"] == "on-failure"
     assert int(svc["RestartSec"]) >= 30  # at most one start every 30 s
     assert svc["RestartPreventExitStatus"] == "2"  # a bad config stays failed, for the operator
+    # Stopped with SIGINT, the loop records the pass it cut short and exits 130: not a failure.
+    assert (svc["KillSignal"], svc["SuccessExitStatus"]) == ("SIGINT", "130")
     burst, interval = int(head["StartLimitBurst"]), int(head["StartLimitIntervalSec"])
     assert burst * int(svc["RestartSec"]) < interval  # a crash loop reaches the limit and stops
 
