@@ -550,29 +550,53 @@ def _unit_path(what: str, value: str) -> str:
     return value
 
 
+class UnitFiles(NamedTuple):
+    """The root-only files the scaler's units read: its directory, the config's name in it."""
+
+    directory: str = _UNIT_DIR
+    config_name: str = _UNIT_CONFIG
+
+    @property
+    def config(self) -> str:
+        return f"{self.directory}/{self.config_name}"
+
+    @property
+    def env(self) -> str:  # the .env `init` writes next to the config
+        return f"{self.directory}/.env"
+
+    @property
+    def ssh_key(self) -> str:
+        return f"{self.directory}/ssh_key"
+
+
+def unit_files(config_path: Path | None) -> UnitFiles:
+    """Where the units read their files: /etc/vultrscale, or ``config_path``'s directory and
+    name. UsageError for one the service could not use."""
+    if config_path is None:
+        return UnitFiles()
+    absolute = Path(os.path.abspath(config_path))
+    name = absolute.name
+    if ":" in name or not name or set(name) & _UNIT_UNSAFE:
+        raise UsageError(
+            f"The config's name {name!r} cannot be named in a unit.",
+            hint="Name the config vultrscale.toml; nothing written.",
+        )
+    return UnitFiles(_unit_path("The config's directory", str(absolute.parent)), name)
+
+
 def systemd_units(command: Sequence[str], config_path: Path | None = None) -> dict[str, str]:
     """The units' text with ``command`` (the program, and ``-m vultrscale`` after a Python) in
-    ExecStart and, when ``config_path`` is given, its directory for /etc/vultrscale (the .env
-    and ssh_key beside it) and its name for vultrscale.toml. UsageError for a path the
-    service could not use."""
+    ExecStart and the files of :func:`unit_files` for /etc/vultrscale's. UsageError for a path
+    the service could not use."""
     program, *args = command
     exe = " ".join([_unit_path("The vultrscale program", program), *args])
-    where, name = _UNIT_DIR, _UNIT_CONFIG
-    if config_path is not None:
-        absolute = Path(os.path.abspath(config_path))
-        where = _unit_path("The config's directory", str(absolute.parent))
-        name = absolute.name
-        if "/" in name or ":" in name or not name or set(name) & _UNIT_UNSAFE:
-            raise UsageError(
-                f"The config's name {name!r} cannot be named in a unit.",
-                hint="Name the config vultrscale.toml; nothing written.",
-            )
+    files = unit_files(config_path)
     out = {}
     for unit in SYSTEMD_UNITS:
         text = (deploy_dir() / unit).read_text(encoding="utf-8")
         text = text.replace(f"ExecStart={_UNIT_EXEC} ", f"ExecStart={exe} ")
-        text = text.replace(f":{_UNIT_DIR}/{_UNIT_CONFIG}", f":{where}/{name}")
-        text = text.replace(f"{_UNIT_DIR}/", f"{where}/")
+        text = text.replace(UnitFiles().config, files.config)
+        text = text.replace(f"{_UNIT_DIR}/", f"{files.directory}/")
         out[unit] = text
     return out
 
@@ -604,24 +628,19 @@ def write_units(directory: Path, units: dict[str, str], *, force: bool) -> Writt
 _SYSTEMD_HINT = "Give an existing directory: /etc/systemd/system (as root), or one to look in."
 
 
-def systemd_next_steps(written: Written, executable: str, units: dict[str, str]) -> list[str]:
+def systemd_next_steps(written: Written, executable: str, files: UnitFiles) -> list[str]:
     """What ``init --systemd`` says after writing: the files, the copies, and the setup the
     units expect (the paths they name)."""
-    names = ", ".join(units)
-    text = units[SYSTEMD_UNITS[0]]
-    config = text.split("LoadCredential=vultrscale.toml:", 1)[1].split("\n", 1)[0]
-    env = text.split("EnvironmentFile=", 1)[1].split("\n", 1)[0]
-    key = text.split("LoadCredential=ssh_key:", 1)[1].split("\n", 1)[0]
-    folder = str(Path(config).parent)
     return [
-        f"Wrote {names} in {written.config} (ExecStart: {executable}).",
+        f"Wrote {', '.join(SYSTEMD_UNITS)} in {written.config} (ExecStart: {executable}).",
         *(f"Kept the previous {copy.name[: -len('.bak')]} as {copy}." for copy in written.kept),
         "The services read, as root, before they drop to a user of their own:",
-        f"  {config} (the config), {env} (the secrets, mode 0600), {key} (the SSH key).",
+        f"  {files.config} (the config), {files.env} (the secrets, mode 0600), "
+        f"{files.ssh_key} (the SSH key).",
         "Then, as root:",
-        f"  install -d -m 0700 {folder}",
-        f"  vultrscale --config {config} init      # the config and its .env; fill in the .env",
-        f"  ssh-keygen -t ed25519 -N '' -f {key}",
+        f"  install -d -m 0700 {files.directory}",
+        f"  vultrscale --config {files.config} init   # the config and its .env; fill in the .env",
+        f"  ssh-keygen -t ed25519 -N '' -f {files.ssh_key}",
         "  systemctl daemon-reload && systemctl enable --now vultrscale.service",
         "  (or one pass per timer tick instead: systemctl enable --now vultrscale-pass.timer)",
     ]

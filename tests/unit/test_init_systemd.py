@@ -52,6 +52,7 @@ def test_a_config_named_with_config_moves_every_file_the_units_read(tmp_path: Pa
     assert "LoadCredential=vultrscale.toml:/srv/fleet/prod.toml" in units["vultrscale.service"]
     assert "LoadCredential=ssh_key:/srv/fleet/ssh_key" in units["vultrscale-pass.service"]
     assert "/etc/vultrscale" not in "".join(units.values())
+    assert "/srv/fleet/vultrscale.toml" not in units["vultrscale.service"]  # comments too
 
 
 @pytest.mark.parametrize(

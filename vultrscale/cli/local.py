@@ -492,9 +492,12 @@ def _init_systemd(directory: Path, config_path: str | None, *, force: bool) -> N
     from vultrscale import scaffold
 
     executable = _this_program()
-    units = scaffold.systemd_units(executable, Path(config_path) if config_path else None)
+    config = Path(config_path) if config_path else None
+    units = scaffold.systemd_units(executable, config)
     written = scaffold.write_units(directory, units, force=force)
-    for line in scaffold.systemd_next_steps(written, " ".join(executable), units):
+    for line in scaffold.systemd_next_steps(
+        written, " ".join(executable), scaffold.unit_files(config)
+    ):
         typer.echo(line)
 
 
