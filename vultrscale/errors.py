@@ -62,6 +62,10 @@ class DatabaseError(RuntimeFailure):
     default_hint = "Check DATABASE_URL and that Postgres is reachable, then `vultrscale db init`."
 
 
+class PassStuck(RuntimeFailure):
+    """Another pass has held the fleet's lock past its deadline: it will not end by itself."""
+
+
 class SSHError(RuntimeFailure):
     """An SSH transport failure (connect, auth, timeout)."""
 

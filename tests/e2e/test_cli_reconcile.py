@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -342,3 +343,22 @@ def test_status_watch_without_a_terminal_prints_every_refresh_in_turn(
         at += len(out[at:]) - len(out[at:].lstrip())
     assert [sorted(d)[:1] for d in docs][1] == ["error"]
     assert docs[0].keys() == docs[2].keys() and "instances" in docs[0]
+
+
+def test_a_pass_that_finds_the_lock_held_past_its_holders_deadline_exits_1_and_says_so(
+    cli_env, capsys
+) -> None:
+    # Before: exit 0, "another pass holds the lock; nothing to do", for as long as the stuck
+    # pass lasted: cron never alerted, and nothing scaled the fleet.
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as other:
+        assert ledger.take_pass_lock(other, "workers", 30)
+        other.execute(
+            "SELECT set_config('application_name', 'vultrscale pass: deadline 30s, since ' "
+            "|| (floor(extract(epoch FROM now()))::bigint - 600), false)"
+        )
+        code, out = run(capsys, "reconcile", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    stuck = r"held the lock of fleet 'workers' for 6[0-9][0-9]s, past the 90s"
+    assert re.search(stuck, doc["error"])
+    assert "pg_terminate_backend(" in doc["hint"]
