@@ -362,3 +362,32 @@ def test_a_pass_that_finds_the_lock_held_past_its_holders_deadline_exits_1_and_s
     stuck = r"held the lock of fleet 'workers' for 6[0-9][0-9]s, past the 90s"
     assert re.search(stuck, doc["error"])
     assert "pg_terminate_backend(" in doc["hint"]
+
+
+def test_a_pass_against_a_silent_api_ends_by_its_deadline_recorded_with_the_lock_freed(
+    cli_env, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: every call waited out five 10 s attempts and their backoff (a minute each, the
+    # pass several), holding the fleet's lock all along.
+    import time
+
+    from vultrscale import clock
+
+    sim, _ = cli_env
+    monkeypatch.setattr(clock, "PASS_DEADLINE_S", 2.0)
+    sim.latency = 12.0  # longer than the client's 10 s timeout: an API that does not answer
+    began = time.monotonic()
+    code, out = run(capsys, "reconcile", "--json")
+    took = time.monotonic() - began
+    sim.latency = 0.0
+    assert code == 1
+    assert took < 2.0 + 2.0, f"the pass took {took:.1f}s"  # the deadline, start-up and record
+    doc = json.loads(out)
+    assert any("the pass's 2s deadline" in e for e in doc["errors"])
+    assert doc["plan"]["actions"] == []  # an API error holds the fleet
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT exit_code, errors FROM fleet_events ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        assert row is not None and row[0] == 1 and any("deadline" in e for e in row[1])
+        assert ledger.try_lock(conn, "workers")  # freed for the next pass
