@@ -391,3 +391,19 @@ def test_a_pass_against_a_silent_api_ends_by_its_deadline_recorded_with_the_lock
         ).fetchone()
         assert row is not None and row[0] == 1 and any("deadline" in e for e in row[1])
         assert ledger.try_lock(conn, "workers")  # freed for the next pass
+
+
+def test_an_api_error_echoing_part_of_the_key_is_masked_in_output_and_in_fleet_events(
+    cli_env, capsys
+) -> None:
+    # Before: "key=VKEY-cli-tes..." was printed and stored in fleet_events.errors.
+    sim, _ = cli_env
+    echo = {"error": f"Invalid request, key={API_KEY[:14]}...", "status": 400}
+    sim.fail_next("GET", "/v2/instances", 400, echo, count=5)
+    code, out = run(capsys, "reconcile", "--json")
+    assert code == 1
+    assert API_KEY[:14] not in out and "key=***..." in out
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        stored = conn.execute("SELECT inputs::text, errors::text FROM fleet_events").fetchall()
+    assert stored and all(API_KEY[:6] not in i + e for i, e in stored)
+    assert any("key=***..." in e for _, e in stored)
