@@ -381,7 +381,8 @@ def test_a_pass_against_a_silent_api_ends_by_its_deadline_recorded_with_the_lock
     took = time.monotonic() - began
     sim.latency = 0.0
     assert code == 1
-    assert took < 2.0 + 2.0, f"the pass took {took:.1f}s"  # the deadline, start-up and record
+    # the deadline, then the pass's database work, with room for a loaded machine
+    assert took < 2.0 + 5.0, f"the pass took {took:.1f}s"
     doc = json.loads(out)
     assert any("the pass's 2s deadline" in e for e in doc["errors"])
     assert doc["plan"]["actions"] == []  # an API error holds the fleet

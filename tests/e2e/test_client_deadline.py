@@ -95,7 +95,8 @@ def test_a_call_to_a_slow_api_ends_by_the_pass_deadline(mode: str) -> None:
         with deadline.running(), pytest.raises(ApiUnreachable) as info:
             client.account()
         took = time.monotonic() - began
-    assert took < 3.0 + 0.5, f"{mode}: gave up after {took:.2f}s"
+    # Margin for a loaded machine; before, the trickles ran 8 s and silence about 12 s.
+    assert took < 3.0 + 1.5, f"{mode}: gave up after {took:.2f}s"
     assert server.connections >= 2  # retried within the deadline, each attempt cut at 1 s
     assert "deadline" in info.value.message
     assert KEY not in info.value.message
@@ -109,5 +110,5 @@ def test_a_create_answered_by_a_trickle_ends_by_its_timeout_as_ambiguous() -> No
                 region="ewr", plan="vc2-1c-2gb", label="w-1", tags=["t"], snapshot_id="s"
             )
         took = time.monotonic() - began
-    assert took < 1.5, f"gave up after {took:.2f}s"
+    assert took < 1.0 + 1.5, f"gave up after {took:.2f}s"  # before: 8 s, the whole trickle
     assert server.connections == 1  # a create that may have happened is never sent again
