@@ -1,4 +1,5 @@
-"""Time as an argument: a Clock protocol, the system clock, and a fake clock for tests.
+"""Time as an argument: a Clock protocol, the system clock, and a fake clock for tests; and
+the pass's deadline, the one bound on how long a pass waits on the outside.
 
 Logic takes ``now`` from a Clock so that tests advance time instead of sleeping.
 """

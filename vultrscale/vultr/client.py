@@ -35,7 +35,7 @@ import httpx
 import tenacity
 
 from vultrscale import __version__
-from vultrscale.clock import Deadline
+from vultrscale.clock import PASS_DEADLINE_S, Deadline
 from vultrscale.config import Secret
 from vultrscale.errors import (
     UsageError,
@@ -67,9 +67,9 @@ PER_PAGE = 500  # the documented maximum: fewest requests for a large fleet
 MAX_PAGES = 2000
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_RETRY_AFTER = 60.0  # seconds; a larger Retry-After is capped, not obeyed blindly
-# A call outside a pass (`instances`, `snapshot`'s polls) ends, retries included, within this:
-# the pass's own deadline (clock.PASS_DEADLINE_S), so no command waits on a silent API longer.
-CALL_BUDGET_S = 30.0
+# A call outside a pass (`snapshot`'s polls, a script's) ends, retries included, within this:
+# a pass's own deadline, so no command waits on a silent API longer than a pass would.
+CALL_BUDGET_S = PASS_DEADLINE_S
 # An attempt is not begun with less than this left: it could not be answered in time, and a
 # create begun that late would mostly end as "outcome unknown".
 MIN_ATTEMPT_S = 1.0
