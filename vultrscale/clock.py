@@ -1,4 +1,5 @@
-"""Time as an argument: a Clock protocol, the system clock, and a fake clock for tests.
+"""Time as an argument: a Clock protocol, the system clock, and a fake clock for tests; and
+the pass's deadline, the one bound on how long a pass waits on the outside.
 
 Logic takes ``now`` from a Clock so that tests advance time instead of sleeping.
 """
@@ -6,6 +7,8 @@ Logic takes ``now`` from a Clock so that tests advance time instead of sleeping.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -62,3 +65,37 @@ class FakeClock:
         if when.tzinfo is None:
             raise ValueError("FakeClock.set needs an aware datetime")
         self.advance(when - self._now)
+
+
+# How long a pass may wait on the outside (Vultr, with every retry) before it gives up: half of
+# cron's one-minute interval, so a pass that found the API silent or trickling has ended, its
+# lock freed, before the next one starts. A healthy pass takes about a second.
+PASS_DEADLINE_S = 30.0
+
+
+class Deadline:
+    """The end of a pass, shared by the parts that wait on the outside: armed for the length of
+    a pass (``running``), read by the Vultr client before and during every attempt.
+
+    The clock is a plain monotonic function: the network's waits are real ones."""
+
+    def __init__(self, seconds: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        if seconds <= 0:
+            raise ValueError(f"a deadline must be positive, got {seconds}")
+        self.seconds = seconds
+        self._monotonic = monotonic
+        self._until: float | None = None
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Arm the deadline ``seconds`` from now for the block (one pass), then disarm it."""
+        self._until = self._monotonic() + self.seconds
+        try:
+            yield
+        finally:
+            self._until = None
+
+    def remaining(self) -> float | None:
+        """Seconds left (negative once passed); None while no pass runs."""
+        until = self._until
+        return None if until is None else until - self._monotonic()

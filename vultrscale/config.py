@@ -14,7 +14,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -27,6 +27,7 @@ from vultrscale.errors import (
     conninfo_problem,
     http_userinfo,
     is_text,
+    redact,
     secret_values,
     url_user,
 )
@@ -299,8 +300,9 @@ class Config:
     def masked(self) -> dict[str, Any]:
         """The resolved configuration as plain data with every secret masked."""
         out: dict[str, Any] = {}
+        secrets = self.secrets.values()
         for section in ("fleet", "worker", "queue", "policy", "budget", "drain"):
-            out[section] = _plain(getattr(self, section))
+            out[section] = _plain(getattr(self, section), secrets)
         db = self.secrets.database_url.reveal()
         wdb = self.secrets.worker_database_url.reveal()
         scaler_url_ok = self.worker.use_scaler_database_url
@@ -397,14 +399,17 @@ def queue_warnings(cfg: Config) -> tuple[str, ...]:
     )
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, secrets: Sequence[str] = ()) -> Any:
+    """``value`` as plain data; every string with ``secrets`` masked before anything formats
+    it (a password pasted into another key was printed, and a repr escaped it past the
+    redaction of the finished text)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: _plain(getattr(value, f.name), secrets) for f in dataclasses.fields(value)}
     if isinstance(value, timedelta):
         return format_duration(value)
     if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
+        return [_plain(v, secrets) for v in value]
+    return redact(value, secrets) if isinstance(value, str) else value
 
 
 # --- loading ---------------------------------------------------------------------------------

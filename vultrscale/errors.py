@@ -62,6 +62,10 @@ class DatabaseError(RuntimeFailure):
     default_hint = "Check DATABASE_URL and that Postgres is reachable, then `vultrscale db init`."
 
 
+class PassStuck(RuntimeFailure):
+    """Another pass has held the fleet's lock past its deadline: it will not end by itself."""
+
+
 class SSHError(RuntimeFailure):
     """An SSH transport failure (connect, auth, timeout)."""
 
@@ -74,12 +78,76 @@ class HostUnreachable(SSHError):
     """The host did not answer within the connect timeout."""
 
 
+# A run of this many characters of a key or a password is masked wherever it appears: a
+# server that echoes part of the key, a message cut short or wrapped in the middle of one.
+FRAGMENT = 6
+
+
 def redact(text: str, secrets: Iterable[str | None]) -> str:
-    """Replace every secret of 4 characters or more in ``text`` with ``***``, longest first
-    (a password inside a URL that is itself a secret)."""
-    for secret in sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
+    """``text`` with every secret of 4 characters or more replaced by ``***``, longest first
+    (a password inside a URL that is itself a secret), in every spelling a formatter gives it
+    (as written, ``repr``'s and JSON's escapes); and, of a key or a password (not of a whole
+    connection string, whose host and database name are not secret), every run of
+    ``FRAGMENT`` characters or more, in any of those spellings."""
+    known = {s for s in secrets if s and len(s) >= 4}
+    if not known:
+        return text
+    for spelled in sorted({sp for s in known for sp in _spellings(s)}, key=len, reverse=True):
+        text = text.replace(spelled, "***")
+    runs = {
+        sp[i : i + FRAGMENT]
+        for s in known
+        if _is_key_material(s)
+        for sp in _spellings(s)
+        for i in range(len(sp) - FRAGMENT + 1)
+    }
+    return _mask_runs(text, runs) if runs else text
+
+
+def _spellings(secret: str) -> set[str]:
+    """``secret`` as written, and as ``repr`` (either quote) and JSON (ASCII or not) spell it
+    inside a quoted string: a password pasted into a config key came back in a repr'd error
+    with its quote or backslash escaped, which the redaction did not find."""
+    import json
+
+    out = {secret}
+    for quote in ("'", '"'):
+        out.add("".join(_repr_char(c, quote) for c in secret))
+    for ascii_only in (True, False):
+        out.add(json.dumps(secret, ensure_ascii=ascii_only)[1:-1])
+    return {o for o in out if len(o) >= 4}
+
+
+def _repr_char(c: str, quote: str) -> str:
+    if c == "\\" or c == quote:
+        return "\\" + c
+    if c.isprintable():
+        return c
+    return repr(c)[1:-1]  # \n, \t, \x07, \u200b: as repr writes them inside a string
+
+
+def _is_key_material(secret: str) -> bool:
+    """An API key, a password or a user:password, not a whole URL or connection string."""
+    if "://" in secret:
+        return False
+    return "=" not in secret or parse_conninfo(secret) is None  # base64 keys end in '='
+
+
+def _mask_runs(text: str, runs: set[str]) -> str:
+    """Every stretch of ``text`` covered by the FRAGMENT-character ``runs`` as one ``***``."""
+    covered = [False] * len(text)
+    for i in range(len(text) - FRAGMENT + 1):
+        if text[i : i + FRAGMENT] in runs:
+            covered[i : i + FRAGMENT] = [True] * FRAGMENT
+    if not any(covered):
+        return text
+    out: list[str] = []
+    for i, c in enumerate(text):
+        if not covered[i]:
+            out.append(c)
+        elif i == 0 or not covered[i - 1]:
+            out.append("***")
+    return "".join(out)
 
 
 # Secret masking lives here (config re-exports it) so that every module can mask without

@@ -69,7 +69,8 @@ class FleetLedger(Protocol):
     pass lock and the workers' draining flags), bound to one fleet."""
 
     def lock(self) -> bool:
-        """Take the fleet's pass lock for this session; False if another pass holds it."""
+        """Take the fleet's pass lock for this session; False if another pass holds it.
+        Raises ``PassStuck`` when that pass has held it past its deadline and margin."""
         ...
 
     def rows(self, since: datetime) -> list[LedgerRow]:

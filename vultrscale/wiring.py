@@ -95,13 +95,15 @@ def build_parts(cfg: Config) -> Parts:
     """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock,
     and the local check of the scaler's key made before a pass changes anything. The owner
     closes them (``Parts.close``) after its last pass."""
-    from vultrscale.clock import SystemClock
+    from vultrscale.clock import PASS_DEADLINE_S, Deadline, SystemClock
     from vultrscale.db.ledger import PgStore
     from vultrscale.reconcile import Parts
     from vultrscale.vultr.client import VultrClient
 
     db_url = database_url(cfg)
-    client = VultrClient(api_key(cfg), cfg.api_url)
+    # One deadline per pass, armed by the store's session (the pass) and read by the client.
+    deadline = Deadline(PASS_DEADLINE_S)
+    client = VultrClient(api_key(cfg), cfg.api_url, deadline=deadline)
 
     def keygen() -> tuple[str, str]:
         from vultrscale.ssh import generate_host_key
@@ -117,7 +119,7 @@ def build_parts(cfg: Config) -> Parts:
 
     return Parts(
         cloud=client,
-        store=PgStore(db_url, keep=True),
+        store=PgStore(db_url, keep=True, deadline=deadline),
         drain=_LazyDrain(cfg.fleet.ssh_key),
         clock=SystemClock(),
         keygen=keygen,

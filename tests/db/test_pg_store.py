@@ -4,6 +4,7 @@ replaced when it broke in between."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -13,8 +14,15 @@ import pytest
 
 from vultrscale.config import Config
 from vultrscale.db import pg
-from vultrscale.db.ledger import PgLedger, PgStore, lock_key, try_lock
-from vultrscale.errors import DatabaseError
+from vultrscale.db.ledger import (
+    PgLedger,
+    PgStore,
+    lock_holder,
+    lock_key,
+    take_pass_lock,
+    try_lock,
+)
+from vultrscale.errors import DatabaseError, PassStuck
 
 MONTH = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -117,7 +125,71 @@ def test_a_pass_stuck_behind_a_lock_fails_within_the_bound_and_frees_the_fleet_l
         assert caught.value.hint == pg.HINT_STALLED
         with psycopg.connect(db_url, autocommit=True) as other:
             assert try_lock(other, cfg.fleet.name)  # the pass's lock went with its session
+            # Released here, not by the close: a closed session's backend lets go of its locks
+            # a moment later, and the pass below took the lock first 1 time in 6.
+            other.execute("SELECT pg_advisory_unlock_all()")
         blocker.rollback()
     with store.session(cfg) as (ledger, _signals):
         assert ledger.lock() and ledger.rows(since=MONTH) == []
     store.close()
+
+
+# --- a lock held too long ----------------------------------------------------------------------
+
+
+def _hold(conn: psycopg.Connection[Any], fleet: str, *, ago_s: int, deadline_s: float) -> int:
+    """Take the fleet's lock as a pass that took it ``ago_s`` seconds ago; its backend pid."""
+    assert take_pass_lock(conn, fleet, deadline_s)
+    row = conn.execute(
+        "SELECT set_config('application_name', "
+        "%s || (extract(epoch FROM now())::bigint - %s), false), pg_backend_pid()",
+        (f"vultrscale pass: deadline {deadline_s:g}s, since ", ago_s),
+    ).fetchone()
+    assert row is not None
+    return int(row[1])
+
+
+def test_a_lock_held_past_the_holders_deadline_is_reported_as_stuck(
+    store: PgStore, cfg: Config, db_url: str
+) -> None:
+    # Before: a pass frozen while holding the lock made every later pass say "another pass
+    # holds the lock; nothing to do" and exit 0, for as long as it lasted.
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        pid = _hold(holder, cfg.fleet.name, ago_s=200, deadline_s=30)
+        with store.session(cfg) as (ledger, _signals), pytest.raises(PassStuck) as info:
+            ledger.lock()
+    assert info.value.exit_code == 1
+    assert re.search(r"held the lock of fleet 'workers' for (199|200|201)s", info.value.message)
+    assert "past the 90s a pass may take" in info.value.message  # its 30 s and the margin
+    assert f"pg_terminate_backend({pid})" in info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("ago_s", "deadline_s"),
+    [(5, 30), (85, 30), (200, 300)],
+    ids=["just-taken", "within-deadline-and-margin", "its-own-longer-deadline"],
+)
+def test_a_lock_held_by_a_pass_that_may_still_be_working_is_left_alone(
+    store: PgStore, cfg: Config, db_url: str, ago_s: int, deadline_s: float
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        _hold(holder, cfg.fleet.name, ago_s=ago_s, deadline_s=deadline_s)
+        with store.session(cfg) as (ledger, _signals):
+            assert not ledger.lock()
+
+
+def test_a_pass_shows_its_deadline_while_it_holds_the_lock_and_not_after(
+    store: PgStore, cfg: Config, db_url: str
+) -> None:
+    with store.session(cfg) as (ledger, _signals):
+        assert ledger.lock()
+        with psycopg.connect(db_url, autocommit=True) as other:
+            holder = lock_holder(other, cfg.fleet.name)
+        assert holder is not None and holder.deadline_s == 30.0
+        assert holder.held_s is not None and 0 <= holder.held_s < 5
+        pid = _backend(ledger)
+    with psycopg.connect(db_url, autocommit=True) as other:
+        row = other.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+    assert row is not None and not row[0].startswith("vultrscale pass")  # the kept one, reset

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -342,3 +343,68 @@ def test_status_watch_without_a_terminal_prints_every_refresh_in_turn(
         at += len(out[at:]) - len(out[at:].lstrip())
     assert [sorted(d)[:1] for d in docs][1] == ["error"]
     assert docs[0].keys() == docs[2].keys() and "instances" in docs[0]
+
+
+def test_a_pass_that_finds_the_lock_held_past_its_holders_deadline_exits_1_and_says_so(
+    cli_env, capsys
+) -> None:
+    # Before: exit 0, "another pass holds the lock; nothing to do", for as long as the stuck
+    # pass lasted: cron never alerted, and nothing scaled the fleet.
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as other:
+        assert ledger.take_pass_lock(other, "workers", 30)
+        other.execute(
+            "SELECT set_config('application_name', 'vultrscale pass: deadline 30s, since ' "
+            "|| (floor(extract(epoch FROM now()))::bigint - 600), false)"
+        )
+        code, out = run(capsys, "reconcile", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    stuck = r"held the lock of fleet 'workers' for 6[0-9][0-9]s, past the 90s"
+    assert re.search(stuck, doc["error"])
+    assert "pg_terminate_backend(" in doc["hint"]
+
+
+def test_a_pass_against_a_silent_api_ends_by_its_deadline_recorded_with_the_lock_freed(
+    cli_env, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: every call waited out five 10 s attempts and their backoff (a minute each, the
+    # pass several), holding the fleet's lock all along.
+    import time
+
+    from vultrscale import clock
+
+    sim, _ = cli_env
+    monkeypatch.setattr(clock, "PASS_DEADLINE_S", 2.0)
+    sim.latency = 12.0  # longer than the client's 10 s timeout: an API that does not answer
+    began = time.monotonic()
+    code, out = run(capsys, "reconcile", "--json")
+    took = time.monotonic() - began
+    sim.latency = 0.0
+    assert code == 1
+    # the deadline, then the pass's database work, with room for a loaded machine
+    assert took < 2.0 + 5.0, f"the pass took {took:.1f}s"
+    doc = json.loads(out)
+    assert any("the pass's 2s deadline" in e for e in doc["errors"])
+    assert doc["plan"]["actions"] == []  # an API error holds the fleet
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT exit_code, errors FROM fleet_events ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        assert row is not None and row[0] == 1 and any("deadline" in e for e in row[1])
+        assert ledger.try_lock(conn, "workers")  # freed for the next pass
+
+
+def test_an_api_error_echoing_part_of_the_key_is_masked_in_output_and_in_fleet_events(
+    cli_env, capsys
+) -> None:
+    # Before: "key=VKEY-cli-tes..." was printed and stored in fleet_events.errors.
+    sim, _ = cli_env
+    echo = {"error": f"Invalid request, key={API_KEY[:14]}...", "status": 400}
+    sim.fail_next("GET", "/v2/instances", 400, echo, count=5)
+    code, out = run(capsys, "reconcile", "--json")
+    assert code == 1
+    assert API_KEY[:14] not in out and "key=***..." in out
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        stored = conn.execute("SELECT inputs::text, errors::text FROM fleet_events").fetchall()
+    assert stored and all(API_KEY[:6] not in i + e for i, e in stored)
+    assert any("key=***..." in e for _, e in stored)

@@ -13,8 +13,9 @@ import httpx
 import pytest
 import respx
 
+from vultrscale.clock import Deadline, FakeClock
 from vultrscale.errors import UsageError
-from vultrscale.vultr.client import PER_PAGE, VultrClient
+from vultrscale.vultr.client import CALL_BUDGET_S, PER_PAGE, VultrClient
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     ApiUnreachable,
@@ -787,3 +788,98 @@ def test_ids_cannot_change_the_path(api: respx.MockRouter, client: VultrClient):
     with pytest.raises(UsageError):
         client.delete_instance("../account")
     assert not api.calls
+
+
+# --- deadlines -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake() -> FakeClock:
+    return FakeClock()
+
+
+def deadline_client(clock: FakeClock, seconds: float = 30.0) -> tuple[VultrClient, Deadline]:
+    deadline = Deadline(seconds, clock.monotonic)
+    client = VultrClient(KEY, BASE, sleep=clock.sleep, monotonic=clock.monotonic, deadline=deadline)
+    return client, deadline
+
+
+def test_a_huge_retry_after_is_not_waited_when_it_does_not_fit_the_pass(
+    api: respx.MockRouter, fake: FakeClock
+):
+    # Before: capped at 60 s but waited four times (241 s in all) while the pass held the lock.
+    route = api.get("/v2/account").mock(
+        return_value=httpx.Response(
+            429, json={"error": "slow down"}, headers={"Retry-After": "100000000000000000000"}
+        )
+    )
+    client, deadline = deadline_client(fake)
+    with client, deadline.running(), pytest.raises(RateLimited) as info:
+        client.account()
+    assert route.call_count == 1
+    assert fake.slept == []
+    assert "Gave up after 1 attempt(s)" in info.value.message
+    assert "the pass's 30s deadline" in info.value.message
+
+
+def test_a_silent_api_gives_up_within_the_pass_deadline(api: respx.MockRouter, fake: FakeClock):
+    # Each attempt waits out its whole timeout (10 s), or what is left of the pass when less
+    # (the sockets' own bound, which tests/e2e/test_client_deadline.py shows on a real one).
+    def silent(request: httpx.Request) -> httpx.Response:
+        fake.advance(min(10.0, deadline.remaining() or 0.0))
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    route = api.get("/v2/account").mock(side_effect=silent)
+    client, deadline = deadline_client(fake)
+    began = fake.monotonic()
+    with client, deadline.running(), pytest.raises(ApiUnreachable) as info:
+        client.account()
+    # Before: five attempts of 10 s and their backoff, about 54 s, against a 30 s deadline.
+    assert fake.monotonic() - began <= 30.0
+    assert route.call_count == 3
+    assert "would end past the pass's 30s deadline" in info.value.message
+
+
+def test_each_attempt_ends_by_the_deadline_however_much_of_its_timeout_is_left(
+    api: respx.MockRouter, fake: FakeClock
+):
+    seen: list[float] = []
+
+    def silent(request: httpx.Request) -> httpx.Response:
+        seen.append(deadline.remaining() or 0.0)
+        fake.advance(10.0)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    api.get("/v2/account").mock(side_effect=silent)
+    client, deadline = deadline_client(fake, seconds=25.0)
+    with client, deadline.running(), pytest.raises(ApiUnreachable):
+        client.account()
+    assert len(seen) == 3 and seen[-1] < 10.0  # the third attempt began with less than 10 s
+
+
+def test_a_call_after_the_deadline_is_not_sent(api: respx.MockRouter, fake: FakeClock):
+    route = api.post("/v2/instances").mock(return_value=httpx.Response(202, json={}))
+    client, deadline = deadline_client(fake)
+    with client, deadline.running():
+        fake.advance(29.5)
+        with pytest.raises(ApiUnreachable) as info:
+            client.create_instance(
+                region="ewr", plan="vc2-1c-2gb", label="w-1", tags=["t"], snapshot_id="s"
+            )
+    assert not isinstance(info.value, AmbiguousCreate)  # nothing left this machine
+    assert route.call_count == 0
+    assert "not sent" in info.value.message
+
+
+def test_without_a_pass_a_call_ends_within_its_own_limit(api: respx.MockRouter, fake: FakeClock):
+    def silent(request: httpx.Request) -> httpx.Response:
+        fake.advance(min(10.0, began + CALL_BUDGET_S - fake.monotonic()))
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    api.get("/v2/account").mock(side_effect=silent)
+    began = fake.monotonic()
+    client = VultrClient(KEY, BASE, sleep=fake.sleep, monotonic=fake.monotonic)
+    with client, pytest.raises(ApiUnreachable) as info:
+        client.account()
+    assert fake.monotonic() - began <= CALL_BUDGET_S
+    assert f"the call's {CALL_BUDGET_S:g}s limit" in info.value.message

@@ -318,10 +318,12 @@ def events_cmd(
 def instances_cmd(as_json: JsonFlag = False) -> None:
     """The fleet's instances as the Vultr API reports them (no database needed)."""
     cfg = load_config()
+    from vultrscale.clock import PASS_DEADLINE_S, Deadline
     from vultrscale.config import mask_url
     from vultrscale.vultr.client import VultrClient
 
-    with VultrClient(api_key(cfg), cfg.api_url) as client:
+    deadline = Deadline(PASS_DEADLINE_S)  # every page of the listing, as a pass lists them
+    with VultrClient(api_key(cfg), cfg.api_url, deadline=deadline) as client, deadline.running():
         found = client.list_instances(tag=cfg.fleet.tag)
     found.sort(key=lambda i: (i.date_created is None, i.date_created, i.label))
     from vultrscale.cli import views

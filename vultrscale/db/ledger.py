@@ -7,16 +7,21 @@ lease liveness is always judged by the database's ``now()`` in the signals query
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 
+from vultrscale.clock import PASS_DEADLINE_S, Deadline
+from vultrscale.config import format_duration
 from vultrscale.db import pg, plan_checks
+from vultrscale.errors import PassStuck
 from vultrscale.model import (
     STATE_STAMPS,
     FleetState,
@@ -49,6 +54,66 @@ def try_lock(conn: psycopg.Connection[Any], fleet: str) -> bool:
         "SELECT pg_try_advisory_lock(%s, %s)", (_LOCK_NAMESPACE, lock_key(fleet))
     ).fetchone()
     return bool(row and row[0])
+
+
+# What a pass may still do after its deadline has ended its Vultr calls: SSH steps (each
+# bounded by its connect and command timeouts) and its few database statements. A holder past
+# its deadline and this margin is stuck (a process frozen, a hang the deadline does not cover).
+LOCK_MARGIN_S = 60.0
+# While it holds the lock, a pass shows other sessions when it took it and its deadline, in
+# pg_stat_activity.application_name (ASCII, under 64 bytes), so a pass that finds the lock
+# held can tell a slow holder from a stuck one, whatever that holder's deadline.
+_HOLDER = "vultrscale pass: deadline {deadline:g}s, since "
+_HOLDER_RE = re.compile(r"vultrscale pass: deadline (\d+(?:\.\d+)?)s, since (\d+)")
+
+
+def take_pass_lock(conn: psycopg.Connection[Any], fleet: str, deadline_s: float) -> bool:
+    """Take the fleet's lock as a pass with a deadline of ``deadline_s``, and say so in the
+    session's application_name (``release_pass_lock`` puts it back); False if another session
+    holds it."""
+    row = conn.execute(
+        "SELECT CASE WHEN pg_try_advisory_lock(%s, %s) THEN set_config('application_name', "
+        "%s || floor(extract(epoch FROM now()))::bigint, false) END",
+        (_LOCK_NAMESPACE, lock_key(fleet), _HOLDER.format(deadline=deadline_s)),
+    ).fetchone()
+    return bool(row and row[0] is not None)
+
+
+def release_pass_lock(conn: psycopg.Connection[Any]) -> None:
+    """Release every lock of the session and give it back its own application_name."""
+    conn.execute("SELECT pg_advisory_unlock_all()")
+    conn.execute("RESET application_name")
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """The session that holds a fleet's lock, as pg_stat_activity shows it."""
+
+    pid: int
+    held_s: float | None  # since it took the lock (or, for a session of another kind, went idle)
+    deadline_s: float | None  # the holder's own deadline, when it is a pass that says it
+
+
+def lock_holder(conn: psycopg.Connection[Any], fleet: str) -> LockHolder | None:
+    """Who holds the fleet's lock and for how long; None if nobody does now."""
+    row = conn.execute(
+        "SELECT a.pid, a.application_name, extract(epoch FROM now())::float8, "
+        "extract(epoch FROM CASE WHEN a.state = 'idle' THEN a.state_change "
+        "ELSE coalesce(a.xact_start, a.query_start) END)::float8 "
+        "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+        "AND l.classid = %s::oid AND l.objid = %s::oid",
+        (_LOCK_NAMESPACE, lock_key(fleet)),
+    ).fetchone()
+    if row is None:
+        return None
+    pid, name, now, idle_since = row
+    m = _HOLDER_RE.fullmatch(name or "")
+    if m:
+        return LockHolder(pid, now - float(m[2]), float(m[1]))
+    # Not a pass that says when it began (a session of an older version, a hand-held lock):
+    # how long it has done nothing, or run one statement, is the best measure there is.
+    return LockHolder(pid, None if idle_since is None else now - idle_since, None)
 
 
 _COLUMNS = (
@@ -373,15 +438,43 @@ def events(
 class PgLedger:
     """The FleetLedger port on one Postgres connection; psycopg errors leave as DatabaseError."""
 
-    def __init__(self, conn: psycopg.Connection[Any], fleet: str, url: str = "") -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        fleet: str,
+        url: str = "",
+        *,
+        deadline_s: float = PASS_DEADLINE_S,
+    ) -> None:
         self.conn, self.fleet, self.url = conn, fleet, url
+        self.deadline_s = deadline_s
 
     def _t(self, doing: str) -> AbstractContextManager[None]:
         return pg.translated(f"fleet ledger: {doing}", self.url)
 
     def lock(self) -> bool:
+        """Take the fleet's pass lock; False if a pass holds it that may still be working,
+        ``PassStuck`` (exit 1, so cron alerts) if it has held it past its deadline and
+        ``LOCK_MARGIN_S``: that pass will not end by itself, and no pass scales the fleet
+        until it does."""
         with self._t("taking the pass lock"):
-            return try_lock(self.conn, self.fleet)
+            if take_pass_lock(self.conn, self.fleet, self.deadline_s):
+                return True
+            holder = lock_holder(self.conn, self.fleet)
+        if holder is None or holder.held_s is None:
+            return False  # released meanwhile, or nothing to tell its age by
+        allowed = (holder.deadline_s or self.deadline_s) + LOCK_MARGIN_S
+        if holder.held_s <= allowed:
+            return False
+        raise PassStuck(
+            f"Another reconcile pass has held the lock of fleet {self.fleet!r} for "
+            f"{format_duration(timedelta(seconds=round(holder.held_s)))}, past the "
+            f"{format_duration(timedelta(seconds=round(allowed)))} a pass may take: it is stuck, "
+            "and nothing scales this fleet until it ends",
+            hint=f"Its database session is pid {holder.pid}: pg_stat_activity shows its client; "
+            "stop that process, or end the session with "
+            f"SELECT pg_terminate_backend({holder.pid}); the next pass takes over.",
+        )
 
     def rows(self, since: datetime) -> list[LedgerRow]:
         with self._t("reading the instances"):
@@ -487,18 +580,28 @@ class PgStore:
         signals_reader: Callable[[psycopg.Connection[Any]], Signals] | None = None,
         *,
         keep: bool = False,
+        deadline: Deadline | None = None,
     ) -> None:
         self.url = url
         self.signals_reader = signals_reader
         self.keep = keep
+        self.deadline = deadline
         self._kept: psycopg.Connection[Any] | None = None
 
     @contextmanager
     def session(self, cfg: Config) -> Iterator[Session]:
+        """One pass's session; ``deadline`` (shared with the pass's Vultr client) runs from
+        before its connect until its end."""
+        running = self.deadline.running() if self.deadline is not None else nullcontext()
+        with running:
+            yield from self._session(cfg)
+
+    def _session(self, cfg: Config) -> Iterator[Session]:
         conn = self._connection()
+        seconds = self.deadline.seconds if self.deadline is not None else PASS_DEADLINE_S
         try:
             yield Session(
-                PgLedger(conn, cfg.fleet.name, self.url),
+                PgLedger(conn, cfg.fleet.name, self.url, deadline_s=seconds),
                 PgSignals(conn, cfg.queue, self.signals_reader),
             )
         finally:
@@ -530,7 +633,7 @@ class PgStore:
         idle = not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         if self.keep and idle:
             try:
-                conn.execute("SELECT pg_advisory_unlock_all()")
+                release_pass_lock(conn)
             except psycopg.Error:
                 pass
             else:

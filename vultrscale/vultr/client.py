@@ -6,8 +6,13 @@
   server: a 5xx, a timeout or a dropped connection raises ``AmbiguousCreate`` and the caller
   looks the label up. Only outcomes where the server certainly did nothing are retried: a 429
   (refused) and a connection that was never established.
-- Every request has a timeout. The API key is sent by an auth flow and never appears in a
-  repr, a log record or an exception; error texts from the server are redacted too.
+- Every call has a total deadline, not only httpx's per-read timeout: an attempt ends
+  ``timeout`` seconds after it began however the server trickles its answer (every read and
+  write on the socket is bounded by what is left), and a call with its retries ends within
+  ``CALL_BUDGET_S``, or by the pass's ``Deadline`` when one runs. A wait (backoff or
+  ``Retry-After``) that would not fit is not waited: the call gives up at once.
+- The API key is sent by an auth flow and never appears in a repr, a log record or an
+  exception; error texts from the server are redacted too.
 """
 
 from __future__ import annotations
@@ -18,15 +23,19 @@ import email.utils
 import json
 import logging
 import re
+import ssl
+import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
+import httpcore
 import httpx
 import tenacity
 
 from vultrscale import __version__
+from vultrscale.clock import PASS_DEADLINE_S, Deadline
 from vultrscale.config import Secret
 from vultrscale.errors import (
     UsageError,
@@ -58,6 +67,12 @@ PER_PAGE = 500  # the documented maximum: fewest requests for a large fleet
 MAX_PAGES = 2000
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_RETRY_AFTER = 60.0  # seconds; a larger Retry-After is capped, not obeyed blindly
+# A call outside a pass (`snapshot`'s polls, a script's) ends, retries included, within this:
+# a pass's own deadline, so no command waits on a silent API longer than a pass would.
+CALL_BUDGET_S = PASS_DEADLINE_S
+# An attempt is not begun with less than this left: it could not be answered in time, and a
+# create begun that late would mostly end as "outcome unknown".
+MIN_ATTEMPT_S = 1.0
 _LOCKED = re.compile(r"currently locked", re.IGNORECASE)
 # 400 "invalid instance ID" (2021), "... not found", "Server is pending destruction": all mean
 # the resource is gone or going, for calls that name a resource by id.
@@ -77,6 +92,109 @@ class _BearerAuth(httpx.Auth):
 
     def __repr__(self) -> str:
         return "_BearerAuth('***')"
+
+
+class _Limit:
+    """A wall-clock end per thread for the sockets of one client: every connect, TLS handshake,
+    read and write waits at most until then, and none begins after it. httpx bounds each read
+    only, so a server sending a byte every few seconds held a call for good; bounded here, an
+    attempt ends when its time is up, whether the headers or the body trickle."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()  # the pass lists the cloud in a thread of its own
+
+    def set(self, until: float | None) -> None:
+        """Bound this thread's requests to ``until`` (time.monotonic); None: no bound."""
+        self._local.until = until
+
+    def clamp(self, timeout: float | None, error: type[Exception]) -> float | None:
+        """``timeout`` cut to the time left; ``error`` once none is left."""
+        until: float | None = getattr(self._local, "until", None)
+        if until is None:
+            return timeout
+        left = until - time.monotonic()
+        if left <= 0:
+            raise error("the call's time is up")
+        return left if timeout is None else min(timeout, left)
+
+
+class _LimitedBackend(httpcore.NetworkBackend):
+    def __init__(self, backend: httpcore.NetworkBackend, limit: _Limit) -> None:
+        self._backend = backend
+        self._limit = limit
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        timeout = self._limit.clamp(timeout, httpcore.ConnectTimeout)
+        stream = self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _LimitedStream(stream, self._limit)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        timeout = self._limit.clamp(timeout, httpcore.ConnectTimeout)
+        stream = self._backend.connect_unix_socket(path, timeout, socket_options)
+        return _LimitedStream(stream, self._limit)
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+class _LimitedStream(httpcore.NetworkStream):
+    def __init__(self, stream: httpcore.NetworkStream, limit: _Limit) -> None:
+        self._stream = stream
+        self._limit = limit
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, self._limit.clamp(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, self._limit.clamp(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        timeout = self._limit.clamp(timeout, httpcore.ConnectTimeout)
+        stream = self._stream.start_tls(ssl_context, server_hostname, timeout)
+        return _LimitedStream(stream, self._limit)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+def _limit_sockets(transport: httpx.BaseTransport, limit: _Limit) -> None:
+    """Route an httpx transport's sockets through ``limit``: httpx has no option for it, so its
+    connection pool's backend is wrapped. Another kind of transport (a test's mock, the
+    simulator's in-process one) opens no sockets."""
+    pool = getattr(transport, "_pool", None)
+    if isinstance(pool, httpcore.ConnectionPool):  # HTTP and SOCKS proxies are pools too
+        pool._network_backend = _LimitedBackend(pool._network_backend, limit)
+
+
+class _OutOfTime(tenacity.stop.stop_base):
+    """Stop retrying when the wait asked for (backoff, ``Retry-After``) would end past
+    ``last_start``, the latest time an attempt may begin."""
+
+    def __init__(self, monotonic: Callable[[], float], last_start: float) -> None:
+        self._monotonic = monotonic
+        self._last_start = last_start
+        self.wait = 0.0  # the wait that was asked for when it stopped
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        self.wait = retry_state.upcoming_sleep
+        return self._monotonic() + self.wait > self._last_start
 
 
 class _Retry(Exception):
@@ -165,7 +283,9 @@ def _api_message(response: httpx.Response, redact_text: Callable[[str], str]) ->
 
 class VultrClient:
     """A client for the Vultr v2 API (``base_url`` without ``/v2``). Use it as a context manager
-    or call ``close()``. ``sleep`` is what waits between retries (tests inject a recorder)."""
+    or call ``close()``. ``sleep`` is what waits between retries and ``monotonic`` what times
+    them (tests inject a fake clock's); ``timeout`` bounds each attempt in total, and
+    ``deadline`` (armed by the pass's owner for each pass) every call made while it runs."""
 
     def __init__(
         self,
@@ -176,6 +296,8 @@ class VultrClient:
         transport: httpx.BaseTransport | None = None,
         max_attempts: int = 5,
         sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+        deadline: Deadline | None = None,
         user_agent: str = f"vultrscale/{__version__}",
     ) -> None:
         self.base_url = _validate_base_url(base_url)
@@ -188,6 +310,9 @@ class VultrClient:
         self.max_attempts = max_attempts
         self.timeout = timeout
         self._sleep = sleep
+        self._monotonic = monotonic
+        self.deadline = deadline
+        self._limit = _Limit()
         # 0.5 s, 1 s, 2 s ... capped at 8 s, plus up to 0.25 s of jitter so that several
         # clients behind one address do not retry in step.
         self._backoff = tenacity.wait_exponential(multiplier=0.5, max=8.0) + tenacity.wait_random(
@@ -202,6 +327,10 @@ class VultrClient:
             headers={"User-Agent": user_agent, "Accept": "application/json"},
             follow_redirects=False,
         )
+        # Every socket the client opens, the proxies' from the environment too.
+        for mounted in [self._http._transport, *self._http._mounts.values()]:
+            if mounted is not None:
+                _limit_sockets(mounted, self._limit)
 
     def __repr__(self) -> str:
         return f"VultrClient(base_url={mask_url(self.base_url)!r}, api_key='***')"
@@ -416,25 +545,57 @@ class VultrClient:
         ``create_label``: a non-idempotent create; its ambiguous failures raise AmbiguousCreate.
         """
         creating = create_label is not None
+        started = self._monotonic()
+        until, bound = self._until(started)
+        floor = min(MIN_ATTEMPT_S, self.timeout)
+        if until - started < floor:  # nothing was sent: not even a create is in doubt
+            raise ApiUnreachable(
+                f"{method} {path} not sent: {bound} has passed.", hint=_DEADLINE_HINT
+            )
+        out_of_time = _OutOfTime(self._monotonic, until - floor)
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_Retry),
-            stop=tenacity.stop_after_attempt(self.max_attempts),
+            stop=tenacity.stop_after_attempt(self.max_attempts) | out_of_time,
             wait=self._wait,
             sleep=self._sleep,
             before_sleep=self._log_retry,
             reraise=True,
         )
+        number = 0
         try:
             for attempt in retrying:
                 with attempt:
                     number = attempt.retry_state.attempt_number
-                    response = self._send(method, path, params, json_body, number, create_label)
+                    response = self._send(
+                        method, path, params, json_body, number, create_label, until
+                    )
                     return self._decode(method, path, response, by_id, creating, create_label)
         except _Retry as exc:
             exhausted = exc
         else:  # pragma: no cover
             raise AssertionError("unreachable: tenacity either returns or raises")
-        raise exhausted.error from None  # the last attempt's error, without the retry wrapper
+        error = exhausted.error
+        if number < self.max_attempts:  # stopped by the clock, not by the count
+            elapsed = self._monotonic() - started
+            wait = out_of_time.wait
+            after = f" (after a {wait:.3g}s wait)" if wait >= 1 else ""
+            error = type(error)(
+                f"{error.message} Gave up after {number} attempt(s) in {elapsed:.1f}s: another"
+                f"{after} would end past {bound}.",
+                status=error.status,
+                api_message=error.api_message,
+                hint=error.hint,
+            )
+        raise error from None  # the last attempt's error, without the retry wrapper
+
+    def _until(self, now: float) -> tuple[float, str]:
+        """When a call begun at ``now`` must end (``monotonic``), and what sets that end: the
+        pass's deadline while one runs, else the call's own budget."""
+        until, bound = now + CALL_BUDGET_S, f"the call's {CALL_BUDGET_S:g}s limit"
+        left = self.deadline.remaining() if self.deadline is not None else None
+        if left is not None and self.deadline is not None and now + left <= until:
+            until, bound = now + left, f"the pass's {self.deadline.seconds:g}s deadline"
+        return until, bound
 
     def _send(
         self,
@@ -444,9 +605,13 @@ class VultrClient:
         json_body: dict[str, Any] | None,
         attempt: int,
         create_label: str | None,
+        until: float,
     ) -> httpx.Response:
-        """Send once; translate transport errors (which may carry request details) into ours."""
+        """Send once, within ``timeout`` in all and by ``until``; translate transport errors
+        (which may carry request details) into ours."""
         started = time.monotonic()
+        # The sockets' end, on the real clock they wait on.
+        self._limit.set(started + min(self.timeout, until - self._monotonic()))
         self.requests_made += 1
         try:
             response = self._http.request(method, path, params=params, json=json_body)
@@ -455,6 +620,8 @@ class VultrClient:
         else:
             self._log_attempt(method, path, response.status_code, attempt, started)
             return response
+        finally:
+            self._limit.set(None)
         # Raised outside the except block, so the httpx exception (which holds the request and
         # its Authorization header) is neither the cause nor the context of ours; its type and
         # redacted text are in our message.
@@ -584,6 +751,10 @@ class VultrClient:
 
 
 _BAD_BODY_HINT = "A proxy or VULTR_API_URL may point at something other than the Vultr API."
+_DEADLINE_HINT = (
+    "Vultr (or a proxy on the way) answered too slowly or not at all; the next pass tries "
+    "again. Check https://status.vultr.com and VULTR_API_URL."
+)
 
 
 def _object(body: Any, key: str) -> dict[str, Any]:
