@@ -55,6 +55,11 @@ def duration(minimum: timedelta = timedelta(0)) -> Callable[[object], timedelta]
     return parse
 
 
+def seconds(value: timedelta | None) -> float | None:
+    """A DURATION flag as the seconds a config key in seconds takes (None: not given)."""
+    return None if value is None else value.total_seconds()
+
+
 def _whole(value: object, low: int, high: int, what: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         number = value

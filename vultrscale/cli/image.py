@@ -16,7 +16,13 @@ if TYPE_CHECKING:
     from vultrscale import snapshot as snapshots
 
 app = group()
-cloudinit_app = group(help="The user-data new instances get.")
+cloudinit_app = group(
+    help="The user-data new instances get.",
+    epilog=examples(
+        "vultrscale cloud-init render",
+        "vultrscale cloud-init render --label worker-7 > user-data",
+    ),
+)
 app.add_typer(cloudinit_app, name="cloud-init")
 
 
@@ -185,6 +191,7 @@ def snapshot_cmd(
 
 @cloudinit_app.command(
     "render",
+    short_help="Print a new instance's user-data, secrets masked.",
     epilog=examples(
         "vultrscale cloud-init render", "vultrscale cloud-init render --label web-7 > user-data"
     ),
