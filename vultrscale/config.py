@@ -64,7 +64,7 @@ _REGION = re.compile(r"[a-z][a-z0-9-]{1,15}")
 _PLAN = re.compile(r"[a-z0-9][a-z0-9-]{1,63}")
 # Vultr's ids for snapshots, VPCs and firewall groups are UUIDs (API notes: "string (UUID)";
 # the OpenAPI example "cb676a46-66fd-4dfb-b839-443f2e6c0b60"); they go into URL paths.
-_VULTR_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+VULTR_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 VULTR_ID_FORM = 'a Vultr id, a lowercase UUID such as "cb676a46-66fd-4dfb-b839-443f2e6c0b60"'
 # Vultr's keys are 36 letters and digits; a proxy's may differ, but a header value is visible
 # ASCII and a server refuses a header of many KB (a raw 431 for a 1 MB key).
@@ -945,18 +945,18 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"fleet.ssh_user: {shown(f.ssh_user)} is not a valid user name")
     if f.ssh_address not in ("main_ip", "internal_ip"):
         p.append(f"fleet.ssh_address: {shown(f.ssh_address)} must be main_ip or internal_ip")
-    if f.snapshot_id and not _VULTR_ID.fullmatch(f.snapshot_id):
+    if f.snapshot_id and not VULTR_ID.fullmatch(f.snapshot_id):
         p.append(
             f"fleet.snapshot_id: {shown(f.snapshot_id)} is not {VULTR_ID_FORM} (or empty: "
             "the one `vultrscale snapshot` records)"
         )
-    if f.firewall_group_id and not _VULTR_ID.fullmatch(f.firewall_group_id):
+    if f.firewall_group_id and not VULTR_ID.fullmatch(f.firewall_group_id):
         p.append(
             f"fleet.firewall_group_id: {shown(f.firewall_group_id)} is not {VULTR_ID_FORM} "
             "(or empty)"
         )
     for i, vpc in enumerate(f.vpc_ids):
-        if not _VULTR_ID.fullmatch(vpc):
+        if not VULTR_ID.fullmatch(vpc):
             p.append(f"fleet.vpc_ids[{i}]: {shown(vpc)} is not {VULTR_ID_FORM}")
     if not _APP.fullmatch(w.app):
         p.append(f"worker.app: {shown(w.app)} must be MODULE:FUNC, e.g. myjobs:handle")

@@ -93,6 +93,19 @@ def port_or_zero(value: object) -> int:
     return _whole(value, 0, 65535, "a TCP port from 1 to 65535, or 0 for a free one")
 
 
+def vultr_id(value: object) -> str:
+    """An ID flag naming a Vultr instance or snapshot: a UUID, as config's ids (it goes into
+    a URL path: "../account" or a trailing newline must not)."""
+    from vultrscale.config import VULTR_ID, VULTR_ID_FORM, shown
+
+    text = str(value)
+    if not VULTR_ID.fullmatch(text):
+        raise typer.BadParameter(
+            f"{shown(text)} is not {VULTR_ID_FORM} (`vultrscale instances` lists the ids)"
+        )
+    return text
+
+
 def queue_name(value: object) -> str:
     """A queue name, by the rule the worker applies to its own queue."""
     from vultrscale.config import queue_name_problem

@@ -37,6 +37,7 @@ from vultrscale.sim.app import Simulator
 API_KEY = "VKEY-hostile-0123456789abcdefghijklm"
 DB_PASSWORD = "pw-hostile-never-shown-77"
 PROXY_PASSWORD = "proxy-pw-never-shown-55"
+VID = "cb676a46-66fd-4dfb-b839-443f2e6c0b60"  # a well-formed Vultr id no instance has
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,11 @@ CASES = [
     c('env-api-key-wrong', 'instances', 2, 'VULTR_API_KEY', env={'VULTR_API_KEY': 'WRONG-key-0123456789abcdef'}),
     c('env-api-url-credentials-unreachable', 'instances', 1, 'cannot connect', env={'VULTR_API_URL': f'http://user:{PROXY_PASSWORD}@127.0.0.1:{{closed}}'}),
     # --- the flags ---------------------------------------------------------------------------
-    c('flag-timeout-overflow', 'snapshot --from-instance x --timeout 99999999999d', 2, '--timeout'),
-    c('flag-timeout-nan', 'snapshot --from-instance x --timeout nan', 2, '--timeout'),
-    c('flag-timeout-zero', 'snapshot --from-instance x --timeout 0s', 2, '--timeout'),
-    c('flag-keep-zero', 'snapshot --from-instance x --keep 0', 2, '--keep'),
-    c('flag-snapshot-both-ids', 'snapshot --from-instance x --resume y', 2, 'exactly one'),
+    c('flag-timeout-overflow', f'snapshot --from-instance {VID} --timeout 99999999999d', 2, '--timeout'),
+    c('flag-timeout-nan', f'snapshot --from-instance {VID} --timeout nan', 2, '--timeout'),
+    c('flag-timeout-zero', f'snapshot --from-instance {VID} --timeout 0s', 2, '--timeout'),
+    c('flag-keep-zero', f'snapshot --from-instance {VID} --keep 0', 2, '--keep'),
+    c('flag-snapshot-both-ids', f'snapshot --from-instance {VID} --resume {VID}', 2, 'exactly one'),
     c('flag-interval-zero', 'reconcile --loop --interval 0s', 2, 'at least 5s'),
     c('flag-interval-words', 'reconcile --loop --interval fast', 2, '--interval'),
     c('flag-interval-overflow', 'reconcile --loop --interval 1e999s', 2, '--interval'),
@@ -154,8 +155,8 @@ CASES = [
     c('api-unknown-region', 'reconcile --dry-run', 2, "fleet.region 'zzz' is not a Vultr region", env={'VULTRSCALE_FLEET_REGION': 'zzz'}),
     c('api-unknown-plan', 'reconcile --dry-run', 2, "fleet.plan 'vc9-nope'", env={'VULTRSCALE_FLEET_PLAN': 'vc9-nope'}),
     c('api-unknown-region-pass', 'reconcile', 2, 'is not a Vultr region', env={'VULTRSCALE_FLEET_REGION': 'zzz'}),
-    c('api-snapshot-unknown-instance', 'snapshot --from-instance no-such-instance', 2, 'no-such-instance'),
-    c('api-resume-unknown-snapshot', 'snapshot --resume no-such-snapshot', 2, 'no snapshot no-such-snapshot'),
+    c('api-snapshot-unknown-instance', f'snapshot --from-instance {VID}', 2, f'no instance {VID}'),
+    c('api-resume-unknown-snapshot', f'snapshot --resume {VID}', 2, f'no snapshot {VID}'),
     c('api-unreachable', 'instances', 1, 'cannot connect', env={'VULTR_API_URL': 'http://127.0.0.1:{closed}'}),
     c('db-unreachable', 'events', 1, 'cannot read the events', env={'DATABASE_URL': f'postgresql://u:{DB_PASSWORD}@127.0.0.1:{{closed}}/db'}),
     c('db-unreachable-enqueue', 'enqueue', 1, 'cannot enqueue', env={'DATABASE_URL': f"host=127.0.0.1 port={{closed}} password='{DB_PASSWORD} x'"}),
@@ -185,6 +186,9 @@ CASES_WHOLE = [
     c('id-snapshot-path', CHECK, 2, 'fleet.snapshot_id', env={'VULTRSCALE_FLEET_SNAPSHOT_ID': '../../x'}),
     c('id-snapshot-newline', CHECK, 2, 'fleet.snapshot_id', env={'VULTRSCALE_FLEET_SNAPSHOT_ID': 'cb676a46-66fd-4dfb-b839-443f2e6c0b60\n'}),
     c('id-init-snapshot-path', ('--config', '{tmp}/new.toml', 'init', '--defaults', '--snapshot', '../../x'), 2, '--snapshot'),
+    c('id-from-instance-path', 'snapshot --from-instance ../../account', 2, '--from-instance'),
+    c('id-from-instance-newline', ('snapshot', '--from-instance', 'cb676a46-66fd-4dfb-b839-443f2e6c0b60\n'), 2, '--from-instance'),
+    c('id-resume-path', 'snapshot --resume ../x', 2, '--resume'),
     c('id-firewall-group-path', CHECK, 2, 'fleet.firewall_group_id', toml='firewall_group_id = "../x"'),
     c('id-vpc-path', CHECK, 2, 'fleet.vpc_ids', toml='vpc_ids = ["../x"]'),
     # --- URLs parsed strictly --------------------------------------------------------------------
@@ -315,6 +319,9 @@ def test_hostile_input_is_refused_cleanly(
         else:
             monkeypatch.setenv(name, _fill(value, world, tmp_path))
     monkeypatch.chdir(tmp_path)
+    if case.as_nobody:  # what a failing command imports lazily, imported while it can be
+        main(["--config", "/nonexistent/vultrscale.toml", "config", "check"])
+        capsys.readouterr()
     rows_before, changes_before = _row_counts(world.db), _changes(world.sim)
 
     try:

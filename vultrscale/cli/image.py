@@ -36,7 +36,12 @@ app.add_typer(cloudinit_app, name="cloud-init")
 def snapshot_cmd(
     from_instance: Annotated[
         str | None,
-        typer.Option("--from-instance", metavar="ID", help="Instance to snapshot (its id)."),
+        typer.Option(
+            "--from-instance",
+            parser=params.vultr_id,
+            metavar="ID",
+            help="Instance to snapshot (its id).",
+        ),
     ] = None,
     description: Annotated[
         str | None,
@@ -76,6 +81,7 @@ def snapshot_cmd(
         str | None,
         typer.Option(
             "--resume",
+            parser=params.vultr_id,
             metavar="ID",
             help="Wait for a snapshot made earlier (--no-wait, a timeout), then record and prune.",
         ),
