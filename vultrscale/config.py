@@ -30,6 +30,7 @@ from vultrscale.errors import (
     conninfo_problem,
     http_userinfo,
     is_text,
+    parse_conninfo,
     secret_values,
     url_user,
 )
@@ -136,6 +137,15 @@ def api_url_problem(url: str) -> str | None:
         return f"{name} names no valid host (a name, an IPv4 or an [IPv6] address)"
     if parts.query or parts.fragment or "?" in m["rest"] or "#" in m["rest"]:
         return f"{name} carries a query or fragment ('?...', '#...'); expected {_API_URL_FORM}"
+    return None
+
+
+def _port_problem(conninfo: str, name: str) -> str | None:
+    """A port outside 1-65535 in a connection string libpq reads (it fails only at connect)."""
+    parsed = parse_conninfo(conninfo) or {}
+    ports = [p for p in parsed.get("port", "").split(",") if p]
+    if any(not 1 <= int(p) <= 65535 for p in ports):
+        return f"{name} names a port outside 1-65535"
     return None
 
 
@@ -333,7 +343,13 @@ class Secrets:
             ("DATABASE_URL", self.database_url),
             ("WORKER_DATABASE_URL", self.worker_database_url),
         )
-        found = [p for name, s in named if s and (p := conninfo_problem(s.reveal(), name))]
+        found = []
+        for name, secret in named:
+            problem = conninfo_problem(secret.reveal(), name) if secret else None
+            if problem is None and secret:
+                problem = _port_problem(secret.reveal(), name)
+            if problem:
+                found.append(problem)
         key = self.api_key.reveal()
         if len(key) > MAX_API_KEY:
             found.append(

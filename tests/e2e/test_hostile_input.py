@@ -199,6 +199,8 @@ CASES_WHOLE = [
     c('url-api-bad-host', CHECK, 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'http://exa_mple..com'}),
     c('url-api-newline', 'instances', 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'http://127.0.0.1:80\nX-Evil: 1'}),
     c('url-api-query', CHECK, 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'https://api.vultr.com/?key=x'}),
+    c('url-database-port-out-of-range', 'enqueue', 2, 'DATABASE_URL names a port', env={'DATABASE_URL': 'postgresql://u:pw@127.0.0.1:106469/db'}),
+    c('url-worker-database-port-zero', CHECK, 2, 'WORKER_DATABASE_URL names a port', env={'WORKER_DATABASE_URL': 'postgresql://u:pw@127.0.0.1:0/db'}),
     # --- the environment -------------------------------------------------------------------------
     c('env-unknown-section', CHECK, 2, 'VULTRSCALE_POLICY_MAX_INSTANCES', env={'VULTRSCALE_POLICIES_MAX_INSTANCES': '1'}),
     c('env-section-without-key', CHECK, 2, 'VULTRSCALE_POLICY', env={'VULTRSCALE_POLICY': '1'}),
