@@ -205,16 +205,18 @@ def fail(
 
 
 # A word of outside text longer than this (a 100 KB database name in a URL, a server's echo)
-# is cut in the middle: the message stays a line or two, its start and end still show.
-_LONG_WORD = 160
+# is cut in the middle: the message stays a line or two, its start and end still show. Far
+# above any path or URL a user writes, so those are never cut.
+_LONG_WORD = 400
+_KEPT_HEAD, _KEPT_TAIL = 200, 80
 
 
 def _cut_long_words(text: str) -> str:
     import re
 
     def cut(m: re.Match[str]) -> str:
-        word = m[0]
-        return f"{word[:100]}...({len(word) - 140} characters cut)...{word[-40:]}"
+        word, kept = m[0], _KEPT_HEAD + _KEPT_TAIL
+        return f"{word[:_KEPT_HEAD]}...({len(word) - kept} characters cut)...{word[-_KEPT_TAIL:]}"
 
     return re.sub(rf"\S{{{_LONG_WORD + 1},}}", cut, text)
 
