@@ -219,6 +219,7 @@ CASES_WHOLE = [
     c('sql-literal-percent-check', CHECK, 2, 'queue.ready_sql', toml=CUSTOM_SQL + "ready_sql = \"select count(*) from jobs where queue = %(queue)s and payload::text like '%x%'\""),
     c('sql-unknown-placeholder', CHECK, 2, 'queue.ready_sql', toml=CUSTOM_SQL + "ready_sql = \"select count(*) from jobs where queue = %(name)s\""),
     c('flag-simulate-from-db-with-workload', 'simulate --from-db --workload steady', 2, '--workload'),
+    c('flag-simulate-since-without-from-db', 'simulate --since 3d', 2, '--since'),
     c('db-name-100kb', 'enqueue', 1, 'cannot enqueue', env={'DATABASE_URL': '{db_server}/' + 'd' * 100_000}),
     # --- every problem at once (a type error hid the range errors) -------------------------------
     c('all-at-once-type-and-range', CHECK, 2, 'policy.max_step_up', toml="[worker]\nconcurrency = 'four'\n[policy]\nmax_step_up = -1"),

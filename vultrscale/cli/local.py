@@ -284,8 +284,14 @@ def simulate_cmd(
         typer.Option("--from-db", help="Replay the built-in queue's own history (DATABASE_URL)."),
     ] = False,
     since: Annotated[
-        str, typer.Option("--since", metavar="DURATION", help="With --from-db: how far back.")
-    ] = "7d",
+        str | None,
+        typer.Option(
+            "--since",
+            metavar="DURATION",
+            help=shown("With --from-db: how far back.", "7d"),
+            show_default=False,
+        ),
+    ] = None,
     days: Annotated[
         int,
         typer.Option(
@@ -353,16 +359,23 @@ def simulate_cmd(
     from vultrscale.cli._common import state
     from vultrscale.simulate import command
 
-    if from_db and workload is not None:  # --from-db replays the queue's history instead
+    # Flags the chosen workload would ignore are refused, not dropped in silence.
+    if from_db and workload is not None:
         raise UsageError(
             "--workload and --from-db name two workloads: --from-db replays the built-in "
             "queue's own history",
             hint="Drop --workload to replay the history, or --from-db to replay the shape.",
         )
+    if since is not None and not from_db:
+        raise UsageError(
+            "--since says how far back --from-db reads the queue's history; without --from-db "
+            "it has no meaning",
+            hint="Add --from-db, or use --days for a built-in shape.",
+        )
     opts = command.Options(
         workload=workload or "bursty-day",
         from_db=from_db,
-        since=since,
+        since=since or "7d",
         days=days,
         jobs_per_day=jobs_per_day,
         policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
