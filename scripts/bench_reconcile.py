@@ -64,7 +64,14 @@ from vultrscale import config as config_mod
 from vultrscale import lifecycle, reconcile
 from vultrscale.clock import FakeClock
 from vultrscale.db import ledger, queue, schema, throwaway
-from vultrscale.memory import MemoryCloud, MemoryDrain, MemoryLedger, MemorySignals, memory_parts
+from vultrscale.memory import (
+    SNAPSHOT,
+    MemoryCloud,
+    MemoryDrain,
+    MemoryLedger,
+    MemorySignals,
+    memory_parts,
+)
 from vultrscale.model import InstanceState, Signals, WorkerView
 from vultrscale.reconcile import Parts, run_pass
 from vultrscale.sim.app import Simulator, Timings
@@ -446,7 +453,7 @@ def memory_world(n: int) -> tuple[config_mod.Config, Parts, FakeClock]:
     """A steady fleet of ``n`` running instances on the in-memory ports."""
     tmp = Path(tempfile.mkdtemp(prefix="vs-bench-mem-"))
     (tmp / "vultrscale.toml").write_text(
-        f'[fleet]\nsnapshot_id = "snap-1"\n[policy]\nmax_instances = {n}\n'
+        f'[fleet]\nsnapshot_id = "{SNAPSHOT}"\n[policy]\nmax_instances = {n}\n'
         f"[budget]\nmonthly_ceiling_usd = {20.0 * n}\n"
     )
     env = {"VULTR_API_KEY": KEY, "DATABASE_URL": "postgresql://unused@nowhere/db"}

@@ -10,9 +10,12 @@ Settings can also be given in the environment as ``VULTRSCALE_<SECTION>_<KEY>``
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import ipaddress
 import math
 import os
 import re
+import reprlib
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ from vultrscale.errors import (
     conninfo_problem,
     http_userinfo,
     is_text,
+    parse_conninfo,
     redact,
     secret_values,
     url_user,
@@ -45,19 +49,105 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 # makes sense (a year), and far below timedelta's own limit, so no sum with "now" overflows.
 MAX_DURATION = timedelta(days=366)
 DURATION_FORM = "a duration like 90s, 5m, 1h or 2d (a bare number is seconds), at most 366d"
-SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
-_LABEL_PREFIX = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
-_APP = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# Names and ids are matched whole, always with ``fullmatch``: ``$`` in ``re.match`` also
+# matches before a final newline, and "x\n" made a second fleet, a role whose name ends in a
+# newline, a queue no worker takes.
+SERVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+_FLEET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_LABEL_PREFIX = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
+_APP = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+_SSH_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # The one rule for queue names: the worker's [worker] queue, `enqueue --queue`, `worker --queue`.
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 QUEUE_NAME_FORM = "1-64 letters, digits, '_', '.', ':' or '-'"
-# Vultr region ids are short lowercase words ("ewr", "fra", "sjc"); the id goes into a URL path.
-_REGION = re.compile(r"^[a-z][a-z0-9-]{1,15}$")
+# Vultr region ids are short lowercase words ("ewr", "fra", "sjc"), plan ids lowercase words
+# joined by '-' ("vc2-1c-2gb", "voc-c-2c-4gb-50s-amd"); both go into URL paths and queries.
+_REGION = re.compile(r"[a-z][a-z0-9-]{1,15}")
+_PLAN = re.compile(r"[a-z0-9][a-z0-9-]{1,63}")
+# Vultr's ids for snapshots, VPCs and firewall groups are UUIDs (API notes: "string (UUID)";
+# the OpenAPI example "cb676a46-66fd-4dfb-b839-443f2e6c0b60"); they go into URL paths.
+VULTR_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+VULTR_ID_FORM = 'a Vultr id, a lowercase UUID such as "cb676a46-66fd-4dfb-b839-443f2e6c0b60"'
+# Vultr's keys are 36 letters and digits; a proxy's may differ, but a header value is visible
+# ASCII and a server refuses a header of many KB (a raw 431 for a 1 MB key).
+MAX_API_KEY = 512
+
+# Values quoted in messages are cut short: a 100 KB name is not echoed whole, and a deeply
+# nested TOML array is not walked by repr.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 80
+_SHORT.maxother = 80
+_SHORT.maxlevel = 2
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = 4
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut short for a message."""
+    return _SHORT.repr(value)
 
 
 def queue_name_problem(name: str) -> str | None:
     """None if ``name`` is a queue name the worker can take jobs from, else what is allowed."""
-    return None if QUEUE_NAME.match(name) else f"{name!r} must be {QUEUE_NAME_FORM}"
+    return None if QUEUE_NAME.fullmatch(name) else f"{shown(name)} must be {QUEUE_NAME_FORM}"
+
+
+_API_URL_FORM = (
+    "an http(s) URL such as https://api.vultr.com (a proxy with credentials: "
+    "https://USER:PASSWORD@proxy.example:8443)"
+)
+# The userinfo ends at the last '@' (errors.http_userinfo reads it alike): a password with an
+# unencoded '/' or '?' is then not taken for the host or the path.
+_HTTP_URL_PARTS = re.compile(r"(?P<scheme>[A-Za-z][\w+.-]*)://(?:.*@)?(?P<rest>[^@]*)", re.S)
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def _http_host_ok(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return False
+    labels = ascii_host.removesuffix(".").split(".")
+    return len(ascii_host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+
+
+def api_url_problem(url: str) -> str | None:
+    """None if ``url`` is an http(s) URL the client can send the API key to as it is, else what
+    is wrong (never quoting the URL: it may hold a proxy's password). Parsed strictly: a port
+    past 65535 wrapped modulo 65536 and sent the key to whatever listened there."""
+    name = "VULTR_API_URL"
+    if not is_text(url) or any(c.isspace() or not c.isprintable() for c in url):
+        return f"{name} holds spaces or control characters; expected {_API_URL_FORM}"
+    m = _HTTP_URL_PARTS.fullmatch(url)
+    if m is None or m["scheme"].lower() not in ("http", "https"):
+        return f"{name} is not {_API_URL_FORM}"
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(f"http://{m['rest']}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        return f"{name} has a port that is not a number from 1 to 65535; expected {_API_URL_FORM}"
+    if not parts.hostname or not _http_host_ok(parts.hostname):
+        return f"{name} names no valid host (a name, an IPv4 or an [IPv6] address)"
+    if parts.query or parts.fragment or "?" in m["rest"] or "#" in m["rest"]:
+        return f"{name} carries a query or fragment ('?...', '#...'); expected {_API_URL_FORM}"
+    return None
+
+
+def _port_problem(conninfo: str, name: str) -> str | None:
+    """A port outside 1-65535 in a connection string libpq reads (it fails only at connect)."""
+    parsed = parse_conninfo(conninfo) or {}
+    ports = [p for p in parsed.get("port", "").split(",") if p]
+    if any(not 1 <= int(p) <= 65535 for p in ports):
+        return f"{name} names a port outside 1-65535"
+    return None
 
 
 def to_duration(value: object) -> timedelta:
@@ -73,14 +163,14 @@ def to_duration(value: object) -> timedelta:
         if m:
             seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     if seconds is None or not math.isfinite(seconds):
-        raise ValueError(f"expected {DURATION_FORM}, got {value!r}")
+        raise ValueError(f"expected {DURATION_FORM}, got {shown(value)}")
     if not 0 <= seconds <= MAX_DURATION.total_seconds():
-        raise ValueError(f"{value!r} is out of range: expected {DURATION_FORM}")
+        raise ValueError(f"{shown(value)} is out of range: expected {DURATION_FORM}")
     return timedelta(seconds=seconds)
 
 
 # A plain, unquoted Postgres identifier (63 bytes at most), so it needs no quoting anywhere.
-_DB_ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_DB_ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 def parse_duration(value: object, key: str = "duration") -> timedelta:
@@ -248,12 +338,33 @@ class Secrets:
         )
 
     def problems(self) -> list[str]:
-        """The database URLs libpq cannot read (each message says which form is expected)."""
+        """The database URLs libpq cannot read (each message says which form is expected), and
+        an API key no server takes in a header (never shown: only what is wrong with it)."""
         named = (
             ("DATABASE_URL", self.database_url),
             ("WORKER_DATABASE_URL", self.worker_database_url),
         )
-        return [p for name, s in named if s and (p := conninfo_problem(s.reveal(), name))]
+        found = []
+        for name, secret in named:
+            problem = conninfo_problem(secret.reveal(), name) if secret else None
+            if problem is None and secret:
+                problem = _port_problem(secret.reveal(), name)
+            if problem:
+                found.append(problem)
+        key = self.api_key.reveal()
+        if len(key) > MAX_API_KEY:
+            found.append(
+                f"VULTR_API_KEY is {len(key)} characters long, not an API key (Vultr's have 36; "
+                f"at most {MAX_API_KEY} are taken): copy the key again from Vultr's "
+                "Account > API page"
+            )
+        elif key and not re.fullmatch(r"[\x21-\x7e]+", key):
+            found.append(
+                "VULTR_API_KEY holds spaces, control characters or characters that are not "
+                "ASCII, which no HTTP header carries: copy the key again from Vultr's "
+                "Account > API page"
+            )
+        return found
 
 
 @dataclass(frozen=True)
@@ -429,8 +540,11 @@ _ENV_NOT_SETTINGS = frozenset(
         "VULTRSCALE_WORKER_ID",
         "VULTRSCALE_INSTANCE_LABEL",
         "VULTRSCALE_TEST_DATABASE_URL",
+        "VULTRSCALE_SPEC",  # cloud-init/bake.sh: what pip installs on the base instance
     }
 )
+_BOM = "\ufeff"
+_NESTED_HINT = "Flatten the value: TOML arrays and tables inside each other, thousands deep."
 
 
 def resolve_config_path(explicit: str | None, env: Mapping[str, str]) -> tuple[Path, bool]:
@@ -446,7 +560,7 @@ def read_dotenv(path: Path, *, strict: bool = True) -> dict[str, str]:
     """KEY=VALUE lines of a .env file (``export`` and quotes allowed); absent file: empty.
     ``strict``: a line python-dotenv cannot read is a ConfigError (else it is left out: for
     redacting what the readable lines hold, on an error path)."""
-    if not path.is_file():
+    if not _is_file(path, ".env file"):
         return {}
     import io
 
@@ -494,24 +608,23 @@ def load(
 
     data: dict[str, Any] = {}
     source = "defaults"
-    if cfg_path.is_file():
+    if _is_file(cfg_path, "config file"):
         try:
-            data = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
-            source = str(cfg_path)
+            text = cfg_path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError(
                 [f"{cfg_path} is not UTF-8 text (byte {exc.start} cannot be read)"],
                 hint="Save the config file as UTF-8.",
             ) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(
-                [f"{cfg_path} is not valid TOML: {exc}"],
-                hint="Fix the TOML syntax (strings in quotes, one key per line).",
-            ) from None
         except OSError as exc:
-            raise ConfigError([f"cannot read {cfg_path}: {exc.strerror}"]) from None
+            raise ConfigError(
+                [f"cannot read {cfg_path}: {exc.strerror}"],
+                hint="Make the file readable by this user, or pass another with --config.",
+            ) from None
+        data = _parse_toml(text, str(cfg_path), "is")
+        source = str(cfg_path)
     elif must_exist:
-        if cfg_path.exists():
+        if _exists(cfg_path):
             raise ConfigError(
                 [f"config file {cfg_path} is not a file (a directory?)"],
                 hint="Pass the path of a TOML file with --config.",
@@ -532,11 +645,57 @@ def load(
 def check_text(text: str, where: str) -> None:
     """ConfigError listing every problem ``config check`` would find in ``text`` as the config
     file ``where``, read on its own (no environment, no .env, no secrets); None if it loads."""
+    _resolve(_parse_toml(text, where, "would be"), {}, {}, where)
+
+
+def _parse_toml(text: str, where: str, verb: str) -> dict[str, Any]:
+    """The TOML document ``text`` of the config file ``where``; ConfigError with a fix if it
+    cannot be read."""
+    if text.startswith(_BOM):  # tomllib's words were "Invalid statement (at line 1, column 1)"
+        raise ConfigError(
+            [f"{where} starts with a UTF-8 byte-order mark (BOM), which TOML does not allow"],
+            hint="Save the file as UTF-8 without a BOM (an editor's 'UTF-8', not 'UTF-8 with "
+            "BOM'), or remove it: sed -i '1s/^\\xEF\\xBB\\xBF//' FILE",
+        )
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{where} would not be valid TOML: {exc}"]) from None
-    _resolve(data, {}, {}, where)
+        raise ConfigError(
+            [f"{where} {verb} not valid TOML: {exc}"],
+            hint="Fix the TOML syntax (strings in quotes, one key per line).",
+        ) from None
+    except RecursionError:
+        raise ConfigError(
+            [f"{where} {verb} nested too deeply to read (arrays or tables inside each other)"],
+            hint=_NESTED_HINT,
+        ) from None
+
+
+def _is_file(path: Path, what: str) -> bool:
+    """``path.is_file()``, a directory on the way that this user cannot search (which
+    ``is_file`` raises for) a ConfigError saying so."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        raise _unreachable(path, what, exc) from None
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError as exc:
+        raise _unreachable(path, "config file", exc) from None
+
+
+def _unreachable(path: Path, what: str, exc: OSError) -> ConfigError:
+    return ConfigError(
+        [
+            f"cannot look up the {what} {path}: {exc.strerror or exc} (a directory on its path "
+            "cannot be searched by this user?)"
+        ],
+        hint="Give this user search (x) permission on every directory of the path, or move "
+        "the file where it can read it.",
+    )
 
 
 def _resolve(
@@ -583,32 +742,57 @@ def _resolve(
         section, _, key = rest.partition("_")
         if section in _SECTIONS and key:
             layered[section][key] = _FromEnv(value)
+        else:  # a misspelled section was ignored: VULTRSCALE_POLICIES_MAX_INSTANCES=1
+            problems.append(_unknown_variable(name))
     for dotted, value in flags.items():
         if value is None:
             continue
         section, _, key = dotted.partition(".")
         layered.setdefault(section, {})[key] = value
 
+    # Every problem at once: a key whose value cannot be read takes its default for the checks
+    # below, and their findings about that key are left out (they would be about the default).
+    failed: set[str] = set()
     built: dict[str, Any] = {}
     for section, cls in _SECTIONS.items():
-        built[section] = _build_section(section, cls, layered[section], problems)
+        built[section] = _build_section(section, cls, layered[section], problems, failed)
 
     api_url = merged_env.get("VULTR_API_URL", "") or DEFAULT_API_URL
-    if not re.match(r"^https?://[^\s/]+", api_url):
-        problems.append(
-            "VULTR_API_URL is not an http(s) URL (example: https://api.vultr.com; "
-            "a proxy with credentials: https://USER:PASSWORD@proxy.example)"
-        )
+    url_problem = api_url_problem(api_url)
+    if url_problem:
+        problems.append(url_problem)
     secrets = dataclasses.replace(Secrets.from_env(merged_env), hidden_by_env=hidden)
     problems.extend(secrets.problems())
-    cfg = None
-    if not problems:
-        cfg = Config(**built, secrets=secrets, api_url=api_url.rstrip("/"), source=source)
-        problems.extend(validate(cfg))
+    cfg = Config(**built, secrets=secrets, api_url=api_url.rstrip("/"), source=source)
+    problems.extend(p for p in validate(cfg) if not _names_any(p, failed))
     if problems:
         raise ConfigError(problems)
-    assert cfg is not None
     return cfg
+
+
+def _names_any(problem: str, keys: set[str]) -> bool:
+    """Whether ``problem`` names one of the dotted ``keys`` (``policy.floor`` also names
+    ``policy.floor[0].cron``)."""
+    return any(re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", problem) for k in keys)
+
+
+def _setting_names() -> list[str]:
+    return [
+        f"VULTRSCALE_{section.upper()}_{f.name.upper()}"
+        for section, cls in _SECTIONS.items()
+        for f in dataclasses.fields(cls)
+    ]
+
+
+def _unknown_variable(name: str) -> str:
+    """The problem with a VULTRSCALE_ variable that names no section, with the nearest setting."""
+    close = difflib.get_close_matches(name, [*_setting_names(), *_ENV_NOT_SETTINGS], n=1)
+    guess = f"; did you mean {close[0]}?" if close else ""
+    sections = ", ".join(s.upper() for s in _SECTIONS)
+    return (
+        f"{shown(name)[1:-1]} (in the environment or .env) is not a setting: settings are "
+        f"VULTRSCALE_<SECTION>_<KEY> with a SECTION of {sections}{guess}"
+    )
 
 
 # The variables read besides VULTRSCALE_*: the secrets and the API's address.
@@ -624,11 +808,15 @@ def _from_env(value: str) -> Any:
     """Environment values are strings; let TOML read numbers and booleans."""
     try:
         return tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # not a value: said as the text it is
         return value
 
 
-def _build_section(section: str, cls: type, raw: dict[str, Any], problems: list[str]) -> Any:
+def _build_section(
+    section: str, cls: type, raw: dict[str, Any], problems: list[str], failed: set[str]
+) -> Any:
+    """The section's value from ``raw``; each key that cannot be read is a problem, named in
+    ``failed``, and takes its default."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
@@ -636,7 +824,11 @@ def _build_section(section: str, cls: type, raw: dict[str, Any], problems: list[
         f = fields.get(key)
         if f is None:
             known = ", ".join(fields)
-            problems.append(f"{where}: unknown key (known in [{section}]: {known})")
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            guess = f"did you mean {close[0]}? " if close else ""
+            problems.append(
+                f"{shown(where)[1:-1]}: unknown key ({guess}known in [{section}]: {known})"
+            )
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         if isinstance(value, _FromEnv) and (
@@ -650,6 +842,7 @@ def _build_section(section: str, cls: type, raw: dict[str, Any], problems: list[
                 kwargs[key] = _coerce(where, value, default)
         except ValueError as exc:
             problems.append(str(exc))
+            failed.add(where)
     return cls(**kwargs)
 
 
@@ -659,22 +852,22 @@ def _coerce(where: str, value: Any, default: Any) -> Any:
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
-        raise ValueError(f"{where}: expected true or false, got {value!r}")
+        raise ValueError(f"{where}: expected true or false, got {shown(value)}")
     if isinstance(default, int):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ValueError(f"{where}: expected a whole number, got {value!r}")
+        raise ValueError(f"{where}: expected a whole number, got {shown(value)}")
     if isinstance(default, float):
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
-        raise ValueError(f"{where}: expected a number, got {value!r}")
+        raise ValueError(f"{where}: expected a number, got {shown(value)}")
     if isinstance(default, tuple):
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return tuple(value)
-        raise ValueError(f"{where}: expected a list of strings, got {value!r}")
+        raise ValueError(f"{where}: expected a list of strings, got {shown(value)}")
     if isinstance(value, str):
         return value
-    raise ValueError(f"{where}: expected a string, got {value!r}")
+    raise ValueError(f"{where}: expected a string, got {shown(value)}")
 
 
 def _build_floors(value: Any, problems: list[str]) -> tuple[FloorConfig, ...]:
@@ -701,7 +894,7 @@ def _build_floors(value: Any, problems: list[str]) -> tuple[FloorConfig, ...]:
             problems.append(f'{where}.timezone: expected a name like "Europe/Berlin"')
             continue
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            problems.append(f"{where}.min_instances: expected a whole number >= 0, got {n!r}")
+            problems.append(f"{where}.min_instances: expected a whole number >= 0, got {shown(n)}")
             continue
         floors.append(FloorConfig(cron=cron, timezone=tz, min_instances=n))
     return tuple(floors)
@@ -738,59 +931,92 @@ def validate(cfg: Config) -> list[str]:
     """Every problem with a built config, each naming its key. Empty list: valid."""
     p: list[str] = number_problems(cfg)
     f, w, q, pol, d = cfg.fleet, cfg.worker, cfg.queue, cfg.policy, cfg.drain
-    if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", f.name):
-        p.append(f"fleet.name: {f.name!r} must be 1-64 letters, digits, '.', '_' or '-'")
-    if not _REGION.match(f.region):
-        p.append(f'fleet.region: {f.region!r} is not a Vultr region id (such as "ewr" or "fra")')
+    if not _FLEET_NAME.fullmatch(f.name):
+        p.append(f"fleet.name: {shown(f.name)} must be 1-64 letters, digits, '.', '_' or '-'")
+    if not _REGION.fullmatch(f.region):
+        p.append(
+            f'fleet.region: {shown(f.region)} is not a Vultr region id (such as "ewr" or "fra")'
+        )
     if not f.plan:
         p.append('fleet.plan: required (a Vultr plan id such as "vc2-1c-2gb")')
+    elif not _PLAN.fullmatch(f.plan):
+        p.append(
+            f"fleet.plan: {shown(f.plan)} is not a Vultr plan id (lowercase letters, digits "
+            "and '-', such as \"vc2-1c-2gb\")"
+        )
     if not f.tag:
         p.append("fleet.tag: required: every instance the fleet owns carries it")
-    if not _LABEL_PREFIX.match(f.label_prefix):
-        p.append(f"fleet.label_prefix: {f.label_prefix!r} must be lowercase letters, digits, '-'")
-    if not SERVICE_NAME.match(f.service):
-        p.append(f"fleet.service: {f.service!r} is not a valid systemd unit name")
+    elif len(f.tag) > 255 or f.tag != f.tag.strip() or not f.tag.isprintable():
+        p.append(
+            f"fleet.tag: {shown(f.tag)} must be at most 255 printable characters, without "
+            "spaces at either end"
+        )
+    if not _LABEL_PREFIX.fullmatch(f.label_prefix):
+        p.append(
+            f"fleet.label_prefix: {shown(f.label_prefix)} must be lowercase letters, digits, '-'"
+        )
+    if not SERVICE_NAME.fullmatch(f.service):
+        p.append(f"fleet.service: {shown(f.service)} is not a valid systemd unit name")
     elif f.service.endswith(".service"):  # cloud-init adds it: worker.service.service
         p.append(
-            f"fleet.service: {f.service!r}: name the unit without '.service' "
+            f"fleet.service: {shown(f.service)}: name the unit without '.service' "
             f"({f.service.removesuffix('.service')!r})"
         )
-    if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", f.ssh_user):
-        p.append(f"fleet.ssh_user: {f.ssh_user!r} is not a valid user name")
+    if not _SSH_USER.fullmatch(f.ssh_user):
+        p.append(f"fleet.ssh_user: {shown(f.ssh_user)} is not a valid user name")
     if f.ssh_address not in ("main_ip", "internal_ip"):
-        p.append(f"fleet.ssh_address: {f.ssh_address!r} must be main_ip or internal_ip")
-    if not _APP.match(w.app):
-        p.append(f"worker.app: {w.app!r} must be MODULE:FUNC, e.g. myjobs:handle")
+        p.append(f"fleet.ssh_address: {shown(f.ssh_address)} must be main_ip or internal_ip")
+    if f.snapshot_id and not VULTR_ID.fullmatch(f.snapshot_id):
+        p.append(
+            f"fleet.snapshot_id: {shown(f.snapshot_id)} is not {VULTR_ID_FORM} (or empty: "
+            "the one `vultrscale snapshot` records)"
+        )
+    if f.firewall_group_id and not VULTR_ID.fullmatch(f.firewall_group_id):
+        p.append(
+            f"fleet.firewall_group_id: {shown(f.firewall_group_id)} is not {VULTR_ID_FORM} "
+            "(or empty)"
+        )
+    for i, vpc in enumerate(f.vpc_ids):
+        if not VULTR_ID.fullmatch(vpc):
+            p.append(f"fleet.vpc_ids[{i}]: {shown(vpc)} is not {VULTR_ID_FORM}")
+    if not _APP.fullmatch(w.app):
+        p.append(f"worker.app: {shown(w.app)} must be MODULE:FUNC, e.g. myjobs:handle")
     queue_problem = queue_name_problem(w.queue)
     if queue_problem:
         p.append(f"worker.queue: {queue_problem}")
-    if w.db_role and not _DB_ROLE.match(w.db_role):
+    if w.db_role and not _DB_ROLE.fullmatch(w.db_role):
         p.append(
-            f"worker.db_role: {w.db_role!r} must be lowercase letters, digits and '_' "
+            f"worker.db_role: {shown(w.db_role)} must be lowercase letters, digits and '_' "
             "(at most 63, not starting with a digit), or empty to manage roles yourself"
         )
     elif w.db_role == "public" or w.db_role.startswith("pg_"):
         p.append(
-            f"worker.db_role: {w.db_role!r} is reserved by Postgres (public, pg_*): name a role "
-            "of its own, e.g. vultrscale_worker"
+            f"worker.db_role: {shown(w.db_role)} is reserved by Postgres (public, pg_*): name a "
+            "role of its own, e.g. vultrscale_worker"
         )
     if q.preset not in ("vultrscale", "procrastinate", "pgqueuer", "custom"):
         p.append(
-            f"queue.preset: {q.preset!r} must be one of vultrscale, procrastinate, pgqueuer, custom"
+            f"queue.preset: {shown(q.preset)} must be one of vultrscale, procrastinate, "
+            "pgqueuer, custom"
         )
+    if q.queue and (problem := queue_name_problem(q.queue)):
+        p.append(f"queue.queue: {problem} (or empty: every queue)")
     if q.preset == "custom":
         for key in ("ready_sql", "in_flight_sql", "oldest_ready_seconds_sql"):
-            if not getattr(q, key).strip():
+            text = getattr(q, key)
+            if not text.strip():
                 p.append(
                     f'queue.{key}: required with preset = "custom" (a query returning one number)'
                 )
+            elif problem := _custom_sql_problem(text):
+                p.append(f"queue.{key}: {problem}")
     if pol.min_instances > pol.max_instances:
         p.append(
             f"policy.min_instances ({pol.min_instances}) is above policy.max_instances "
             f"({pol.max_instances}): raise the cap or lower the floor"
         )
     if pol.on_signal_error not in ("hold", "floor"):
-        p.append(f"policy.on_signal_error: {pol.on_signal_error!r} must be hold or floor")
+        p.append(f"policy.on_signal_error: {shown(pol.on_signal_error)} must be hold or floor")
     if pol.boot_timeout <= timedelta(0):
         p.append("policy.boot_timeout: must be longer than 0s")
     for i, fl in enumerate(pol.floor):
@@ -798,7 +1024,9 @@ def validate(cfg: Config) -> list[str]:
         try:
             ZoneInfo(fl.timezone)
         except (ZoneInfoNotFoundError, ValueError, OSError):  # "Europe": a directory of zones
-            p.append(f'{where}.timezone: unknown time zone {fl.timezone!r} (e.g. "Europe/Berlin")')
+            p.append(
+                f'{where}.timezone: unknown time zone {shown(fl.timezone)} (e.g. "Europe/Berlin")'
+            )
         problem = cron_problem(fl.cron)
         if problem:
             p.append(f"{where}.cron: {problem}")
@@ -817,6 +1045,28 @@ def validate(cfg: Config) -> list[str]:
             "the scaler would give up before systemd does; raise drain.timeout"
         )
     return p
+
+
+# The one placeholder a custom query takes (signals runs it with {"queue": queue.queue}).
+_QUEUE_PLACEHOLDER = "%(queue)s"
+_NAMED_PLACEHOLDER = re.compile(r"%\((\w*)\)s")
+
+
+def _custom_sql_problem(text: str) -> str | None:
+    """What psycopg would refuse in a custom query, on every pass: a placeholder other than
+    %(queue)s, or, in a query that takes %(queue)s, a literal '%' not written '%%'."""
+    others = sorted({name for name in _NAMED_PLACEHOLDER.findall(text) if name != "queue"})
+    if others:
+        return (
+            f"%({others[0]})s is not a placeholder it takes: only {_QUEUE_PLACEHOLDER} "
+            "(queue.queue); write a literal '%' as '%%'"
+        )
+    if _QUEUE_PLACEHOLDER in text and "%" in text.replace(_QUEUE_PLACEHOLDER, "").replace("%%", ""):
+        return (
+            f"the query takes {_QUEUE_PLACEHOLDER}, so every other '%' is read as a "
+            "placeholder: write a literal '%' as '%%' (LIKE 'a%%')"
+        )
+    return None
 
 
 def cron_problem(expr: str) -> str | None:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from vultrscale.reconcile import Parts
 
 PLAN = VPlan("vc2-1c-2gb", vcpu_count=1, ram=2048, monthly_cost=10.0, hourly_cost=0.015)
+SNAPSHOT = "cb676a46-66fd-4dfb-b839-443f2e6c0b60"  # a Vultr id: config check takes only those
 
 
 class MemoryCloud:
@@ -67,7 +68,7 @@ class MemoryCloud:
         self.clock = clock
         self.plans = {p.id: p for p in plans}
         self.regions = regions if regions is not None else {"ewr": set(self.plans)}
-        self.snapshots = snapshots if snapshots is not None else {"snap-1": "complete"}
+        self.snapshots = snapshots if snapshots is not None else {SNAPSHOT: "complete"}
         self.boot_after = boot_after
         self.instances: dict[str, VInstance] = {}  # by id
         self.locked: set[str] = set()  # ids whose DELETE answers "locked"

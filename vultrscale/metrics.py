@@ -188,9 +188,17 @@ def check_textfile(path: str) -> None:
     hint = (
         "Point --metrics-file into an existing writable directory (node_exporter's textfile one)."
     )
-    if target.is_dir():
+    try:
+        is_dir, parent_is_dir = target.is_dir(), directory.is_dir()
+    except OSError as exc:  # PermissionError: a directory on the way cannot be searched
+        raise UsageError(
+            f"--metrics-file {path}: {exc.strerror or exc} (a directory on its path cannot be "
+            "searched by this user)",
+            hint=hint,
+        ) from None
+    if is_dir:
         raise UsageError(f"--metrics-file {path} is a directory", hint=hint)
-    if not directory.is_dir():
+    if not parent_is_dir:
         raise UsageError(f"--metrics-file {path}: directory {directory} does not exist", hint=hint)
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"--metrics-file {path}: directory {directory} is not writable", hint=hint)

@@ -55,6 +55,11 @@ def duration(minimum: timedelta = timedelta(0)) -> Callable[[object], timedelta]
     return parse
 
 
+def seconds(value: timedelta | None) -> float | None:
+    """A DURATION flag as the seconds a config key in seconds takes (None: not given)."""
+    return None if value is None else value.total_seconds()
+
+
 def _whole(value: object, low: int, high: int, what: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
@@ -86,6 +91,19 @@ def port(value: object) -> int:
 def port_or_zero(value: object) -> int:
     """A PORT flag where 0 asks the system for a free port."""
     return _whole(value, 0, 65535, "a TCP port from 1 to 65535, or 0 for a free one")
+
+
+def vultr_id(value: object) -> str:
+    """An ID flag naming a Vultr instance or snapshot: a UUID, as config's ids (it goes into
+    a URL path: "../account" or a trailing newline must not)."""
+    from vultrscale.config import VULTR_ID, VULTR_ID_FORM, shown
+
+    text = str(value)
+    if not VULTR_ID.fullmatch(text):
+        raise typer.BadParameter(
+            f"{shown(text)} is not {VULTR_ID_FORM} (`vultrscale instances` lists the ids)"
+        )
+    return text
 
 
 def queue_name(value: object) -> str:

@@ -26,6 +26,7 @@ from vultrscale.vultr.client import VultrClient
 
 KEY = "sim-test-key-0123456789"
 SNAP_SECONDS = 300.0  # how long the simulated cloud takes to complete a snapshot
+VID = "cb676a46-66fd-4dfb-b839-443f2e6c0b60"  # a well-formed Vultr id no instance has
 
 
 @pytest.fixture
@@ -510,9 +511,9 @@ def store_id(db_url: str, fleet: str) -> str:
 def test_cli_unknown_instance_exits_2_and_sends_no_post(
     cli_env: Simulator, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["snapshot", "--from-instance", "nope"]) == 2
+    assert cli.main(["snapshot", "--from-instance", VID]) == 2
     err = capsys.readouterr().err
-    assert "no instance nope" in err and "vultrscale instances" in err
+    assert f"no instance {VID}" in err and "vultrscale instances" in err
     assert cli_env.count("POST", "/v2/snapshots") == 0
 
 
@@ -534,11 +535,11 @@ def test_cli_no_wait_then_resume(
 @pytest.mark.parametrize(
     ("args", "unset", "needle"),
     [
-        (["--from-instance", "x", "--timeout", "soon"], None, "--timeout"),
-        (["--from-instance", "x", "--keep", "0"], None, "--keep"),
+        (["--from-instance", VID, "--timeout", "soon"], None, "--timeout"),
+        (["--from-instance", VID, "--keep", "0"], None, "--keep"),
         ([], None, "exactly one of --from-instance"),
-        (["--from-instance", "x"], "VULTR_API_KEY", "VULTR_API_KEY is not set"),
-        (["--from-instance", "x"], "DATABASE_URL", "DATABASE_URL is not set"),
+        (["--from-instance", VID], "VULTR_API_KEY", "VULTR_API_KEY is not set"),
+        (["--from-instance", VID], "DATABASE_URL", "DATABASE_URL is not set"),
     ],
     ids=["bad-timeout", "keep-0", "no-source", "no-api-key", "no-database-url"],
 )

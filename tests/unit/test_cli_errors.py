@@ -241,3 +241,17 @@ def test_the_demo_refuses_a_database_url_it_cannot_use_before_it_starts(
     assert cli.main(["demo", "--duration", "10s", "--no-live"]) == 2
     err = capsys.readouterr().err
     assert said in err and "pa/ss" not in err and "pword" not in err
+
+
+def test_a_huge_word_of_outside_text_is_cut_in_the_middle_and_a_path_is_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vultrscale.cli import fail
+
+    path = "/srv/" + "/".join(["folder"] * 40) + "/vultrscale.toml"  # 300 characters
+    name = "d" * 100_000
+    fail(f"cannot read {path}", "", 2)
+    fail(f"database {name}x does not exist", "", 1)
+    err = capsys.readouterr().err
+    assert path in err
+    assert len(err) < 1000 and "(99721 characters cut)" in err and "dddx does not exist" in err

@@ -88,3 +88,27 @@ def test_global_options_work_after_the_command(
     assert '"after-the-command"' in capsys.readouterr().out
     assert cli.main(["config", "check", f"--config={conf}"]) == 0
     assert "after-the-command" in capsys.readouterr().out
+
+
+GROUPS = [argv[0] for argv in LEAVES if len(argv) == 2]
+
+
+def test_every_group_with_subcommands_is_checked() -> None:
+    assert set(GROUPS) >= {"cloud-init", "db", "sim", "config"}
+
+
+@pytest.mark.parametrize("group", sorted(set(GROUPS)))
+def test_a_group_help_has_examples_and_each_subcommand_line_whole(
+    group: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = _help(capsys, group)
+    assert "Examples:" in text
+    assert f"vultrscale {group}" in text.split("Examples:", 1)[1]
+    listing = text.split("Commands:", 1)[1].split("Examples:", 1)[0]
+    subcommands = [argv[1] for argv in LEAVES if argv[0] == group]
+    module = importlib.import_module(next(e.module for e in cli.COMMANDS if e.name == group))
+    commands = typer.main.get_group(module.app).commands[group].commands  # type: ignore[attr-defined]
+    for sub in subcommands:
+        line = " ".join(next(x for x in listing.splitlines() if x.split()[:1] == [sub]).split())
+        assert line == f"{sub} {commands[sub].short_help}", line
+        assert not line.endswith("...")

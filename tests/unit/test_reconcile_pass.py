@@ -15,6 +15,7 @@ from vultrscale import config as config_mod
 from vultrscale.clock import FakeClock
 from vultrscale.errors import EXIT_USAGE, HostKeyMismatch, UsageError
 from vultrscale.memory import (
+    SNAPSHOT,
     MemoryCloud,
     MemoryDrain,
     MemoryLedger,
@@ -44,7 +45,7 @@ class Fleet:
         self.key.write_text("not read: only its mode and presence are checked\n")
         self.key.chmod(0o600)
         body = {
-            "fleet": {"snapshot_id": "snap-1", "ssh_key": str(self.key)},
+            "fleet": {"snapshot_id": SNAPSHOT, "ssh_key": str(self.key)},
             "policy": {"max_instances": 5, "billing_hour_aware": False},
             "budget": {"monthly_ceiling_usd": 200.0},
         }
@@ -321,7 +322,7 @@ def test_a_missing_snapshot_is_refused_before_a_drain_deletes_anything(fleet: Fl
     fleet.queue(40)
     fleet.cloud.snapshots.clear()  # deleted at Vultr; a new process has not checked it yet
     fleet.clock.advance(60)
-    with pytest.raises(UsageError, match="snapshot snap-1 does not exist"):
+    with pytest.raises(UsageError, match=f"snapshot {SNAPSHOT} does not exist"):
         fleet.run(dataclasses.replace(fleet.parts, cache={}))
     assert fleet.cloud.deletes == 0 and fleet.states()[a] == "draining"
     assert fleet.ledger.events[-1]["exit_code"] == EXIT_USAGE

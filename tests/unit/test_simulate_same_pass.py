@@ -19,7 +19,14 @@ import pytest
 from vultrscale import budget, lifecycle, policy, reconcile
 from vultrscale.clock import FakeClock
 from vultrscale.config import Config, Secret
-from vultrscale.memory import MemoryCloud, MemoryDrain, MemoryLedger, MemorySignals, memory_parts
+from vultrscale.memory import (
+    SNAPSHOT,
+    MemoryCloud,
+    MemoryDrain,
+    MemoryLedger,
+    MemorySignals,
+    memory_parts,
+)
 from vultrscale.model import Signals, WorkerView
 from vultrscale.simulate import compare, workload
 from vultrscale.simulate.fleet import Vultrscale
@@ -58,7 +65,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 CFG = replace(
     Config(),
-    fleet=replace(Config().fleet, snapshot_id="snap-1"),
+    fleet=replace(Config().fleet, snapshot_id=SNAPSHOT),
     policy=replace(Config().policy, billing_hour_aware=False),
     # A real fleet must tell its instances a workers' database URL before any create.
     secrets=replace(Config().secrets, worker_database_url=Secret("postgresql://w@db.invalid/q")),

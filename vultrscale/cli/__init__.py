@@ -192,7 +192,7 @@ def fail(
     from vultrscale.errors import redact
 
     secrets = Secrets.from_env(_env_with_dotenv()).values()
-    text, fix = redact(message, secrets), redact(hint, secrets)
+    text, fix = _cut_long_words(redact(message, secrets)), _cut_long_words(redact(hint, secrets))
     if not already_shown:
         typer.echo(f"Error: {text}", err=True)
         if fix:
@@ -202,6 +202,23 @@ def fail(
 
         typer.echo(json.dumps({"error": text, "hint": fix or None, "exit_code": code}, indent=2))
     return code
+
+
+# A word of outside text longer than this (a 100 KB database name in a URL, a server's echo)
+# is cut in the middle: the message stays a line or two, its start and end still show. Far
+# above any path or URL a user writes, so those are never cut.
+_LONG_WORD = 400
+_KEPT_HEAD, _KEPT_TAIL = 200, 80
+
+
+def _cut_long_words(text: str) -> str:
+    import re
+
+    def cut(m: re.Match[str]) -> str:
+        word, kept = m[0], _KEPT_HEAD + _KEPT_TAIL
+        return f"{word[:_KEPT_HEAD]}...({len(word) - kept} characters cut)...{word[-_KEPT_TAIL:]}"
+
+    return re.sub(rf"\S{{{_LONG_WORD + 1},}}", cut, text)
 
 
 def library_logs(debug: bool) -> None:

@@ -16,7 +16,13 @@ if TYPE_CHECKING:
     from vultrscale import snapshot as snapshots
 
 app = group()
-cloudinit_app = group(help="The user-data new instances get.")
+cloudinit_app = group(
+    help="The user-data new instances get.",
+    epilog=examples(
+        "vultrscale cloud-init render",
+        "vultrscale cloud-init render --label worker-7 > user-data",
+    ),
+)
 app.add_typer(cloudinit_app, name="cloud-init")
 
 
@@ -30,7 +36,12 @@ app.add_typer(cloudinit_app, name="cloud-init")
 def snapshot_cmd(
     from_instance: Annotated[
         str | None,
-        typer.Option("--from-instance", metavar="ID", help="Instance to snapshot (its id)."),
+        typer.Option(
+            "--from-instance",
+            parser=params.vultr_id,
+            metavar="ID",
+            help="Instance to snapshot (its id).",
+        ),
     ] = None,
     description: Annotated[
         str | None,
@@ -70,6 +81,7 @@ def snapshot_cmd(
         str | None,
         typer.Option(
             "--resume",
+            parser=params.vultr_id,
             metavar="ID",
             help="Wait for a snapshot made earlier (--no-wait, a timeout), then record and prune.",
         ),
@@ -185,6 +197,7 @@ def snapshot_cmd(
 
 @cloudinit_app.command(
     "render",
+    short_help="Print a new instance's user-data, secrets masked.",
     epilog=examples(
         "vultrscale cloud-init render", "vultrscale cloud-init render --label web-7 > user-data"
     ),

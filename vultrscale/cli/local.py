@@ -15,8 +15,20 @@ from vultrscale.cli._common import JsonFlag, examples, group, load_config, print
 from vultrscale.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 
 app = group()
-config_app = group(help="Inspect the configuration.")
-sim_app = group(help="The Vultr simulator.")
+config_app = group(
+    help="Inspect the configuration.",
+    epilog=examples(
+        "vultrscale config check",
+        "vultrscale --config /etc/vultrscale/vultrscale.toml config check --json",
+    ),
+)
+sim_app = group(
+    help="The Vultr simulator: the Vultr API on loopback, to point VULTR_API_URL at.",
+    epilog=examples(
+        "vultrscale sim serve",
+        "vultrscale sim serve --port 0 --seed 7 --no-rate-limit",
+    ),
+)
 app.add_typer(config_app, name="config")
 app.add_typer(sim_app, name="sim")
 
@@ -220,7 +232,7 @@ def init_cmd(
 
     from vultrscale import scaffold
     from vultrscale.cli._common import state
-    from vultrscale.config import DEFAULT_API_URL, resolve_config_path
+    from vultrscale.config import DEFAULT_API_URL, api_url_problem, resolve_config_path
 
     if systemd is not None:
         _init_systemd(systemd, state.config_path, force=force)
@@ -236,6 +248,9 @@ def init_cmd(
             from vultrscale.vultr.client import VultrClient
 
             url = os.environ.get("VULTR_API_URL", "").strip() or DEFAULT_API_URL
+            problem = api_url_problem(url)
+            if problem:
+                raise UsageError(problem, hint="Fix VULTR_API_URL, or unset it for Vultr's API.")
             client = VultrClient(key, url, max_attempts=2)
             catalog = scaffold.ApiCatalog(client)
         else:
@@ -268,20 +283,30 @@ def init_cmd(
 )
 def simulate_cmd(
     workload: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--workload",
             metavar="SHAPE|PATH.csv",
-            help="bursty-day, steady, spiky, or a CSV of arrival_seconds,duration_seconds.",
+            help=shown(
+                "bursty-day, steady, spiky, or a CSV of arrival_seconds,duration_seconds.",
+                "bursty-day",
+            ),
+            show_default=False,
         ),
-    ] = "bursty-day",
+    ] = None,
     from_db: Annotated[
         bool,
         typer.Option("--from-db", help="Replay the built-in queue's own history (DATABASE_URL)."),
     ] = False,
     since: Annotated[
-        str, typer.Option("--since", metavar="DURATION", help="With --from-db: how far back.")
-    ] = "7d",
+        str | None,
+        typer.Option(
+            "--since",
+            metavar="DURATION",
+            help=shown("With --from-db: how far back.", "7d"),
+            show_default=False,
+        ),
+    ] = None,
     days: Annotated[
         int,
         typer.Option(
@@ -313,7 +338,7 @@ def simulate_cmd(
         str,
         typer.Option(
             "--boot-time",
-            metavar="DUR|MIN..MAX",
+            metavar="DURATION|MIN..MAX",
             help="Create to worker up (snapshot restores: 10-15 min at Vultr).",
         ),
     ] = "10m..15m",
@@ -349,10 +374,23 @@ def simulate_cmd(
     from vultrscale.cli._common import state
     from vultrscale.simulate import command
 
+    # Flags the chosen workload would ignore are refused, not dropped in silence.
+    if from_db and workload is not None:
+        raise UsageError(
+            "--workload and --from-db name two workloads: --from-db replays the built-in "
+            "queue's own history",
+            hint="Drop --workload to replay the history, or --from-db to replay the shape.",
+        )
+    if since is not None and not from_db:
+        raise UsageError(
+            "--since says how far back --from-db reads the queue's history; without --from-db "
+            "it has no meaning",
+            hint="Add --from-db, or use --days for a built-in shape.",
+        )
     opts = command.Options(
-        workload=workload,
+        workload=workload or "bursty-day",
         from_db=from_db,
-        since=since,
+        since=since or "7d",
         days=days,
         jobs_per_day=jobs_per_day,
         policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
@@ -377,6 +415,7 @@ def simulate_cmd(
 
 @sim_app.command(
     "serve",
+    short_help="Run the Vultr API simulator until Ctrl-C.",
     epilog=examples(
         "vultrscale sim serve", "vultrscale sim serve --port 0 --seed 7 --no-rate-limit"
     ),
@@ -464,6 +503,7 @@ def sim_serve(
 
 @config_app.command(
     "check",
+    short_help="Validate the config, listing every problem; print it.",
     epilog=examples("vultrscale config check", "vultrscale --config prod.toml config check --json"),
 )
 def config_check(as_json: JsonFlag = False) -> None:

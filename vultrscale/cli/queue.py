@@ -50,11 +50,21 @@ def payload_problem(doc: object) -> str | None:
 
 
 app = group()
-db_app = group(help="The database schema.")
+db_app = group(
+    help="The database schema and the workers' role.",
+    epilog=examples(
+        "vultrscale db init",
+        "vultrscale --config /etc/vultrscale/vultrscale.toml db init",
+    ),
+)
 app.add_typer(db_app, name="db")
 
 
-@db_app.command("init", epilog=examples("DATABASE_URL=postgresql://... vultrscale db init"))
+@db_app.command(
+    "init",
+    short_help="Create or upgrade the schema and the workers' role.",
+    epilog=examples("DATABASE_URL=postgresql://... vultrscale db init"),
+)
 def db_init() -> None:
     """Create or upgrade the schema and the workers' role with its grants (idempotent)."""
     from vultrscale.cli._common import load_config
@@ -70,6 +80,7 @@ def db_init() -> None:
     epilog=examples(
         "vultrscale worker --app myjobs:handle",
         "vultrscale worker --app myjobs:handle --queue emails --concurrency 8",
+        "vultrscale worker --app myjobs:handle --drain-seconds 2m --lease-seconds 90s",
     ),
 )
 def worker_cmd(
@@ -89,20 +100,22 @@ def worker_cmd(
         ),
     ] = None,
     drain_seconds: Annotated[
-        float | None,
+        timedelta | None,
         typer.Option(
             "--drain-seconds",
-            metavar="SECONDS",
-            help=shown("On SIGTERM, wait this long for jobs.", "20"),
+            parser=params.duration(),
+            metavar="DURATION",
+            help=shown("On SIGTERM, wait this long for jobs.", "20s"),
             show_default=False,
         ),
     ] = None,
     lease_seconds: Annotated[
-        float | None,
+        timedelta | None,
         typer.Option(
             "--lease-seconds",
-            metavar="SECONDS",
-            help=shown("Lease per job, renewed every third.", "60"),
+            parser=params.duration(),
+            metavar="DURATION",
+            help=shown("Lease per job, renewed every third.", "60s"),
             show_default=False,
         ),
     ] = None,
@@ -117,12 +130,14 @@ def worker_cmd(
         ),
     ] = None,
     outage_seconds: Annotated[
-        float | None,
+        timedelta | None,
         typer.Option(
             "--outage-seconds",
-            metavar="SECONDS",
+            parser=params.duration(),
+            metavar="DURATION",
             help=shown(
-                "Ride out an unreachable database this long, then exit 1 (0: the lease time).", "0"
+                "Ride out an unreachable database this long, then exit 1 (0: the lease time).",
+                "0s",
             ),
             show_default=False,
         ),
@@ -145,10 +160,10 @@ def worker_cmd(
     flags = {
         "worker.app": app_spec,
         "worker.concurrency": concurrency,
-        "worker.drain_seconds": drain_seconds,
-        "worker.lease_seconds": lease_seconds,
+        "worker.drain_seconds": params.seconds(drain_seconds),
+        "worker.lease_seconds": params.seconds(lease_seconds),
         "worker.queue": queue_name,
-        "worker.outage_seconds": outage_seconds,
+        "worker.outage_seconds": params.seconds(outage_seconds),
     }
     # VULTRSCALE_WORKER_ID names the process, it is not a [worker] config key.
     env = {k: v for k, v in os.environ.items() if k != "VULTRSCALE_WORKER_ID"}

@@ -131,6 +131,18 @@ def instances_table(found: list[VInstance], width: int) -> Table:
 # --- config -----------------------------------------------------------------------------------
 
 
+def worker_login_line(access: WorkerAccess) -> str:
+    """`config check`'s line on the workers' database login, in words for each case."""
+    if not access.source:
+        return "Workers' database login: none yet (WORKER_DATABASE_URL is not set)"
+    if not access.role:
+        return (
+            f"Workers log in with {access.source}, which names no user (libpq then uses the "
+            "operating system user's name on the instance)"
+        )
+    return f"Workers log in as {access.role} (from {access.source})"
+
+
 def print_config(data: dict[str, Any], access: WorkerAccess, warnings: Sequence[str] = ()) -> None:
     """`config check`: the resolved config, one table per section (secrets already masked),
     after the warnings about the config as a whole, the workers' database role and any warning
@@ -141,12 +153,7 @@ def print_config(data: dict[str, Any], access: WorkerAccess, warnings: Sequence[
     )
     for warning in warnings:
         out.print(Text("warning: ", style="yellow") + plain(warning))
-    out.print(
-        plain(
-            f"Workers log in as {access.role or '(no role named)'}"
-            f" (from {access.source or 'nowhere yet'})"
-        )
-    )
+    out.print(plain(worker_login_line(access)))
     for note in access.notes:
         out.print(plain(note))
     for warning in access.warnings:
