@@ -46,8 +46,8 @@ def test_config_check_masks_a_password_pasted_into_another_key(
     env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Before: printed as it was, in the table and in the JSON (only the secrets' own keys were
-    # masked).
-    (env / "vultrscale.toml").write_text(f"[fleet]\nfirewall_group_id = {json.dumps('fw-' + PW)}\n")
+    # masked). A path is free text (ids and names are checked as Vultr's forms and refused).
+    (env / "vultrscale.toml").write_text(f"[fleet]\nssh_key = {json.dumps('fw-' + PW)}\n")
     for args in (["config", "check"], ["config", "check", "--json"]):
         assert main(args) == 0
         out = capsys.readouterr()
