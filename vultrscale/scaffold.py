@@ -528,26 +528,54 @@ def deploy_dir() -> Path:
     return Path(__file__).resolve().parent / "deploy"
 
 
-def _unit_path(what: str, value: str) -> str:
-    """``value`` as a path a unit may name: absolute, outside what the sandbox hides, and
-    nothing systemd would read as a specifier, a variable or a separator."""
-    hint = (
-        "Install vultrscale outside the home directories, e.g. "
-        "`PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install vultrscale` or "
-        "`UV_TOOL_DIR=/opt/uv-tools UV_TOOL_BIN_DIR=/usr/local/bin uv tool install vultrscale`, "
-        "and keep the config under /etc; nothing written."
-    )
-    bad = sorted(c for c in set(value) if c in _UNIT_UNSAFE or not c.isprintable())
-    if not value.startswith("/") or bad:
-        why = "is not an absolute path" if bad == [] else f"holds {''.join(bad)!r}"
-        raise UsageError(f"{what} {value!r} {why}: a systemd unit cannot name it.", hint=hint)
-    if any(value == h or value.startswith(h + "/") for h in _HIDDEN):
+_UNIT_PATH_HINT = (
+    "Install vultrscale outside the home directories, e.g. "
+    "`PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install vultrscale` or "
+    "`UV_TOOL_DIR=/opt/uv-tools UV_TOOL_BIN_DIR=/usr/local/bin "
+    "UV_PYTHON_INSTALL_DIR=/opt/uv-python uv tool install vultrscale`, "
+    "and keep the config under /etc; nothing written."
+)
+
+
+def _hidden(value: str) -> bool:
+    return any(value == h or value.startswith(h + "/") for h in _HIDDEN)
+
+
+def _visible(what: str, value: str) -> str:
+    """``value`` unless it lies where the services' sandbox hides it (UsageError)."""
+    if _hidden(value):
         raise UsageError(
             f"{what} {value} is where the service's sandbox cannot see it "
             "(ProtectHome=, PrivateTmp=).",
-            hint=hint,
+            hint=_UNIT_PATH_HINT,
         )
     return value
+
+
+def hidden_runtime(runtime: Sequence[str]) -> list[str]:
+    """Warnings for the paths a program the units name needs to start (its Python, that
+    Python's prefix) that the sandbox hides: every start of the service would fail (203/EXEC).
+    Warnings, not a refusal: the program's own path is checked, and a venv made from such a
+    Python elsewhere (a test's, a build host's) still writes units for the host they go to."""
+    return [
+        f"the Python that runs vultrscale needs {path}, where the services' sandbox cannot see "
+        "it (ProtectHome=, PrivateTmp=): they would fail at every start (203/EXEC) on this "
+        f"host. Fix: {_UNIT_PATH_HINT.removesuffix('; nothing written.')}."
+        for path in dict.fromkeys(runtime)
+        if _hidden(path)
+    ]
+
+
+def _unit_path(what: str, value: str) -> str:
+    """``value`` as a path a unit may name: absolute, outside what the sandbox hides, and
+    nothing systemd would read as a specifier, a variable or a separator."""
+    bad = sorted(c for c in set(value) if c in _UNIT_UNSAFE or not c.isprintable())
+    if not value.startswith("/") or bad:
+        why = "is not an absolute path" if bad == [] else f"holds {''.join(bad)!r}"
+        raise UsageError(
+            f"{what} {value!r} {why}: a systemd unit cannot name it.", hint=_UNIT_PATH_HINT
+        )
+    return _visible(what, value)
 
 
 class UnitFiles(NamedTuple):

@@ -74,6 +74,34 @@ def test_a_program_the_service_could_not_run_is_refused(program: str, said: str)
     assert "pipx install" in refused.value.hint
 
 
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        # `uv tool install` as root with a Python uv downloaded: the tool's venv links to it.
+        "/root/.local/share/uv/python/cpython-3.12.8-linux-x86_64-gnu/bin/python3.12",
+        "/home/ops/.pyenv/versions/3.12.8",
+    ],
+    ids=["uv-managed-python", "pyenv-prefix"],
+)
+def test_a_python_the_sandbox_hides_is_warned_of(runtime: str) -> None:
+    # /usr/local/bin/vultrscale can be seen, but the Python it runs under cannot: the service
+    # would fail at every start (203/EXEC), and this is the moment to say so.
+    (warning,) = scaffold.hidden_runtime(["/usr/bin/python3.12", runtime, runtime])
+    assert runtime in warning and "sandbox cannot see it" in warning
+    assert "UV_PYTHON_INSTALL_DIR" in warning and "Fix:" in warning
+    assert scaffold.hidden_runtime(["/usr/bin/python3.12", "/opt/uv-python/cpython"]) == []
+
+
+def test_init_warns_of_the_python_it_runs_under(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.base_prefix", "/root/.local/share/uv/python/cpython-3.12")
+    assert main(["init", "--systemd", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "Warning: the Python that runs vultrscale needs /root/.local/share/uv/" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(scaffold.SYSTEMD_UNITS)
+
+
 def test_a_python_without_the_console_script_runs_the_module() -> None:
     units = scaffold.systemd_units(["/opt/py/bin/python3", "-m", "vultrscale"])
     svc = _service(units["vultrscale-pass.service"])["Service"]
