@@ -552,18 +552,22 @@ def _visible(what: str, value: str) -> str:
     return value
 
 
-def hidden_runtime(runtime: Sequence[str]) -> list[str]:
-    """Warnings for the paths a program the units name needs to start (its Python, that
-    Python's prefix) that the sandbox hides: every start of the service would fail (203/EXEC).
-    Warnings, not a refusal: the program's own path is checked, and a venv made from such a
-    Python elsewhere (a test's, a build host's) still writes units for the host they go to."""
-    return [
-        f"the Python that runs vultrscale needs {path}, where the services' sandbox cannot see "
-        "it (ProtectHome=, PrivateTmp=): they would fail at every start (203/EXEC) on this "
-        f"host. Fix: {_UNIT_PATH_HINT.removesuffix('; nothing written.')}."
-        for path in dict.fromkeys(runtime)
-        if _hidden(path)
-    ]
+def hidden_runtime(runtime: Sequence[str]) -> str | None:
+    """A warning when a path the program the units name needs to start (its Python, that
+    Python's prefix) lies where the sandbox hides it: every start of the service would fail
+    (203/EXEC). A warning, not a refusal: the program's own path is checked, and units written
+    on a build or test host whose Python lives under /root are for the host they go to."""
+    hidden = [path for path in dict.fromkeys(runtime) if _hidden(path)]
+    if not hidden:
+        return None
+    return (
+        f"the Python that runs vultrscale needs {', '.join(hidden)}, where the services' "
+        "sandbox cannot see it (ProtectHome=, PrivateTmp=): on this host they would fail at "
+        "every start (203/EXEC)."
+    )
+
+
+UNIT_RUNTIME_FIX = _UNIT_PATH_HINT.removesuffix("; nothing written.") + "."
 
 
 def _unit_path(what: str, value: str) -> str:
@@ -669,6 +673,8 @@ def systemd_next_steps(written: Written, executable: str, files: UnitFiles) -> l
         f"  install -d -m 0700 {files.directory}",
         f"  vultrscale --config {files.config} init   # the config and its .env; fill in the .env",
         f"  ssh-keygen -t ed25519 -N '' -f {files.ssh_key}",
+        f'  and in {files.config}, [fleet] ssh_key = "{files.ssh_key}" (the services read '
+        "their copy of it; your own commands as root read this setting)",
         "  systemctl daemon-reload && systemctl enable --now vultrscale.service",
         "  (or one pass per timer tick instead: systemctl enable --now vultrscale-pass.timer)",
     ]

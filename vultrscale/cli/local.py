@@ -501,8 +501,9 @@ def _init_systemd(directory: Path, config_path: str | None, *, force: bool) -> N
         typer.echo(line)
     # The real interpreter and the prefixes it loads from: a venv's python is a link to them.
     runtime = [os.path.realpath(sys.executable), sys.base_prefix, sys.prefix]
-    for warning in scaffold.hidden_runtime(runtime):
-        typer.echo(f"Warning: {warning}", err=True)
+    warning = scaffold.hidden_runtime(runtime)
+    if warning:
+        typer.echo(f"Warning: {warning}\nFix: {scaffold.UNIT_RUNTIME_FIX}", err=True)
 
 
 def _this_program() -> list[str]:
