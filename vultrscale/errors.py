@@ -21,6 +21,9 @@ class VultrscaleError(Exception):
 
     exit_code: int = EXIT_RUNTIME
     default_hint: str = ""
+    # The fleet_events id of the reconcile pass this error ended, when that pass was recorded
+    # (set by reconcile.run_pass): the loop's log line names it, as `events` does.
+    pass_id: int | None = None
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)

@@ -169,6 +169,9 @@ def run_pass(
                 return result
             checks = parts.preflight if take_lock else ()  # a read-only view acts on nothing
             _checked_pass(cfg, parts, checks, ledger, signals, result)
+    except VultrscaleError as exc:
+        exc.pass_id = result.pass_id  # recorded (or None) before the error left the pass
+        raise
     finally:
         parts.drain.close()  # connections are reused within a pass, not across passes
         result.duration_s = time.monotonic() - started

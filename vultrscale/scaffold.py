@@ -528,26 +528,58 @@ def deploy_dir() -> Path:
     return Path(__file__).resolve().parent / "deploy"
 
 
-def _unit_path(what: str, value: str) -> str:
-    """``value`` as a path a unit may name: absolute, outside what the sandbox hides, and
-    nothing systemd would read as a specifier, a variable or a separator."""
-    hint = (
-        "Install vultrscale outside the home directories, e.g. "
-        "`PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install vultrscale` or "
-        "`UV_TOOL_DIR=/opt/uv-tools UV_TOOL_BIN_DIR=/usr/local/bin uv tool install vultrscale`, "
-        "and keep the config under /etc; nothing written."
-    )
-    bad = sorted(c for c in set(value) if c in _UNIT_UNSAFE or not c.isprintable())
-    if not value.startswith("/") or bad:
-        why = "is not an absolute path" if bad == [] else f"holds {''.join(bad)!r}"
-        raise UsageError(f"{what} {value!r} {why}: a systemd unit cannot name it.", hint=hint)
-    if any(value == h or value.startswith(h + "/") for h in _HIDDEN):
+_UNIT_PATH_HINT = (
+    "Install vultrscale outside the home directories, e.g. "
+    "`PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install vultrscale` or "
+    "`UV_TOOL_DIR=/opt/uv-tools UV_TOOL_BIN_DIR=/usr/local/bin "
+    "UV_PYTHON_INSTALL_DIR=/opt/uv-python uv tool install vultrscale`, "
+    "and keep the config under /etc; nothing written."
+)
+
+
+def _hidden(value: str) -> bool:
+    return any(value == h or value.startswith(h + "/") for h in _HIDDEN)
+
+
+def _visible(what: str, value: str) -> str:
+    """``value`` unless it lies where the services' sandbox hides it (UsageError)."""
+    if _hidden(value):
         raise UsageError(
             f"{what} {value} is where the service's sandbox cannot see it "
             "(ProtectHome=, PrivateTmp=).",
-            hint=hint,
+            hint=_UNIT_PATH_HINT,
         )
     return value
+
+
+def hidden_runtime(runtime: Sequence[str]) -> str | None:
+    """A warning when a path the program the units name needs to start (its Python, that
+    Python's prefix) lies where the sandbox hides it: every start of the service would fail
+    (203/EXEC). A warning, not a refusal: the program's own path is checked, and units written
+    on a build or test host whose Python lives under /root are for the host they go to."""
+    hidden = [path for path in dict.fromkeys(runtime) if _hidden(path)]
+    if not hidden:
+        return None
+    return (
+        f"the Python that runs vultrscale needs {', '.join(hidden)}, where the services' "
+        "sandbox cannot see it (ProtectHome=, PrivateTmp=): on this host they would fail at "
+        "every start (203/EXEC)."
+    )
+
+
+UNIT_RUNTIME_FIX = _UNIT_PATH_HINT.removesuffix("; nothing written.") + "."
+
+
+def _unit_path(what: str, value: str) -> str:
+    """``value`` as a path a unit may name: absolute, outside what the sandbox hides, and
+    nothing systemd would read as a specifier, a variable or a separator."""
+    bad = sorted(c for c in set(value) if c in _UNIT_UNSAFE or not c.isprintable())
+    if not value.startswith("/") or bad:
+        why = "is not an absolute path" if bad == [] else f"holds {''.join(bad)!r}"
+        raise UsageError(
+            f"{what} {value!r} {why}: a systemd unit cannot name it.", hint=_UNIT_PATH_HINT
+        )
+    return _visible(what, value)
 
 
 class UnitFiles(NamedTuple):
@@ -641,6 +673,8 @@ def systemd_next_steps(written: Written, executable: str, files: UnitFiles) -> l
         f"  install -d -m 0700 {files.directory}",
         f"  vultrscale --config {files.config} init   # the config and its .env; fill in the .env",
         f"  ssh-keygen -t ed25519 -N '' -f {files.ssh_key}",
+        f'  and in {files.config}, [fleet] ssh_key = "{files.ssh_key}" (the services read '
+        "their copy of it; your own commands as root read this setting)",
         "  systemctl daemon-reload && systemctl enable --now vultrscale.service",
         "  (or one pass per timer tick instead: systemctl enable --now vultrscale-pass.timer)",
     ]

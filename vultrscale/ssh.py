@@ -92,7 +92,8 @@ def generate_host_key() -> tuple[str, str]:
 
 
 def check_key_file(key_path: str | os.PathLike[str]) -> Path:
-    """The expanded path of a private key that exists and is readable by its owner only."""
+    """The expanded path of a private key that exists and is readable by its owner only (or,
+    as a systemd credential in $CREDENTIALS_DIRECTORY, by the unit's user only)."""
     path = Path(key_path).expanduser()
     try:
         st = path.stat()
@@ -109,7 +110,12 @@ def check_key_file(key_path: str | os.PathLike[str]) -> Path:
             f"SSH private key {path} is not a regular file",
             hint="Point fleet.ssh_key at the private key file.",
         )
-    if st.st_mode & 0o077:
+    # A systemd credential (the scaler's units pass the key with LoadCredential=) is 0400 with
+    # an ACL entry for the unit's user where the file system has ACLs: stat shows that ACL's
+    # mask in the group bits (0440), though systemd lets only that user (and root) read it.
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+    systemd_credential = bool(credentials) and path.parent == Path(credentials or "")
+    if st.st_mode & (0o007 if systemd_credential else 0o077):
         raise UsageError(
             f"SSH private key {path} is accessible by group or others "
             f"(mode {stat.S_IMODE(st.st_mode):04o}); refusing to use it",

@@ -347,6 +347,28 @@ def test_a_key_file_readable_by_others_or_missing_is_refused(tmp_path: Path) -> 
     assert body not in str(info.value) + info.value.hint
 
 
+def test_a_key_systemd_passes_as_a_credential_is_accepted_though_stat_shows_group_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # systemd writes a credential 0400 and grants the unit's user read by an ACL entry where the
+    # file system has ACLs (tmpfs: systemd >= 255 on Ubuntu 24.04, Debian 13), so stat shows
+    # the ACL's mask in the group bits: 0440. The scaler's service then refused its own key at
+    # its first pass (exit 2, not restarted).
+    creds = tmp_path / "credentials" / "vultrscale.service"
+    creds.mkdir(parents=True)
+    key = _keygen(creds / "ssh_key")
+    key.chmod(0o440)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    SSHDrain(str(key)).close()
+    key.chmod(0o444)  # readable by others: not what systemd makes, refused there too
+    with pytest.raises(UsageError, match="accessible by group or others"):
+        SSHDrain(str(key))
+    key.chmod(0o440)  # the same key outside the unit's credentials: refused as before
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    with pytest.raises(UsageError, match="accessible by group or others"):
+        SSHDrain(str(key))
+
+
 def test_generated_host_keys_are_served_by_sshd_and_pinned(
     hosts: sshd_hosts.Hosts, drain: SSHDrain
 ) -> None:

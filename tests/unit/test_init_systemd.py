@@ -55,6 +55,16 @@ def test_a_config_named_with_config_moves_every_file_the_units_read(tmp_path: Pa
     assert "/srv/fleet/vultrscale.toml" not in units["vultrscale.service"]  # comments too
 
 
+def test_the_next_steps_point_the_config_at_the_key_the_units_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The services read the key as their credential copy; the operator's own commands as root
+    # (`reconcile --dry-run`, `image bake`) read fleet.ssh_key, whose default is under ~.
+    assert main(["--config", "/srv/fleet/prod.toml", "init", "--systemd", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    assert 'ssh_key = "/srv/fleet/ssh_key"' in said
+
+
 @pytest.mark.parametrize(
     ("program", "said"),
     [
@@ -72,6 +82,36 @@ def test_a_program_the_service_could_not_run_is_refused(program: str, said: str)
         scaffold.systemd_units([program])
     assert said in refused.value.message
     assert "pipx install" in refused.value.hint
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        # `uv tool install` as root with a Python uv downloaded: the tool's venv links to it.
+        "/root/.local/share/uv/python/cpython-3.12.8-linux-x86_64-gnu/bin/python3.12",
+        "/home/ops/.pyenv/versions/3.12.8",
+    ],
+    ids=["uv-managed-python", "pyenv-prefix"],
+)
+def test_a_python_the_sandbox_hides_is_warned_of(runtime: str) -> None:
+    # /usr/local/bin/vultrscale can be seen, but the Python it runs under cannot: the service
+    # would fail at every start (203/EXEC), and this is the moment to say so.
+    warning = scaffold.hidden_runtime(["/usr/bin/python3.12", runtime, runtime])
+    assert warning is not None and warning.count(runtime) == 1
+    assert "sandbox cannot see it" in warning and "/usr/bin" not in warning
+    assert "UV_PYTHON_INSTALL_DIR" in scaffold.UNIT_RUNTIME_FIX
+    assert scaffold.hidden_runtime(["/usr/bin/python3.12", "/opt/uv-python/cpython"]) is None
+
+
+def test_init_warns_of_the_python_it_runs_under(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.base_prefix", "/root/.local/share/uv/python/cpython-3.12")
+    assert main(["init", "--systemd", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "Warning: the Python that runs vultrscale needs " in err
+    assert "/root/.local/share/uv/python/cpython-3.12" in err and "\nFix: Install " in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(scaffold.SYSTEMD_UNITS)
 
 
 def test_a_python_without_the_console_script_runs_the_module() -> None:

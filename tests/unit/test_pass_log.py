@@ -92,3 +92,14 @@ def test_a_pass_that_failed_before_its_result_is_one_line_with_its_fix(fmt: LogF
         assert record["hint"] == "Check Postgres." and record["pass_id"] is None
     else:
         assert line.endswith("Fix: Check Postgres.") and "exit 1" in line
+
+
+@pytest.mark.parametrize("fmt", list(LogFormat), ids=str)
+def test_a_failed_pass_that_was_recorded_names_its_pass_id(fmt: LogFormat) -> None:
+    exc = DatabaseError("fleet ledger: saving the fleet state: connection lost")
+    exc.pass_id = 57  # run_pass sets it when the pass's events row was written
+    line = error_line(exc, AT, "workers", fmt, [])
+    if fmt is LogFormat.JSON:
+        assert json.loads(line)["pass_id"] == 57
+    else:
+        assert line.startswith("2026-05-10T09:00:30Z fleet workers pass 57 failed: exit 1: ")

@@ -242,6 +242,18 @@ def test_a_key_that_turns_unusable_refuses_the_pass_and_changes_nothing(
     assert event["plan"] is None and event["results"] == []
 
 
+def test_an_error_that_ends_a_recorded_pass_carries_the_pass_id_events_shows(
+    fleet: Fleet,
+) -> None:
+    # The loop's log line for a failed pass names it, so the line leads to its events row.
+    assert fleet.run().pass_id == 1
+    fleet.key.chmod(0o644)
+    fleet.clock.advance(60)
+    with pytest.raises(UsageError) as refused:
+        fleet.run()
+    assert refused.value.pass_id == len(fleet.ledger.events) == 2
+
+
 def test_a_metrics_target_that_cannot_be_written_refuses_the_pass(
     fleet: Fleet, tmp_path: Path
 ) -> None:

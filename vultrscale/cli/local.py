@@ -539,6 +539,11 @@ def _init_systemd(directory: Path, config_path: str | None, *, force: bool) -> N
         written, " ".join(executable), scaffold.unit_files(config)
     ):
         typer.echo(line)
+    # The real interpreter and the prefixes it loads from: a venv's python is a link to them.
+    runtime = [os.path.realpath(sys.executable), sys.base_prefix, sys.prefix]
+    warning = scaffold.hidden_runtime(runtime)
+    if warning:
+        typer.echo(f"Warning: {warning}\nFix: {scaffold.UNIT_RUNTIME_FIX}", err=True)
 
 
 def _this_program() -> list[str]:

@@ -80,14 +80,14 @@ def pass_line(result: PassResult, fleet: str, fmt: LogFormat, secrets: Iterable[
 def error_line(
     exc: VultrscaleError, at: datetime, fleet: str, fmt: LogFormat, secrets: Iterable[str]
 ) -> str:
-    """A pass that ended in an error before it had a result (the database down, say). Its
-    failure is in `events` when it could be recorded; it has no id here."""
+    """A pass that ended in an error before it had a result (the database down, say), with
+    the pass id `events` shows when the pass could be recorded (``exc.pass_id``)."""
     record = {
         "time": _when(at),
         "level": "error",
         "msg": "pass failed",
         "fleet": fleet,
-        "pass_id": None,
+        "pass_id": exc.pass_id,
         "exit_code": exc.exit_code,
         "error": exc.message,
         "hint": exc.hint or None,
@@ -95,7 +95,11 @@ def error_line(
     if fmt is LogFormat.JSON:
         return _json_line(record, secrets)
     fix = f" Fix: {exc.hint}" if exc.hint else ""
-    text = f"{record['time']} fleet {fleet} pass failed: exit {exc.exit_code}: {exc.message}{fix}"
+    named = "" if exc.pass_id is None else f" {exc.pass_id}"
+    text = (
+        f"{record['time']} fleet {fleet} pass{named} failed: exit {exc.exit_code}: "
+        f"{exc.message}{fix}"
+    )
     return _one_line(text, secrets)
 
 
