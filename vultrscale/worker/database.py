@@ -78,7 +78,9 @@ def database_error(
     where = mask_url(conninfo)
     if starting:
         after = f" after waiting {waited:.0f} s" if waited else ""
-        doing, unreachable = f"the database at {where}{after}", pg.HINT_UNREACHABLE
+        # Mostly a connection refused or a wrong password; a missing table is said as such.
+        reach = "cannot reach" if isinstance(exc, psycopg.OperationalError) else "cannot start on"
+        doing, unreachable = f"{reach} the database at {where}{after}", pg.HINT_UNREACHABLE
     else:
         doing = f"lost the database at {where}"
         unreachable = (
