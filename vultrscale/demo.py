@@ -58,7 +58,7 @@ TERMINAL = ("succeeded", "failed", "dead")
 # How often the chaos thread looks for faults that are due: often enough to catch a worker
 # in a job of a second or two.
 FAULT_CHECK_SECONDS = 0.25
-# The line a worker logs for each job it gives back when it stops (worker/runtime.py).
+# The line a worker logs for each job it gives back when it stops (worker/draining.py).
 GIVEN_BACK = re.compile(r"^.*job \d+: given back to the queue", re.MULTILINE)
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import psycopg
 import pytest
 
+from tests.e2e.worker_procs import wait_for
 from vultrscale.db import queue as q
 from vultrscale.db import schema
 
@@ -332,3 +333,53 @@ def test_a_reaped_job_keeps_its_place_ahead_of_jobs_enqueued_after_it(
     # No backoff for a worker's death: it is due at once, in its original order.
     assert [c.id for c in q.claim(conn, "w2", "default", 4, 30)] == [first, *later]
     assert _job(conn, first)["attempts"] == 2
+
+
+def test_a_renewal_and_a_batch_completion_of_the_same_leases_never_deadlock(
+    db_url: str, conn: psycopg.Connection
+) -> None:
+    """The heartbeat renews the held leases while the main thread completes some of them, each
+    listing the jobs in its own order: both must lock the lease rows in one order, or each holds
+    a row the other waits for and Postgres kills one (a retry, and a false "database
+    unreachable" line in the worker's log)."""
+    q.enqueue(conn, [{}, {}, {}])
+    held = [(c.id, c.token) for c in q.claim(conn, "w", "default", 3, 60)]
+    assert len(held) == 3
+    conn.execute("ANALYZE job_leases")  # the plan a live table has: rows locked as listed
+    middle = sorted(held)[1][0]
+
+    def waiting() -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    errors: list[BaseException] = []
+    results: dict[str, set[int]] = {}
+
+    def run(name: str, fn: Callable[[psycopg.Connection], set[int]]) -> threading.Thread:
+        def target() -> None:
+            with psycopg.connect(db_url, autocommit=True) as c:
+                try:
+                    results[name] = fn(c)
+                except psycopg.Error as exc:
+                    errors.append(exc)
+
+        t = threading.Thread(target=target, daemon=True)
+        t.start()
+        return t
+
+    with psycopg.connect(db_url) as blocker:
+        # Holds the middle row, so each statement has locked one end before it waits.
+        blocker.execute("SELECT 1 FROM job_leases WHERE job_id = %s FOR UPDATE", (middle,))
+        threads = [run("renew", lambda c: q.renew(c, "w", sorted(held), 60))]
+        wait_for(lambda: waiting() == 1, "the renewal to wait on the middle row", 10)
+        threads.append(run("complete", lambda c: q.complete_many(c, "w", sorted(held)[::-1])))
+        wait_for(lambda: waiting() == 2, "the completion to wait too", 10)
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert results["complete"] == {job_id for job_id, _ in held}
+    states = conn.execute("SELECT DISTINCT state FROM jobs").fetchall()
+    assert states == [("succeeded",)]

@@ -1,7 +1,7 @@
 """The drain's give-back against a real Postgres, with the worker's real threads in-process.
 
-A subclass widens the one window each test is about (the give-back after the last flush) by
-waiting on a condition there; nothing else of the worker is replaced.
+A test widens the one window it is about (the give-back after the last flush) by wrapping one
+step of a part of the worker to wait on a condition there; nothing else of it is replaced.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
 def _start(worker: Worker) -> threading.Thread:
     t = threading.Thread(target=worker.run, name="test-worker", daemon=True)
     t.start()
-    wait_for(lambda: worker._running, "the worker to take the job", 10)
+    wait_for(worker.state.running, "the worker to take the job", 10)
     return t
 
 
@@ -43,7 +43,7 @@ def _settings(drain: float) -> WorkerSettings:
 
 
 def test_a_job_finishing_during_the_give_back_is_completed_not_run_again(
-    db_url: str, conn: psycopg.Connection
+    db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (job_id,) = q.enqueue(conn, [{}])
     release = threading.Event()
@@ -53,17 +53,19 @@ def test_a_job_finishing_during_the_give_back_is_completed_not_run_again(
         wait_for(release.is_set, "the drain's last flush", 10)
         returned.append(job.id)  # side effect done, then a normal return: a success
 
-    class LateFinish(Worker):
-        def _flush_done(self, conn: psycopg.Connection) -> None:
-            super()._flush_done(conn)
-            running = list(self._running)
-            if running and running[0].stopping and not release.is_set():
-                # The drain deadline passed and its last flush ran: now the handler returns.
-                release.set()
-                wait_for(lambda: not self._done.empty(), "the success to be queued", 5)
-
     lines: list[str] = []
-    w = LateFinish(_settings(0.2), db_url, handle, say=lines.append)
+    w = Worker(_settings(0.2), db_url, handle, say=lines.append)
+    flush = w.runner.flush_done
+
+    def late_finish(conn: psycopg.Connection) -> None:
+        flush(conn)
+        running = w.state.running()
+        if running and running[0].stopping and not release.is_set():
+            # The drain deadline passed and its last flush ran: now the handler returns.
+            release.set()
+            wait_for(lambda: not w.state.done.empty(), "the success to be queued", 5)
+
+    monkeypatch.setattr(w.runner, "flush_done", late_finish)
     t = _start(w)
     w.request_stop()
     t.join(15)
@@ -245,12 +247,14 @@ def test_a_job_whose_failure_is_being_written_at_the_drain_deadline_is_not_given
         wait_for(lambda: job.stopping, "the drain", 10)
         raise PermanentError("bad input")
 
-    class Watched(Worker):
-        def _give_back_unfinished(self, until: float | None = None) -> None:
-            super()._give_back_unfinished(until)
-            gave_back.set()
+    w = Worker(_settings(0.2), db_url, handle, say=lambda _: None)
+    give_back = w.drainer.give_back_unfinished
 
-    w = Watched(_settings(0.2), db_url, handle, say=lambda _: None)
+    def watched(until: float | None = None) -> None:
+        give_back(until)
+        gave_back.set()
+
+    monkeypatch.setattr(w.drainer, "give_back_unfinished", watched)
     t = _start(w)
     w.request_stop()
     t.join(15)

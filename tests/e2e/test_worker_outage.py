@@ -232,7 +232,7 @@ def test_a_drain_while_the_database_is_down_ends_before_systemd_would_kill_it(
     inside the unit's TimeoutStopSec (drain + 10 s here). It retried for the whole outage
     budget (60 s), and systemd's SIGKILL would have come first. The job returns by its lease."""
     from vultrscale.config import WorkerConfig, timeout_stop_seconds
-    from vultrscale.worker.runtime import DRAIN_WRITES_SECONDS
+    from vultrscale.worker.draining import DRAIN_WRITES_SECONDS
 
     env, _log = handler_env
     with psycopg.connect(url, autocommit=True) as conn:

@@ -8,11 +8,7 @@ import errno
 import itertools
 import os
 import re
-import resource
-import signal
 import stat
-import subprocess
-import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -329,29 +325,6 @@ def test_a_failure_writing_the_env_leaves_neither_file(
     assert list(here.iterdir()) == []  # not the config, not a temporary, not the directory
     monkeypatch.setattr(os, "open", real_open)
     assert main(["--config", "new/fleet.toml", "init", "--defaults"]) == 0
-
-
-def _file_size_limit() -> None:
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
-
-
-@pytest.mark.e2e  # a fresh interpreter under a file size limit
-def test_a_write_the_system_refuses_is_exit_1_and_leaves_no_file(here: Path) -> None:
-    """A real failed write (past RLIMIT_FSIZE, as on a full disk): one error line, no file."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "vultrscale.cli", "init", "--defaults"],
-        capture_output=True,
-        text=True,
-        preexec_fn=_file_size_limit,
-        timeout=60,
-    )
-    assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.splitlines() == [
-        "Error: cannot write vultrscale.toml: File too large; nothing written.",
-        "Fix: Free space on that disk (or fix it), then run init again.",
-    ]
-    assert list(here.iterdir()) == []
 
 
 class Script:

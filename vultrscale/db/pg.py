@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from vultrscale.errors import DatabaseError, first_line, mask_url
+
+if TYPE_CHECKING:  # the pool's module is imported by the worker only, when it makes one
+    from psycopg_pool import ConnectionPool
 
 # A connect that has not succeeded in 10 s will not: the host is down or a firewall drops us.
 # Long enough for a cold TLS handshake over a slow link, short enough for a 30 s pass interval.
@@ -35,8 +38,11 @@ HINT_STALLED = (
 )
 
 
-def translate(exc: psycopg.Error, doing: str, url: str = "") -> DatabaseError:
-    """The project's error for a psycopg error met while ``doing`` something."""
+def translate(
+    exc: psycopg.Error, doing: str, url: str = "", *, unreachable: str = HINT_UNREACHABLE
+) -> DatabaseError:
+    """The project's error for a psycopg error met while ``doing`` something; ``unreachable``
+    is the hint for a connection that failed or broke (the worker's names its leases)."""
     line = first_line(exc, [url])
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return DatabaseError(
@@ -47,7 +53,7 @@ def translate(exc: psycopg.Error, doing: str, url: str = "") -> DatabaseError:
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return DatabaseError(f"{doing}: {line}", hint=HINT_PRIVILEGE)
     if isinstance(exc, psycopg.OperationalError):
-        return DatabaseError(f"{doing}: {line}", hint=HINT_UNREACHABLE)
+        return DatabaseError(f"{doing}: {line}", hint=unreachable)
     return DatabaseError(f"{doing}: {line}")
 
 
@@ -73,6 +79,37 @@ def keepalives(within_s: float) -> dict[str, Any]:
     }
 
 
+def configure(conn: psycopg.Connection[Any], statement_timeout_s: float = 0.0) -> None:
+    """The session settings every connection gets, the pooled ones too (``pool``).
+
+    Timestamps arrive in UTC, whatever the server's or the role's TimeZone: two read in a zone
+    with daylight saving (Europe/Berlin) subtract in wall-clock time in Python, an hour off
+    across the change (a replayed history's gaps); and datetimes of another tzinfo (even
+    "Etc/UTC") each ask for their offset when compared, which makes the pass's pure core 1.7x
+    slower. SETs, not startup options: PgBouncer refuses unknown startup parameters.
+    ``statement_timeout_s``: the session's bound on every statement (0: the server's)."""
+    conn.execute("SET TimeZone TO 'UTC'")
+    if statement_timeout_s:
+        conn.execute(f"SET statement_timeout = {int(statement_timeout_s * 1000)}")
+
+
+def open_connection(
+    url: str, *, autocommit: bool = True, statement_timeout_s: float = 0.0, **kwargs: Any
+) -> psycopg.Connection[Any]:
+    """``connect`` without the translation: psycopg's own errors reach the caller, for one that
+    tells a passing outage from a configuration error by them (the worker rides outages out)."""
+    kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    conn = psycopg.connect(url, autocommit=autocommit, **kwargs)
+    try:
+        configure(conn, statement_timeout_s)
+        if not autocommit:
+            conn.commit()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 def connect(
     url: str,
     *,
@@ -81,35 +118,49 @@ def connect(
     statement_timeout_s: float = 0.0,
     **kwargs: Any,
 ) -> psycopg.Connection[Any]:
-    """A connection to ``url`` with the project's connect timeout (``kwargs`` go to psycopg);
-    a failure names what it was for (``doing``) and where, password masked.
-    ``statement_timeout_s``: the session's bound on every statement (0: the server's)."""
-    kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    """A connection to ``url`` with the project's connect timeout and session settings
+    (``configure``; ``kwargs`` go to psycopg); a failure names what it was for (``doing``) and
+    where, password masked."""
     where = f"cannot reach the database at {mask_url(url)}"
     with translated(f"{doing}: {where}" if doing else where, url):
         try:
-            conn = psycopg.connect(url, autocommit=autocommit, **kwargs)
+            return open_connection(
+                url, autocommit=autocommit, statement_timeout_s=statement_timeout_s, **kwargs
+            )
         except UnicodeError:  # a host the resolver refuses (conninfo_problem checks first)
             raise DatabaseError(
                 f"{doing + ': ' if doing else ''}{where}: its host is not a valid host name",
                 hint="Check the host in the connection string (an empty or overlong label?).",
             ) from None
-        try:
-            # Timestamps arrive in UTC, whatever the server's or the role's TimeZone: two read
-            # in a zone with daylight saving (Europe/Berlin) subtract in wall-clock time in
-            # Python, an hour off across the change (a replayed history's gaps); and datetimes
-            # of another tzinfo (even "Etc/UTC") each ask for their offset when compared, which
-            # makes the pass's pure core 1.7x slower. A SET, not a startup option: PgBouncer
-            # refuses unknown startup parameters.
-            conn.execute("SET TimeZone TO 'UTC'")
-            if statement_timeout_s:  # a SET too, for PgBouncer, not the `options` parameter
-                conn.execute(f"SET statement_timeout = {int(statement_timeout_s * 1000)}")
-            if not autocommit:
-                conn.commit()
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+
+
+def pool(
+    url: str,
+    *,
+    name: str,
+    max_size: int,
+    timeout: float,
+    reconnect_timeout: float,
+    min_size: int = 1,
+    statement_timeout_s: float = 0.0,
+    **kwargs: Any,
+) -> ConnectionPool:
+    """A pool of autocommit connections to ``url``, not yet open (``open()``), each made as
+    ``connect`` makes one (connect timeout, ``configure``); ``kwargs`` go to psycopg."""
+    from psycopg_pool import ConnectionPool
+
+    kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    return ConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"autocommit": True, **kwargs},
+        configure=lambda conn: configure(conn, statement_timeout_s),
+        timeout=timeout,
+        reconnect_timeout=reconnect_timeout,
+        open=False,
+        name=name,
+    )
 
 
 @contextmanager

@@ -142,6 +142,21 @@ def heartbeat(
     return job_id in renew(conn, worker_id, [(job_id, token)], lease_seconds)
 
 
+# The batch fence, locking its rows in job id order first: the heartbeat's renewal and the
+# main thread's completions (or the drain's give-back) hold leases of the same jobs, each listed
+# in its own order; locked as listed, each could hold a row the other waits for, and Postgres
+# would end one of them as a deadlock (a retry, and a false "database unreachable" line).
+_LOCKED_MANY = """
+locked AS MATERIALIZED (
+    SELECT l.job_id FROM job_leases l
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(job_id, token)
+      ON l.job_id = h.job_id AND l.token = h.token
+    WHERE l.worker_id = %(worker)s AND l.expires_at > now()
+    ORDER BY l.job_id
+    FOR UPDATE OF l
+)"""
+
+
 def renew(
     conn: psycopg.Connection,
     worker_id: str,
@@ -154,11 +169,11 @@ def renew(
         return set()
     with conn.transaction():
         rows = conn.execute(
-            """
+            "WITH"
+            + _LOCKED_MANY
+            + """
             UPDATE job_leases l SET expires_at = now() + make_interval(secs => %(lease)s)
-            FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(job_id, token)
-            WHERE l.job_id = h.job_id AND l.token = h.token AND l.worker_id = %(worker)s
-              AND l.expires_at > now()
+            FROM locked WHERE l.job_id = locked.job_id
             RETURNING l.job_id
             """,
             {
@@ -182,14 +197,13 @@ gone AS (
 
 
 # The same fence for a batch: each (job id, token) pair must be ours and still live.
-_GONE_MANY = """
+_GONE_MANY = (
+    _LOCKED_MANY
+    + """,
 gone AS (
-    DELETE FROM job_leases l
-    USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(job_id, token)
-    WHERE l.job_id = h.job_id AND l.token = h.token AND l.worker_id = %(worker)s
-      AND l.expires_at > now()
-    RETURNING l.job_id
+    DELETE FROM job_leases l USING locked WHERE l.job_id = locked.job_id RETURNING l.job_id
 )"""
+)
 
 # The writes that follow a fenced delete, on the jobs whose leases it removed.
 _SUCCEED = """

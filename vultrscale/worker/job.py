@@ -28,6 +28,43 @@ class Database(Protocol):
 __all__ = ["Job", "LeaseLost", "PermanentError"]
 
 
+class Run:
+    """The runtime's side of one run of a claimed job: when its lease was last known good,
+    whether it was lost or given back, whether the worker drains. The runtime's threads mark
+    it (each mark is final); the ``Job`` and its handler only read it."""
+
+    def __init__(self, renewed_at: float | None = None) -> None:
+        self._stopping = threading.Event()
+        self._lost = threading.Event()
+        self.given_back = False
+        # Local monotonic time the lease was last known good (the claim's and each renewal's
+        # send time): the heartbeat marks the job lost well before the lease would run out.
+        self.renewed_at = time.monotonic() if renewed_at is None else renewed_at
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def renewed(self, sent: float) -> None:
+        """A renewal sent at ``sent`` (monotonic) kept the lease."""
+        self.renewed_at = max(self.renewed_at, sent)
+
+    def mark_stopping(self) -> None:
+        self._stopping.set()
+
+    def mark_lost(self) -> None:
+        self._lost.set()
+
+    def mark_given_back(self) -> None:
+        # Lost too: a sync handler still running must not run another step's side effects.
+        self.given_back = True
+        self._lost.set()
+
+
 class PermanentError(Exception):
     """Raise from a handler for an error that retrying cannot fix: the job ends ``failed``."""
 
@@ -51,31 +88,33 @@ class Job:
         *,
         worker_id: str,
         database: Database,
+        run: Run | None = None,
+        payload_error: str | None = None,
     ) -> None:
         self.id = id
         self.payload = payload
         self.attempt = attempt
         self.token = token
+        self.run = run if run is not None else Run()
+        # Why the payload could not be decoded, if it could not: the job fails, unrun.
+        self.payload_error = payload_error
         self._worker_id = worker_id
         self._database = database
-        self._stopping = threading.Event()
-        self._lost = threading.Event()
-        self.given_back = False
-        # Set by the runtime when the payload could not be decoded: the job fails, unrun.
-        self._payload_error: str | None = None
-        # Local monotonic time the lease was last known good (the runtime sets it at claim and
-        # at each renewal's send time); the heartbeat marks the job lost well before expiry.
-        self._renewed_at = time.monotonic()
+
+    @property
+    def given_back(self) -> bool:
+        """True once the drain handed the job back to the queue (its attempt refunded)."""
+        return self.run.given_back
 
     @property
     def stopping(self) -> bool:
         """True once the worker drains: a long job may stop early (and will be given back)."""
-        return self._stopping.is_set()
+        return self.run.stopping
 
     @property
     def lost(self) -> bool:
         """True once the lease is lost: nothing this job writes will be accepted."""
-        return self._lost.is_set()
+        return self.run.lost
 
     def step(self, name: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` once for this job and save its JSON result under ``name``.
@@ -128,7 +167,7 @@ class Job:
             lambda conn: queue.save_step(conn, self.id, self._worker_id, self.token, name, result)
         )
         if not ok:
-            self._lost.set()
+            self.run.mark_lost()
             self._check_lease(name)
 
     def _check_lease(self, name: str) -> None:
@@ -137,17 +176,6 @@ class Job:
                 f"job {self.id}: lease lost before step {name!r} was saved",
                 hint="Another worker may run this job; this attempt's results are dropped.",
             )
-
-    def _mark_stopping(self) -> None:
-        self._stopping.set()
-
-    def _mark_lost(self) -> None:
-        self._lost.set()
-
-    def _mark_given_back(self) -> None:
-        # Lost too: a sync handler still running must not run another step's side effects.
-        self.given_back = True
-        self._lost.set()
 
     def __repr__(self) -> str:
         return f"Job(id={self.id}, attempt={self.attempt})"

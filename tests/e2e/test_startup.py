@@ -6,10 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
-pytestmark = pytest.mark.e2e  # a fresh interpreter per test
-
 HEAVY = ("httpx", "psycopg", "paramiko", "rich", "tenacity", "prometheus_client", "croniter")
 # What `--version` and the root `--help` must not import either: the command groups (Typer
 # building their command trees is most of a slow start-up) and the config loader.

@@ -1,0 +1,63 @@
+"""The unit tier starts no process: a test that tries fails, and says where it belongs.
+
+A fresh interpreter costs about a second on a loaded machine, so a handful of such tests made
+this tier slow enough that nobody ran it before a commit. Tests that need a process live in
+tests/e2e (or tests/db when they need Postgres only).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import pytest
+
+
+class ProcessStarted(BaseException):
+    """Raised where a unit test starts a process (a BaseException: code under test that
+    catches ``Exception`` to carry on cannot hide it)."""
+
+
+# Every way the stdlib starts a program or forks: subprocess (and asyncio's subprocesses,
+# which go through it), os.fork (multiprocessing's default), posix_spawn, system, exec*.
+_STARTERS = (
+    "fork",
+    "forkpty",
+    "posix_spawn",
+    "posix_spawnp",
+    "system",
+    "popen",
+    "execv",
+    "execve",
+    "execvp",
+    "execvpe",
+    "spawnv",
+    "spawnve",
+    "spawnvp",
+    "spawnvpe",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    tried: list[str] = []
+
+    def refuse(what: str) -> Any:
+        def started(*args: Any, **kwargs: Any) -> NoReturn:
+            tried.append(what)
+            raise ProcessStarted(
+                f"a unit test started a process ({what}): move it to tests/e2e, or to tests/db "
+                "if it needs Postgres only"
+            )
+
+        return started
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("subprocess.Popen"))
+    for name in _STARTERS:
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse(f"os.{name}"))
+    yield
+    if tried:  # caught and swallowed by the code under test: still a process it tried to start
+        pytest.fail(f"this unit test tried to start a process ({', '.join(tried)})")
