@@ -67,15 +67,14 @@ def reconcile_cmd(
     ] = None,
 ) -> int:
     """One reconcile pass (or a loop): observe, progress drains, decide, act, record."""
-    from vultrscale.cli import fail
-    from vultrscale.cli.views import print_pass
-    from vultrscale.reconcile import run_forever, run_pass
-
     if metrics_port is not None and not loop:
         raise UsageError(
             "--metrics-port needs --loop", hint="Use --metrics-file for single passes."
         )
-    cfg = load_config()
+    cfg = load_config()  # a bad config fails before the pass's modules are even imported
+    from vultrscale.cli import fail
+    from vultrscale.reconcile import run_forever, run_pass
+
     parts = build_parts(cfg)
     metrics = None
     if metrics_file or metrics_port is not None:
@@ -105,6 +104,8 @@ def reconcile_cmd(
         if as_json:
             print_json(result.to_json())
         else:
+            from vultrscale.cli.views import print_pass  # rich: only to draw on a terminal
+
             print_pass(result)
 
     def report_error(exc: VultrscaleError) -> None:
