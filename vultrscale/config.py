@@ -13,13 +13,11 @@ import dataclasses
 import math
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from vultrscale.errors import (
     ConfigError,
@@ -490,6 +488,8 @@ def load(
     data: dict[str, Any] = {}
     source = "defaults"
     if cfg_path.is_file():
+        import tomllib  # here: a command whose config is missing fails without it
+
         try:
             data = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
             source = str(cfg_path)
@@ -527,6 +527,8 @@ def load(
 def check_text(text: str, where: str) -> None:
     """ConfigError listing every problem ``config check`` would find in ``text`` as the config
     file ``where``, read on its own (no environment, no .env, no secrets); None if it loads."""
+    import tomllib
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -617,6 +619,8 @@ class _FromEnv(str):
 
 def _from_env(value: str) -> Any:
     """Environment values are strings; let TOML read numbers and booleans."""
+    import tomllib
+
     try:
         return tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
@@ -789,6 +793,8 @@ def validate(cfg: Config) -> list[str]:
     if pol.boot_timeout <= timedelta(0):
         p.append("policy.boot_timeout: must be longer than 0s")
     for i, fl in enumerate(pol.floor):
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # only a config with floors
+
         where = f"policy.floor[{i}]"
         try:
             ZoneInfo(fl.timezone)

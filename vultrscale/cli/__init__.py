@@ -81,8 +81,19 @@ class LazyGroup(TyperGroup):
         entry = _BY_NAME.get(cmd_name)
         if entry is None:
             return None
-        module = importlib.import_module(entry.module)
-        return typer.main.get_group(module.app).commands.get(cmd_name)
+        group: typer.Typer = importlib.import_module(entry.module).app
+        for info in group.registered_commands:
+            # Only the command asked for: Typer evaluates the annotation of every parameter of
+            # every command it builds (an eval of source text each, no bytecode cache: about a
+            # third of the start-up of `reconcile` when the whole group was built).
+            name = info.name or typer.main.get_command_name(getattr(info.callback, "__name__", ""))
+            if name == cmd_name:
+                return typer.main.get_command_from_info(
+                    info,
+                    pretty_exceptions_short=group.pretty_exceptions_short,
+                    rich_markup_mode=group.rich_markup_mode,
+                )
+        return typer.main.get_group(group).commands.get(cmd_name)  # a group: db, sim, config
 
     def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         with formatter.section("Commands"):
