@@ -706,6 +706,8 @@ def _build_floors(value: Any, problems: list[str]) -> tuple[FloorConfig, ...]:
     return tuple(floors)
 
 
+MAX_FLEET = 10_000
+
 # The range of every number key. The upper bounds are far above any real fleet and only keep
 # absurd values (a typo of a few extra digits) from reaching the API, the database or systemd.
 NUMBER_RANGES: dict[str, tuple[float, float]] = {
@@ -715,9 +717,12 @@ NUMBER_RANGES: dict[str, tuple[float, float]] = {
     "worker.lease_seconds": (3, 86400),
     "worker.outage_seconds": (0, 86400),
     "queue.jobs_per_instance": (1, 100_000),
-    "policy.min_instances": (0, 1000),
-    "policy.max_instances": (0, 1000),
-    "policy.max_step_up": (0, 1000),
+    # Vultr publishes no fixed number of instances per account: each account has its own
+    # limit, raised on request, and Vultr refuses a create past it. 10,000 is the largest fleet
+    # the pass and the simulator are measured at (scripts/bench_reconcile.py, linear to it).
+    "policy.min_instances": (0, MAX_FLEET),
+    "policy.max_instances": (0, MAX_FLEET),
+    "policy.max_step_up": (0, MAX_FLEET),
     "budget.monthly_ceiling_usd": (0.01, 10_000_000),
 }
 

@@ -432,3 +432,14 @@ def test_a_workers_role_postgres_reserves_is_a_config_error(tmp_path: Path, role
     # `db init` would fail half-way with "role name is reserved" (exit 1, a misleading hint)
     with pytest.raises(ConfigError, match="reserved by Postgres"):
         config.load(write(tmp_path, f'[worker]\ndb_role = "{role}"\n'), {})
+
+
+def test_a_fleet_may_be_capped_at_ten_thousand_instances_and_no_more(tmp_path: Path) -> None:
+    """Vultr publishes no per-account number; the bound is the largest fleet measured."""
+    ceiling = "[budget]\nmonthly_ceiling_usd = 200000\n"
+    path = write(tmp_path, f"[policy]\nmax_instances = 10000\n{ceiling}")
+    assert config.load(path, {}).policy.max_instances == 10_000
+    path = write(tmp_path, f"[policy]\nmax_instances = 10001\n{ceiling}")
+    with pytest.raises(ConfigError, match=r"policy.max_instances: 10001 is out of range") as info:
+        config.load(path, {})
+    assert "allowed 0 to 10000" in str(info.value.problems)
