@@ -719,7 +719,7 @@ NUMBER_RANGES: dict[str, tuple[float, float]] = {
     "queue.jobs_per_instance": (1, 100_000),
     # Vultr publishes no fixed number of instances per account: each account has its own
     # limit, raised on request, and Vultr refuses a create past it. 10,000 is the largest fleet
-    # the pass and the simulator are measured at (scripts/bench_reconcile.py, linear to it).
+    # measured here: the simulator's list is linear to it, the pass is benchmarked at 5,000.
     "policy.min_instances": (0, MAX_FLEET),
     "policy.max_instances": (0, MAX_FLEET),
     "policy.max_step_up": (0, MAX_FLEET),
