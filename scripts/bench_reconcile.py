@@ -11,7 +11,17 @@
    is read), against one bare paginated list of the same
    instances with a warm httpx client (connection open, as the pass's client is), timed
    alternately with the passes in the same run.
-2. `vultrscale --version` start-up against `python -c "import typer"`, in the same run.
+   The pass is timed as `reconcile` runs it: with its preflight (the scaler's key checked
+   before anything changes), once with an ed25519 key and once with an RSA-4096 key (paramiko
+   parses RSA keys slowly), CPU time per pass beside the wall time.
+   Then the same pass one-shot, as cron runs it (`vultrscale reconcile` in a fresh process,
+   each key), its CPU against `python -c "import httpx, psycopg"` (--oneshots rounds); then an
+   hour of cron passes a minute apart, each a fresh client and cache, the clock moving past the
+   plan check's time-to-live: HTTP requests per pass averaged over the hour.
+   Every round runs its steps in a rotated order, so none always runs first or last.
+2. Start-up of `vultrscale --version`, `status --help`, `reconcile --help` and a
+   `reconcile --dry-run` that fails on a missing config, each against
+   `python -c "import typer"`, alternated in the same run.
 
 --memory times the same steady pass on the in-memory ports (vultrscale.memory: no Postgres, no
 HTTP), for each fleet size in --instances (default 3,50): the pure core's own cost per pass, as
@@ -31,7 +41,8 @@ pass's Postgres I/O, against the bare list: the least any pass that lists and de
 and prints the top functions by cumulative time. --json prints the figures as one JSON object
 (for scripts/bench).
 
-Usage: python scripts/bench_reconcile.py [--instances 500] [--passes 15] [--startups 15] [--floor]
+Usage: python scripts/bench_reconcile.py [--instances 500] [--passes 15] [--startups 15]
+                                        [--oneshots 5] [--floor]
        python scripts/bench_reconcile.py --memory [--instances 3,50] [--passes 2000]
 """
 
@@ -46,6 +57,7 @@ import multiprocessing
 import os
 import pstats
 import random
+import resource
 import signal
 import statistics
 import subprocess
@@ -147,6 +159,10 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=None, help="timed passes (per size)")
     ap.add_argument("--memory", action="store_true", help="time the pass on in-memory ports")
     ap.add_argument("--startups", type=int, default=15, help="0 skips the start-up figure")
+    ap.add_argument("--oneshots", type=int, default=5, help="0 skips the one-shot CPU figure")
+    ap.add_argument(
+        "--cron-minutes", type=int, default=60, help="minutes of cron passes (0 skips them)"
+    )
     ap.add_argument("--profile", type=Path, default=None, help="write a cProfile of the passes")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     ap.add_argument("--floor", action="store_true", help="also time the pass without core/parse")
@@ -166,7 +182,9 @@ def main() -> None:
 def bench(args: argparse.Namespace, db_url: str) -> None:
     n = args.instances
     tmp = Path(tempfile.mkdtemp(prefix="vs-bench-"))
-    clock = FakeClock(datetime(2026, 3, 2, 12, 0, tzinfo=UTC))
+    # Today's time, so that the one-shot processes (on the system clock) find the fleet as the
+    # timed passes do; whole seconds, as the ledger keeps them.
+    clock = FakeClock(datetime.now(UTC).replace(microsecond=0))
     sim = Simulator(
         KEY,
         clock=clock,
@@ -211,31 +229,39 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
                 )
                 queue.register_worker(conn, label, label)
             queue.enqueue(conn, [{}] * (4 * n))
-        (tmp / "vultrscale.toml").write_text(
-            f'[fleet]\nsnapshot_id = "{snap.id}"\n[policy]\nmax_instances = {n}\n'
-            f"[budget]\nmonthly_ceiling_usd = {20.0 * n}\n"
-        )
         env = {
             "VULTR_API_KEY": KEY,
             "VULTR_API_URL": http_server.url,
             "DATABASE_URL": db_url,
             "WORKER_DATABASE_URL": db_url,
         }
-        cfg = config_mod.load(tmp / "vultrscale.toml", env)
+        keys = scaler_keys(tmp)
+        tomls, cfgs = {}, {}
+        for kind, key in keys.items():
+            tomls[kind] = tmp / f"vultrscale-{kind}.toml"
+            tomls[kind].write_text(
+                f'[fleet]\nsnapshot_id = "{snap.id}"\nssh_key = "{key}"\n'
+                f"[policy]\nmax_instances = {n}\n[budget]\nmonthly_ceiling_usd = {20.0 * n}\n"
+            )
+            cfgs[kind] = config_mod.load(tomls[kind], env)
         http_server.stop()  # set up; from now on the simulator answers from its own process
         served = Served(sim, http_server.port)
         stop_server = served.stop
-        # The parts `vultrscale reconcile` builds (its client, its store), with the bench's
-        # clock and no SSH: a steady pass drains nothing.
-        parts = dataclasses.replace(
-            build_parts(cfg),
-            drain=NoDrain(),
-            clock=clock,
-            keygen=lambda: ("", ""),
-            render_user_data=lambda *a: "",
-            preflight=(),
-            rng=random.Random(1),
-        )
+        # The parts `vultrscale reconcile` builds (its client, its store, its preflight: the
+        # scaler's key checked before each pass changes anything), with the bench's clock and no
+        # SSH: a steady pass drains nothing.
+        by_key = {
+            kind: dataclasses.replace(
+                build_parts(c),
+                drain=NoDrain(),
+                clock=clock,
+                keygen=lambda: ("", ""),
+                render_user_data=lambda *a: "",
+                rng=random.Random(1),
+            )
+            for kind, c in cfgs.items()
+        }
+        cfg, parts = cfgs["ed25519"], by_key["ed25519"]
         run_pass(cfg, parts)  # adopt nothing, move ledger rows to running, cache the price
         with psycopg.connect(db_url, autocommit=True) as conn:
             states = {r.state for r in ledger.rows(conn, "workers")}
@@ -249,25 +275,37 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
         bare_list(http)  # warm: the connection is open, as the pass's client's is
         least = bound(cfg, parts) if args.floor else None
         profiler = cProfile.Profile() if args.profile else None
-        pass_times, pass_requests = [], []
-        bare_times, bare_requests, bound_times = [], 0, []
-        for _ in range(args.passes):
-            before = served.requests
-            t0 = time.perf_counter()
-            if profiler is not None:
-                profiler.enable()
-            result = run_pass(cfg, parts)
-            if profiler is not None:
-                profiler.disable()
-            pass_times.append(time.perf_counter() - t0)
-            pass_requests.append(served.requests - before)
-            assert result.exit_code == 0 and result.plan is not None, result.errors
-            assert not result.plan.actions, result.plan.actions
-            t0 = time.perf_counter()
+        pass_requests: list[int] = []
+        bare_requests = 0
+
+        def steady(kind: str) -> Callable[[], object]:
+            def one() -> None:
+                before = served.requests
+                if profiler is not None and kind == "ed25519":
+                    profiler.enable()
+                result = run_pass(cfgs[kind], by_key[kind])
+                if profiler is not None:
+                    profiler.disable()
+                pass_requests.append(served.requests - before)
+                assert result.exit_code == 0 and result.plan is not None, result.errors
+                assert not result.plan.actions, result.plan.actions
+
+            return one
+
+        def bare() -> None:
+            nonlocal bare_requests
             bare_requests = bare_list(http)
-            bare_times.append(time.perf_counter() - t0)
-            if least is not None:  # the third of the alternation: same moments, same baseline
-                bound_times.append(timed(least))
+
+        steps: dict[str, Callable[[], object]] = {f"pass {k}": steady(k) for k in keys}
+        steps["bare"] = bare
+        if least is not None:  # same moments, same baseline
+            steps["bound"] = least
+        walls, cpus = rotated(steps, args.passes)
+        pass_times, bare_times, bound_times = (
+            walls["pass ed25519"],
+            walls["bare"],
+            walls.get("bound", []),
+        )
         if profiler is not None:
             profiler.dump_stats(args.profile)
             pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
@@ -289,26 +327,55 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
                 )
         http.close()
 
-        # A one-shot pass, as `vultrscale reconcile` from cron runs it: a fresh process has a
-        # new client and an empty cache, so this counts the requests of a process's first pass.
-        with VultrClient(KEY, http_server.url, sleep=clock.sleep) as fresh:
-            before = served.requests
-            run_pass(cfg, dataclasses.replace(parts, cloud=fresh, cache={}))
-            cron_requests = served.requests - before
-        parts.close()
-
-        startup, baseline = [], []
-        for _ in range(args.startups):
-            t0 = time.perf_counter()
-            subprocess.run(
-                [sys.executable, "-m", "vultrscale.cli", "--version"],
-                check=True,
-                capture_output=True,
+        # One-shot passes, as cron runs `vultrscale reconcile`: a fresh process each, on the
+        # system clock, with each key; against importing the two libraries no pass can do
+        # without. CPU is the children's, as the kernel accounts it.
+        oneshot_env = dict(
+            os.environ,
+            **env,
+        )
+        oneshot: dict[str, Callable[[], object]] = {
+            f"one-shot {kind}": command(
+                [sys.executable, "-m", "vultrscale.cli", "--config", str(path), "reconcile"],
+                oneshot_env,
             )
-            startup.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "import typer"], check=True, capture_output=True)
-            baseline.append(time.perf_counter() - t0)
+            for kind, path in tomls.items()
+        }
+        oneshot["import httpx, psycopg"] = command(
+            [sys.executable, "-c", "import httpx, psycopg"], oneshot_env
+        )
+        shot_walls, shot_cpus = rotated(oneshot, args.oneshots, children=True)
+
+        # An hour of cron passes a minute apart: a fresh process each (new client, empty
+        # cache), the clock moving past the plan check's time-to-live, so the re-checks count.
+        cron: list[int] = []
+        for _ in range(args.cron_minutes):
+            clock.advance(60)
+            with VultrClient(KEY, http_server.url, sleep=clock.sleep) as fresh:
+                before = served.requests
+                result = run_pass(cfg, dataclasses.replace(parts, cloud=fresh, cache={}))
+                cron.append(served.requests - before)
+            assert result.exit_code == 0 and result.plan is not None, result.errors
+            assert not result.plan.actions, result.plan.actions
+        cron_requests = statistics.mean(cron) if cron else float("nan")
+        for p in by_key.values():
+            p.close()
+
+        cli = [sys.executable, "-m", "vultrscale.cli"]
+        missing = str(tmp / "no-such-dir" / "vultrscale.toml")
+        starts: dict[str, Callable[[], object]] = {
+            name: command(argv, oneshot_env, codes=codes)
+            for name, argv, codes in (
+                ("--version", [*cli, "--version"], (0,)),
+                ("status --help", [*cli, "status", "--help"], (0,)),
+                ("reconcile --help", [*cli, "reconcile", "--help"], (0,)),
+                ("reconcile --dry-run, no config", [*cli, "--config", missing, "reconcile",
+                                                    "--dry-run"], (2,)),
+            )
+        }  # fmt: skip
+        starts["import typer"] = command([sys.executable, "-c", "import typer"], oneshot_env)
+        start_walls, start_cpus = rotated(starts, args.startups, children=True)
+        startup, baseline = start_walls["--version"], start_walls["import typer"]
 
         mp, mb = statistics.median(pass_times), statistics.median(bare_times)
         figures: dict[str, float] = {
@@ -316,8 +383,18 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             "bare_ms": mb * 1000,
             "pass_requests": statistics.median(pass_requests),
             "bare_requests": bare_requests,
-            "cron_requests": cron_requests,
         }
+        if cron:
+            figures.update(cron_requests=cron_requests, cron_requests_max=max(cron))
+        for kind in keys:
+            figures[f"pass_ms_{kind}"] = statistics.median(walls[f"pass {kind}"]) * 1000
+            figures[f"pass_cpu_ms_{kind}"] = statistics.median(cpus[f"pass {kind}"]) * 1000
+        if args.oneshots:
+            for kind in keys:
+                figures[f"oneshot_cpu_ms_{kind}"] = (
+                    statistics.median(shot_cpus[f"one-shot {kind}"]) * 1000
+                )
+            figures["imports_cpu_ms"] = statistics.median(shot_cpus["import httpx, psycopg"]) * 1000
         print(
             f"compares: a steady reconcile pass over {n} instances (the parts `reconcile --loop` "
             "builds) against one bare paginated list of them on a warm httpx client, "
@@ -329,7 +406,31 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
         )
         print(f"  bare list      : {bare_requests} HTTP request(s), median {mb * 1000:.1f} ms")
         print(f"  ratio pass/bare: {mp / mb:.2f}x (target 1.5x)")
-        print(f"  one-shot pass (cron, cold cache): {cron_requests} HTTP request(s) (target 1)")
+        for kind in keys:
+            print(
+                f"  pass, {kind} key: median {figures[f'pass_ms_{kind}']:.1f} ms, "
+                f"CPU {figures[f'pass_cpu_ms_{kind}']:.1f} ms"
+            )
+        ratio = figures["pass_cpu_ms_rsa4096"] / figures["pass_cpu_ms_ed25519"]
+        print(f"  CPU per pass, RSA-4096 key / ed25519 key: {ratio:.2f}x (target 1.1x)")
+        if args.oneshots:
+            mi = figures["imports_cpu_ms"]
+            print(
+                f"compares: a one-shot `vultrscale reconcile` (a fresh process, as cron runs it) "
+                f"against `python -c 'import httpx, psycopg'`, CPU, {args.oneshots} rounds rotated"
+            )
+            print(f"  import httpx, psycopg: median {mi:.0f} ms CPU")
+            for kind in keys:
+                mo = figures[f"oneshot_cpu_ms_{kind}"]
+                print(
+                    f"  one-shot, {kind} key: median {mo:.0f} ms CPU, {mo / mi:.2f}x (target 1.3x)"
+                )
+        if cron:
+            print(
+                f"  {len(cron)} cron passes a minute apart (fresh process each, clock past the "
+                f"plan check's {reconcile.PRICE_TTL.total_seconds() / 60:g} min TTL): "
+                f"{cron_requests:.2f} HTTP request(s)/pass on average, at most {max(cron)}"
+            )
         for name, (fp, fb) in floors.items():
             key = name.replace("+", "_")
             figures.update({f"floor_{key}_ms": fp * 1000, f"floor_{key}_bare_ms": fb * 1000})
@@ -347,16 +448,87 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             ms, mt = statistics.median(startup), statistics.median(baseline)
             figures.update(startup_ms=ms * 1000, typer_ms=mt * 1000)
             print(
-                "compares: `vultrscale --version` against `python -c 'import typer'`, "
-                f"{args.startups} runs each, alternated"
+                "compares: start-up of commands against `python -c 'import typer'`, wall time, "
+                f"{args.startups} rounds rotated"
             )
-            print(f"  vultrscale --version : median {ms * 1000:.0f} ms")
             print(f"  python -c 'import typer': median {mt * 1000:.0f} ms")
-            print(f"  ratio: {ms / mt:.2f}x (target 1.1x)")
+            for name, times in start_walls.items():
+                if name == "import typer":
+                    continue
+                mc = statistics.median(times)
+                slug = name.split(",")[0].strip("-").replace(" --", "_").replace(" ", "_")
+                figures[f"startup_ms_{slug}"] = mc * 1000
+                target = "1.1x" if name == "--version" else "1.3x"
+                print(
+                    f"  vultrscale {name}: median {mc * 1000:.0f} ms, {mc / mt:.2f}x "
+                    f"(target {target})"
+                )
         if args.json:
             print(json.dumps(figures))
     finally:
         stop_server()
+
+
+def scaler_keys(folder: Path) -> dict[str, Path]:
+    """The scaler's private key of each kind the pass is timed with (0600, OpenSSH format)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+    made = {
+        "ed25519": ed25519.Ed25519PrivateKey.generate(),
+        "rsa4096": rsa.generate_private_key(public_exponent=65537, key_size=4096),
+    }
+    paths = {}
+    for kind, key in made.items():
+        path = folder / f"scaler_{kind}"
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            )
+        )
+        path.chmod(0o600)
+        paths[kind] = path
+    return paths
+
+
+def command(
+    argv: list[str], env: dict[str, str], codes: tuple[int, ...] = (0,)
+) -> Callable[[], object]:
+    """Run ``argv`` to its end; an exit code not in ``codes`` stops the benchmark."""
+
+    def run() -> None:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        assert proc.returncode in codes, (argv, proc.returncode, proc.stderr[-2000:])
+
+    return run
+
+
+def rotated(
+    steps: dict[str, Callable[[], object]], rounds: int, *, children: bool = False
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and CPU seconds of each step, over ``rounds`` rounds; round i starts at step i (mod
+    their number), so no step always runs first or last. CPU: this process's (threads too),
+    or with ``children`` the finished child processes' as the kernel accounted them."""
+    names = list(steps)
+    walls: dict[str, list[float]] = {n: [] for n in names}
+    cpus: dict[str, list[float]] = {n: [] for n in names}
+
+    def cpu() -> float:
+        if not children:
+            return time.process_time()
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ru.ru_utime + ru.ru_stime
+
+    for i in range(rounds):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            c0, t0 = cpu(), time.perf_counter()
+            steps[name]()
+            walls[name].append(time.perf_counter() - t0)
+            cpus[name].append(cpu() - c0)
+    return walls, cpus
 
 
 def bound(cfg: config_mod.Config, parts: Parts) -> Callable[[], object]:

@@ -94,6 +94,9 @@ class Parts:
     render_user_data: Callable[[str, str, str], str]  # (label, host private, host public)
     # Local preconditions, each raising UsageError: run before anything is changed.
     preflight: Sequence[Callable[[], object]] = ()
+    # Local checks that depend on the plan (the scaler's key, loaded only by a pass that drains
+    # or creates), raising UsageError: run after deciding, before the first change.
+    before_changes: Callable[[Plan], object] = lambda plan: None
     rng: random.Random = field(default_factory=random.Random)
     # Per process: the plan check it made (fresh as long as its copy in the ledger), and the
     # snapshot it found complete.
@@ -223,6 +226,7 @@ def _checked_pass(
             if creates:  # exit 2 now, not a user-data with the scaler's credentials later
                 cfg.worker_database_url()
             snapshot = _snapshot(cfg, parts, ledger) if creates else ""
+            parts.before_changes(decision.plan)
             apply(cfg, parts, ledger, obs, decision, snapshot, result)
         result.exit_code = (
             EXIT_USAGE if refused is not None else EXIT_RUNTIME if result.errors else EXIT_OK

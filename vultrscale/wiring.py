@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vultrscale.config import Config
+    from vultrscale.model import Plan
     from vultrscale.reconcile import Parts
 
 DB_HINT = (
@@ -49,16 +50,15 @@ def user_data_renderer(
     cfg: Config, scaler_public: str | None = None
 ) -> Callable[[str, str, str], str]:
     """``render(label, host private, host public) -> user-data`` for new instances; the
-    scaler's public key line is read from ``fleet.ssh_key`` on first use unless given."""
-    scaler_key: list[str] = [scaler_public] if scaler_public else []
+    scaler's public key line is read from ``fleet.ssh_key`` at each create unless given (a key
+    replaced while ``--loop`` runs is the one new instances authorize)."""
 
     def render(label: str, private: str, public: str) -> str:
         from vultrscale import cloudinit, ssh
 
-        if not scaler_key:
-            scaler_key.append(ssh.public_key_line(cfg.fleet.ssh_key))
+        scaler_key = scaler_public or ssh.public_key_line(cfg.fleet.ssh_key)
         return cloudinit.render_user_data(
-            cfg, label, private, public, scaler_key[0], show_secrets=True
+            cfg, label, private, public, scaler_key, show_secrets=True
         )
 
     return render
@@ -111,11 +111,23 @@ def build_parts(cfg: Config) -> Parts:
         return generate_host_key()
 
     def key_usable() -> None:
-        """Present, 0600 and a private key paramiko can load: else the pass refuses (exit 2)
-        before it changes anything, rather than failing at its first drain."""
-        from vultrscale.ssh import load_private_key
+        """Every pass, before it changes anything: the key is present, a regular file, the
+        scaler's own and 0600, else the pass refuses (exit 2). Only ``stat``: parsing a key
+        (an RSA-4096 one costs ~0.8 s of CPU) is left to a pass that uses it."""
+        from vultrscale.ssh import check_key_file
 
-        load_private_key(cfg.fleet.ssh_key)
+        check_key_file(cfg.fleet.ssh_key)
+
+    def key_loads(plan: Plan) -> None:
+        """A pass that drains (the private half signs the login) or creates (the public half is
+        authorized on the new instance, and a fleet is not grown with a key that could never
+        drain it) loads the key before its first change: one that does not load refuses the
+        pass (exit 2) having changed nothing. Parsed once per process while the file is
+        unchanged (``ssh.load_private_key``)."""
+        if plan.creates or plan.drains:
+            from vultrscale.ssh import load_private_key
+
+            load_private_key(cfg.fleet.ssh_key)
 
     return Parts(
         cloud=client,
@@ -125,5 +137,6 @@ def build_parts(cfg: Config) -> Parts:
         keygen=keygen,
         render_user_data=user_data_renderer(cfg),
         preflight=(key_usable,),
+        before_changes=key_loads,
         overlap_reads=True,
     )

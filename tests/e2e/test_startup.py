@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("httpx", "psycopg", "paramiko", "rich", "tenacity", "prometheus_client", "croniter")
 # What `--version` and the root `--help` must not import either: the command groups (Typer
 # building their command trees is most of a slow start-up) and the config loader.
@@ -49,3 +51,29 @@ def test_policy_and_reconcile_modules_import_no_ssh_or_http() -> None:
     assert (
         loaded_after("import vultrscale.reconcile, vultrscale.ssh") & {"paramiko", "httpx"} == set()
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "--help"],
+        ["reconcile", "--help"],
+        ["--config", "/nonexistent/vultrscale.toml", "reconcile", "--dry-run"],
+        ["reconcile", "--interval", "1s"],  # refused by our own parser
+    ],
+    ids=["status-help", "reconcile-help", "missing-config", "bad-flag"],
+)
+def test_real_commands_read_their_flags_without_a_validation_library(argv: list[str]) -> None:
+    """Typer coerced every flag through pydantic (about 150 ms of a 400 ms start-up); string
+    and boolean flags, and those our own parsers read, need none."""
+    code = f"from vultrscale.cli import main; main({argv!r})"
+    assert loaded_after(code, ("pydantic",)) == set()
+
+
+def test_a_reconcile_whose_config_is_missing_fails_before_importing_the_pass() -> None:
+    code = (
+        "from vultrscale.cli import main\n"
+        "assert main(['--config', '/nonexistent/vultrscale.toml', 'reconcile']) == 2"
+    )
+    watched = ("vultrscale.reconcile", "vultrscale.cli.views", "rich", "httpx", "psycopg")
+    assert loaded_after(code, watched) == set()

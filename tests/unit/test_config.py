@@ -542,3 +542,14 @@ def test_a_long_value_is_quoted_short(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         config.load(write(tmp_path, f"[fleet]\nname = '{'x' * 100_000}!'\n"), {})
     assert len(info.value.message) < 300
+
+
+def test_a_fleet_may_be_capped_at_ten_thousand_instances_and_no_more(tmp_path: Path) -> None:
+    """Vultr publishes no per-account number; the bound is the largest fleet measured."""
+    ceiling = "[budget]\nmonthly_ceiling_usd = 200000\n"
+    path = write(tmp_path, f"[policy]\nmax_instances = 10000\n{ceiling}")
+    assert config.load(path, {}).policy.max_instances == 10_000
+    path = write(tmp_path, f"[policy]\nmax_instances = 10001\n{ceiling}")
+    with pytest.raises(ConfigError, match=r"policy.max_instances: 10001 is out of range") as info:
+        config.load(path, {})
+    assert "allowed 0 to 10000" in str(info.value.problems)

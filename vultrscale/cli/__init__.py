@@ -81,8 +81,19 @@ class LazyGroup(TyperGroup):
         entry = _BY_NAME.get(cmd_name)
         if entry is None:
             return None
-        module = importlib.import_module(entry.module)
-        return typer.main.get_group(module.app).commands.get(cmd_name)
+        group: typer.Typer = importlib.import_module(entry.module).app
+        for info in group.registered_commands:
+            # Only the command asked for: Typer evaluates the annotation of every parameter of
+            # every command it builds (an eval of source text each, no bytecode cache: about a
+            # third of the start-up of `reconcile` when the whole group was built).
+            name = info.name or typer.main.get_command_name(getattr(info.callback, "__name__", ""))
+            if name == cmd_name:
+                return typer.main.get_command_from_info(
+                    info,
+                    pretty_exceptions_short=group.pretty_exceptions_short,
+                    rich_markup_mode=group.rich_markup_mode,
+                )
+        return typer.main.get_group(group).commands.get(cmd_name)  # a group: db, sim, config
 
     def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         with formatter.section("Commands"):
@@ -141,6 +152,53 @@ def _root(
     state.config_path = config
     state.debug = debug
     library_logs(debug)
+
+
+def _lean_coercion() -> None:
+    """Typer coerces flags without pydantic where pydantic has nothing to check.
+
+    Typer (0.29) coerces every flag whose value is not already a boolean through a pydantic
+    TypeAdapter it builds when the flag is first processed, even an absent one: the help
+    option and the root's ``--config`` alone imported pydantic (~150 ms, 2.5x the cost of
+    importing Typer) for ``vultrscale status --help``, and every real command paid it. A
+    string or boolean flag's value is already what it should be, and a flag with our own
+    parser (``parser=``, ``vultrscale.params``) is checked by it, raising ``typer.BadParameter``
+    as before: those are coerced here. Anything else (other types, lists, a parser that raises
+    something else, an unexpected value) takes Typer's own way, as before.
+    """
+    try:
+        from typer._coercion import RuntimeParam, build_runtime_param
+        from typer.core import _TyperParameter
+    except ImportError:  # another Typer: its own coercion, as it comes
+        return
+
+    class Lean(RuntimeParam):
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            parser = self.parameter_info.parser
+            try:
+                if parser is not None:
+                    return parser(value)
+                if isinstance(value, self.annotation):
+                    return value
+            except (ValueError, TypeError, ArithmeticError):
+                pass  # as Typer words it: through its own way below
+            typer_own = build_runtime_param(param.type_descriptor)
+            return typer_own._coerce_value(value, param=param, ctx=ctx)
+
+    def get_runtime_param(self: Any) -> Any:
+        if self._runtime_param is None:
+            d = self.type_descriptor
+            plain = d.parameter_info.parser is not None or d.annotation in (str, bool)
+            if plain and self.nargs == 1 and not self.multiple and d.file_annotation is None:
+                self._runtime_param = Lean(parameter_info=d.parameter_info, annotation=d.annotation)
+            else:
+                self._runtime_param = build_runtime_param(d)
+        return self._runtime_param
+
+    _TyperParameter.get_runtime_param = get_runtime_param  # type: ignore[method-assign]
+
+
+_lean_coercion()
 
 
 def hoist_globals(args: list[str]) -> list[str]:

@@ -78,10 +78,6 @@ def reconcile_cmd(
     ] = None,
 ) -> int:
     """One reconcile pass (or a loop): observe, progress drains, decide, act, record."""
-    from vultrscale.cli import fail
-    from vultrscale.cli.views import print_pass
-    from vultrscale.reconcile import run_forever, run_pass
-
     if metrics_port is not None and not loop:
         raise UsageError(
             "--metrics-port needs --loop", hint="Use --metrics-file for single passes."
@@ -91,7 +87,10 @@ def reconcile_cmd(
             "--log-format needs --loop, without --json",
             hint="Drop it: a single pass prints the plan, --json prints a document per pass.",
         )
-    cfg = load_config()
+    cfg = load_config()  # a bad config fails before the pass's modules are even imported
+    from vultrscale.cli import fail
+    from vultrscale.reconcile import run_forever, run_pass
+
     parts = build_parts(cfg)
     metrics = None
     if metrics_file or metrics_port is not None:
@@ -127,6 +126,8 @@ def reconcile_cmd(
         elif loop:  # a log: one line per pass
             typer.echo(passlog.pass_line(result, cfg.fleet.name, line_format, secrets))
         else:
+            from vultrscale.cli.views import print_pass  # rich: only to draw on a terminal
+
             print_pass(result)
 
     def report_error(exc: VultrscaleError) -> None:
