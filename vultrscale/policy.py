@@ -83,6 +83,72 @@ def floor_matches(floor: FloorConfig, now: datetime) -> bool:
     return bool(croniter.match(floor.cron, wall))
 
 
+# How far ahead a floor's next start or end is looked for; one past it is found by a later
+# pass (the answer is then the horizon: earlier is always safe, later never).
+FLOOR_HORIZON = timedelta(days=8)
+_MINUTE = timedelta(minutes=1)
+# A floor's next flip, once found, holds for every ``now`` before it: (cron, zone) -> (found
+# at, flip). A memo of a pure function, so the passes of a long floor do not search again.
+_flips: dict[tuple[str, str], tuple[datetime, datetime]] = {}
+
+
+def next_floor_change(policy: PolicyConfig, now: datetime) -> datetime | None:
+    """The first minute after ``now`` at which a floor with instances starts or stops matching
+    (``floor_matches``, on its own wall clock, repeated and skipped hours included); the
+    horizon when none does within ``FLOOR_HORIZON``; None without such floors."""
+    flips = [_next_flip(fl, budget.utc(now)) for fl in policy.floor if fl.min_instances > 0]
+    return min(flips) if flips else None
+
+
+def _next_flip(floor: FloorConfig, now: datetime) -> datetime:
+    key = (floor.cron, floor.timezone)
+    memo = _flips.get(key)
+    if memo is not None and memo[0] <= now < memo[1]:
+        return memo[1]
+    tz = ZoneInfo(floor.timezone)
+    matching = floor_matches(floor, now)
+    # Every minute of a matching hour matches too: a run is walked an hour at a time.
+    whole_hours = croniter(floor.cron).expanded[0] == ["*"]
+    t = now.replace(second=0, microsecond=0) + _MINUTE
+    end = t + FLOOR_HORIZON
+    while t < end and floor_matches(floor, t) == matching:
+        if matching:
+            # A run of matching minutes ends where one does not: the next minute, or (whole
+            # hours) the next wall-clock hour, or where the zone's offset changes first.
+            step = t + _MINUTE
+            if whole_hours:
+                wall = t.astimezone(tz)
+                step = max(step, t + timedelta(minutes=60 - wall.minute))
+            t = min(step, _offset_change(tz, t, step))
+            continue
+        # Not matching: jump to the next wall time the cron matches, taken as the earliest
+        # instant with that wall time; but stop at a change of the zone's offset first, where
+        # the wall clock jumps (back: an hour already passed comes again).
+        wall = t.astimezone(tz).replace(tzinfo=None)
+        nxt = croniter(floor.cron, wall - _MINUTE).get_next(datetime)
+        instants = [nxt.replace(tzinfo=tz, fold=f).astimezone(t.tzinfo) for f in (0, 1)]
+        jump = min((i for i in instants if i > t), default=t + _MINUTE)
+        t = min(max(jump, t + _MINUTE), end, _offset_change(tz, t, jump))
+    _flips[key] = (now, min(t, end))
+    return min(t, end)
+
+
+def _offset_change(tz: ZoneInfo, start: datetime, end: datetime) -> datetime:
+    """The first minute in (start, end] whose UTC offset in ``tz`` differs from start's; end
+    when none does (searched by halves: zones change offset on whole minutes)."""
+    offset = start.astimezone(tz).utcoffset()
+    if end.astimezone(tz).utcoffset() == offset:
+        return end
+    lo, hi = 0, math.ceil((end - start) / _MINUTE)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if (start + mid * _MINUTE).astimezone(tz).utcoffset() == offset:
+            lo = mid
+        else:
+            hi = mid
+    return start + hi * _MINUTE
+
+
 def _minutes_into_paid_hour(instance: Instance, now: datetime) -> timedelta:
     """How far ``now`` is into the instance's current billed hour."""
     month_start, _ = budget.month_bounds(now)
