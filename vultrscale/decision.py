@@ -12,7 +12,7 @@ deciding nothing more. The decision holds:
 - what the pass saw (``Observation``) and sized (``Plan``), the errors it reports, whether a
   refused plan or price stops it before any change or only stops its creates;
 
-and ``next_change(config, observed, decision)`` says the first moment the same observation
+and ``next_change(config, decision)`` says the first moment the same observation
 could be decided differently (a floor starting or ending, a cool-down or the idle window
 ending, a paid hour, a drain deadline, a boot timeout, a new UTC hour for the budget).
 
@@ -479,8 +479,8 @@ def _plan_steps(
 # --- when the decision could change ------------------------------------------------------------
 
 
-def next_change(cfg: Config, obs: Observed, decision: Decision) -> datetime | None:
-    """The first moment after ``obs.now`` at which the same observation could be decided
+def next_change(cfg: Config, decision: Decision) -> datetime | None:
+    """The first moment after ``decision.now`` at which the same observation could be decided
     otherwise: a floor starting or ending, the up cool-down ending, the idle window or the
     down cool-down ending (``plan.next_scale_in_at``, paid hours included), a drain's deadline
     or grace, a boot timeout, a create's visibility grace, a new UTC hour (the budget's hours
@@ -488,7 +488,7 @@ def next_change(cfg: Config, obs: Observed, decision: Decision) -> datetime | No
     never later. None: nothing but a new observation can change it. Asked apart from
     ``decide`` (by ``simulate``, to skip the passes that would change nothing): the search for
     a floor's next start or end is not every pass's cost."""
-    now, pol = obs.now, cfg.policy
+    now, pol = decision.now, cfg.policy
     observation, plan, rows = decision.observation, decision.plan, decision.rows
     times: list[datetime] = []
     floor = policy.next_floor_change(pol, now)

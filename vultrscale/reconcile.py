@@ -133,6 +133,7 @@ class PassResult:
     dry_run: bool = False
     plan: Plan | None = None
     observation: Observation | None = None
+    decision: Decision | None = None  # everything the pass decided (None: it never got there)
     actions: list[dict[str, Any]] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -221,6 +222,7 @@ def _checked_pass(
         decision = decide(obs, cfg)
         if decision.refused_outright and refused is not None:  # nothing to wind down
             raise refused
+        result.decision = decision
         result.observation, result.plan = decision.observation, decision.plan
         result.actions = [
             {"kind": a.kind.value, "label": a.label, "reason": a.reason}

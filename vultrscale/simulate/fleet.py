@@ -21,11 +21,8 @@ import math
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
-from croniter import croniter
-
-from vultrscale import budget, lifecycle, reconcile
+from vultrscale import budget, decision, lifecycle, reconcile
 from vultrscale.config import Config, Secret
 from vultrscale.errors import HostUnreachable, SSHError
 from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_parts
@@ -223,6 +220,7 @@ class Vultrscale:
         self.signals = MemorySignals()
         self._parts: reconcile.Parts | None = None
         self._last_plan: Plan | None = None  # the plan of the last pass that ran
+        self._last_decision: decision.Decision | None = None
         self._last_hour = -1
 
     def start(self, world: World) -> None:
@@ -241,6 +239,7 @@ class Vultrscale:
         self._observe_world(world)
         result = reconcile.run_pass(self.cfg, self._parts)
         self._last_plan, self._last_hour = result.plan, self._hour(world.now)
+        self._last_decision = result.decision
 
     def _observe_world(self, world: World) -> None:
         """What the queue and the workers table say now: heartbeats and leases."""
@@ -306,28 +305,11 @@ class Vultrscale:
         return int((self.epoch.timestamp() + t) // 3600)
 
     def quiet_until(self, world: World) -> float:
-        """Idle world and a ledger with nothing left to settle: only an arrival or a floor
-        that starts can make a pass do anything."""
-        if any(r.state is not InstanceState.GONE for r in self.ledger.instances.values()):
+        """When the world is idle (no instance, no job): the time before which a pass changes
+        nothing, as the core says it (``decision.next_change``) after a pass that had nothing
+        to carry out on this same idle world; 0 when the last pass still acted."""
+        last = self._last_decision
+        if last is None or not last.steady:
             return 0.0
-        if self.cfg.policy.min_instances:
-            return 0.0
-        now = self.epoch + timedelta(seconds=world.now)
-        starts = [
-            _next_match(fl.cron, fl.timezone, now)
-            for fl in self.cfg.policy.floor
-            if fl.min_instances > 0
-        ]
-        if not starts:
-            return math.inf
-        return (min(starts) - self.epoch).total_seconds()
-
-
-def _next_match(cron: str, timezone: str, after: datetime) -> datetime:
-    """The earliest UTC instant at or after ``after`` whose wall time in ``timezone`` the
-    cron matches, or a moment before it (never later: a skipped pass must not miss a floor).
-    Ambiguous wall times resolve to their first occurrence; a minute of slack covers the rest."""
-    tz = ZoneInfo(timezone)
-    wall = budget.utc(after).astimezone(tz).replace(tzinfo=None, second=0, microsecond=0)
-    nxt = croniter(cron, wall - timedelta(minutes=1)).get_next(datetime)
-    return nxt.replace(tzinfo=tz).astimezone(budget.utc(after).tzinfo) - timedelta(minutes=1)
+        when = decision.next_change(self.cfg, last)
+        return math.inf if when is None else (when - budget.utc(self.epoch)).total_seconds()
