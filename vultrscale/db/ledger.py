@@ -7,7 +7,6 @@ lease liveness is always judged by the database's ``now()`` in the signals query
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
@@ -17,6 +16,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from vultrscale.db import pg, plan_checks
+from vultrscale.db.locks import lock_key as lock_key  # re-exported: the pass lock's key
+from vultrscale.db.snapshots import recorded_snapshot
 from vultrscale.model import (
     STATE_STAMPS,
     FleetState,
@@ -36,11 +37,6 @@ if TYPE_CHECKING:
 
 
 _LOCK_NAMESPACE = 0x56534C  # "VSL": keeps our advisory locks apart from an app's own
-
-
-def lock_key(fleet: str) -> int:
-    """A stable 32-bit key per fleet for pg_try_advisory_lock(int, int)."""
-    return zlib.crc32(fleet.encode()) & 0x7FFFFFFF
 
 
 def try_lock(conn: psycopg.Connection[Any], fleet: str) -> bool:
@@ -401,8 +397,6 @@ class PgLedger:
             return fleet_state(self.conn, self.fleet)
 
     def recorded_snapshot(self) -> str | None:
-        from vultrscale.db.snapshots import recorded_snapshot
-
         return recorded_snapshot(self.conn, self.fleet)
 
     def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
