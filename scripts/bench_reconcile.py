@@ -66,6 +66,7 @@ from vultrscale.clock import FakeClock
 from vultrscale.db import ledger, queue, schema, throwaway
 from vultrscale.memory import MemoryCloud, MemoryDrain, MemoryLedger, MemorySignals, memory_parts
 from vultrscale.model import InstanceState, Signals, WorkerView
+from vultrscale.ports import PassCache
 from vultrscale.reconcile import Parts, run_pass
 from vultrscale.sim.app import Simulator, Timings
 from vultrscale.sim.server import start_server
@@ -286,7 +287,7 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
         # new client and an empty cache, so this counts the requests of a process's first pass.
         with VultrClient(KEY, http_server.url, sleep=clock.sleep) as fresh:
             before = served.requests
-            run_pass(cfg, dataclasses.replace(parts, cloud=fresh, cache={}))
+            run_pass(cfg, dataclasses.replace(parts, cloud=fresh, cache=PassCache()))
             cron_requests = served.requests - before
         parts.close()
 

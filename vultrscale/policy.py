@@ -194,11 +194,13 @@ def _hhmm(dt: datetime) -> str:
 
 def decide(observation: Observation, config: Config, now: datetime) -> Plan:
     """Turn one observation into a plan: actions, each with its reason, and every clamp."""
-    return _Decision(observation, config, budget.utc(now)).run()
+    return _Sizing(observation, config, budget.utc(now)).run()
 
 
-class _Decision:
-    """One call of ``decide``; a class only to share the working lists between its steps."""
+class _Sizing:
+    """One call of ``decide`` (the fleet's size; the pass's whole decision is
+    ``vultrscale.decision``); a class only to share the lists of reasons, clamps, warnings and
+    actions its steps add to, nothing else between its methods."""
 
     def __init__(self, obs: Observation, config: Config, now: datetime) -> None:
         self.obs = obs
@@ -209,7 +211,6 @@ class _Decision:
         self.reasons: list[str] = []
         self.clamps: list[str] = []
         self.warnings: list[str] = []
-        self._leaving = 0  # draining, deleting or being replaced: still at Vultr, still billed
 
     def run(self) -> Plan:
         obs, pol, now = self.obs, self.pol, self.now
@@ -237,7 +238,8 @@ class _Decision:
         if not holding:
             replaced = self._replacements(capacity)
         gone_soon = {i.label for i in replaced}
-        self._leaving = len(replaced) + leaving
+        # Draining, deleting or being replaced: still at Vultr, still billed.
+        on_the_way_out = len(replaced) + leaving
         staying = [i for i in capacity if i.label not in gone_soon]
         n_now = len(staying)
 
@@ -287,7 +289,9 @@ class _Decision:
             self.reasons.append("holding the fleet: " + "; ".join(errors))
             if pol.on_signal_error == "floor" and n_now < floor:
                 want = floor
-                creates = self._scale_up(n_now, want, check, why="bring the fleet to its floor")
+                creates = self._scale_up(
+                    n_now, want, check, on_the_way_out, why="bring the fleet to its floor"
+                )
             elif n_now < floor:
                 self.clamps.append(
                     f"error hold: on_signal_error=hold keeps {n_now} instance(s) below the floor "
@@ -301,7 +305,7 @@ class _Decision:
                     if desired >= floor
                     else f"the floor is {floor} instance(s)"
                 )
-                creates = self._scale_up(n_now, want, check, why=why)
+                creates = self._scale_up(n_now, want, check, on_the_way_out, why=why)
             drains = self._over_cap(staying, pol.max_instances)
             if not drains and signals is not None and want < n_now:
                 drains = self._scale_in(staying, floor, desired, idle_since)
@@ -365,7 +369,13 @@ class _Decision:
         return out
 
     def _scale_up(
-        self, n_now: int, want: int, check: budget.BudgetCheck | None, *, why: str
+        self,
+        n_now: int,
+        want: int,
+        check: budget.BudgetCheck | None,
+        leaving: int,
+        *,
+        why: str,
     ) -> int:
         pol, obs, now = self.pol, self.obs, self.now
         goal = want
@@ -376,7 +386,6 @@ class _Decision:
             goal = pol.max_instances
         # Instances on their way out still exist at Vultr (a locked delete can take a while)
         # and are billed: they count toward the hard cap and the budget until they are gone.
-        leaving = self._leaving
         if leaving and goal + leaving > pol.max_instances:
             allowed = max(pol.max_instances - leaving, min(goal, n_now))
             if allowed < goal:

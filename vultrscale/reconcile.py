@@ -72,7 +72,8 @@ from vultrscale.model import (
     PlanPrice,
     ServiceState,
 )
-from vultrscale.ports import Cloud, DrainTransport, FleetLedger, QueueSignals, Store
+from vultrscale.ports import Cloud, DrainTransport, FleetLedger, PriceCheck, QueueSignals
+from vultrscale.ports import Parts as Parts  # re-exported: the pass's callers build them
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     AuthError,
@@ -91,36 +92,6 @@ log = logging.getLogger("vultrscale.reconcile")
 # Vultr is asked again. Shared through the ledger by every pass of every process, so a steady
 # one-shot pass (cron) makes one request, the list; a price change is seen within it.
 PRICE_TTL = timedelta(minutes=10)
-
-
-@dataclass
-class Parts:
-    """The ports a pass works through, and the local checks it makes before acting."""
-
-    cloud: Cloud
-    store: Store
-    drain: DrainTransport
-    clock: Clock
-    keygen: Callable[[], tuple[str, str]]  # -> (private OpenSSH PEM, public line)
-    render_user_data: Callable[[str, str, str], str]  # (label, host private, host public)
-    # Local preconditions, each raising UsageError: run before anything is changed.
-    preflight: Sequence[Callable[[], object]] = ()
-    rng: random.Random = field(default_factory=random.Random)
-    # Per process: the plan check it made (fresh as long as its copy in the ledger), and the
-    # snapshot it found complete.
-    cache: dict[str, Any] = field(default_factory=dict)
-    # List the cloud in a thread while the ledger and the queue are read: for the real parts
-    # both wait on the network, and the pass takes the longer of the two, not their sum. Off
-    # for the in-memory ports, where a thread is pure cost.
-    overlap_reads: bool = False
-
-    def close(self) -> None:
-        """Release the cloud's and the store's connections; the parts' owner calls it once,
-        after the last pass."""
-        try:
-            self.cloud.close()
-        finally:
-            self.store.close()
 
 
 @dataclass
@@ -292,16 +263,17 @@ def _price(
     region and a ceiling below one instance-month are refused (exit 2) before anything is
     touched. ``save``: remember a check that passed (a dry run writes nothing)."""
     fleet = cfg.fleet
-    mine = parts.cache.get("price")  # (price, when): a check this process made and saved
-    if mine is not None and mine[1] <= now < mine[1] + PRICE_TTL:
-        price = mine[0]  # as fresh as its copy in the ledger: the loop need not ask it
+    mine = parts.cache.price_check  # a check this process made and saved
+    price: PlanPrice | None
+    if mine is not None and mine.at <= now < mine.at + PRICE_TTL:
+        price = mine.price  # as fresh as its copy in the ledger: the loop need not ask it
     else:
         price = ledger.plan_check(fleet.plan, fleet.region, now, PRICE_TTL)
         if price is None:
             price = _check_plan(cfg, parts.cloud)
             if save:
                 ledger.save_plan_check(price, fleet.region, now)
-                parts.cache["price"] = (price, now)
+                parts.cache.price_check = PriceCheck(price, now)
     ceiling = cfg.budget.monthly_ceiling_usd
     if cfg.policy.max_instances > 0 and ceiling < price.monthly:
         raise UsageError(
@@ -345,7 +317,7 @@ def _check_plan(cfg: Config, cloud: Cloud) -> PlanPrice:
 def _snapshot(cfg: Config, parts: Parts, ledger: FleetLedger) -> str:
     """The snapshot to boot from: fleet.snapshot_id, else the recorded one; must be complete."""
     sid = cfg.fleet.snapshot_id or ledger.recorded_snapshot() or ""
-    if sid and parts.cache.get("snapshot") == sid:
+    if sid and parts.cache.snapshot == sid:
         return sid  # checked complete before; a newly baked one is picked up next pass
     if not sid:
         raise UsageError(
@@ -364,7 +336,7 @@ def _snapshot(cfg: Config, parts: Parts, ledger: FleetLedger) -> str:
             f"snapshot {sid} is {snap.status}, not complete",
             hint="Wait for it (`vultrscale snapshot` shows progress) or use another one.",
         )
-    parts.cache["snapshot"] = sid
+    parts.cache.snapshot = sid
     return sid
 
 

@@ -23,6 +23,7 @@ from vultrscale.memory import (
     memory_parts,
 )
 from vultrscale.model import Instance, InstanceState, ServiceState, Signals, WorkerView
+from vultrscale.ports import PassCache
 from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_forever, run_pass
 from vultrscale.vultr.errors import ApiUnreachable, AuthError
 from vultrscale.vultr.models import VInstance, VPlan
@@ -322,7 +323,7 @@ def test_a_missing_snapshot_is_refused_before_a_drain_deletes_anything(fleet: Fl
     fleet.cloud.snapshots.clear()  # deleted at Vultr; a new process has not checked it yet
     fleet.clock.advance(60)
     with pytest.raises(UsageError, match="snapshot snap-1 does not exist"):
-        fleet.run(dataclasses.replace(fleet.parts, cache={}))
+        fleet.run(dataclasses.replace(fleet.parts, cache=PassCache()))
     assert fleet.cloud.deletes == 0 and fleet.states()[a] == "draining"
     assert fleet.ledger.events[-1]["exit_code"] == EXIT_USAGE
 
@@ -434,7 +435,7 @@ class CountingCloud:
 def fresh_process(fleet: Fleet) -> tuple[Parts, CountingCloud]:
     """The parts of a new process (cron): an empty in-process cache, a counted cloud."""
     counting = CountingCloud(fleet.cloud)
-    return dataclasses.replace(fleet.parts, cloud=counting, cache={}), counting
+    return dataclasses.replace(fleet.parts, cloud=counting, cache=PassCache()), counting
 
 
 def test_a_fresh_steady_pass_asks_the_cloud_only_for_the_list(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from vultrscale.model import (
     Signals,
     WorkerView,
 )
+from vultrscale.ports import Parts
 from vultrscale.simulate.world import World
 from vultrscale.vultr.errors import InstanceLocked
 from vultrscale.vultr.models import VInstance, VPlan
@@ -218,7 +219,7 @@ class Vultrscale:
         self.skip_saturated = skip_saturated
         self.ledger = SimLedger(cfg.fleet.name)
         self.signals = MemorySignals()
-        self._parts: reconcile.Parts | None = None
+        self._parts: Parts | None = None
         self._last_plan: Plan | None = None  # the plan of the last pass that ran
         self._last_decision: decision.Decision | None = None
         self._last_hour = -1
