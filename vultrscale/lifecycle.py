@@ -1,14 +1,15 @@
 """The life of one fleet instance, decided. Pure: values and ``now`` in, values out.
 
-Three decisions live here, beside ``policy.decide`` (which sizes the fleet):
+Decisions about one instance live here, beside ``policy.decide`` (which sizes the fleet and
+picks the instances to replace: only one whose worker holds no live lease, on readable
+signals):
 
 - the ledger state machine: a ledger row, what Vultr lists, whether its worker was seen and
   how long ago things happened -> the row's next state (``sync``);
 - the drain verdicts: what `systemctl is-active` said (or why it could not be asked), how long
   the drain has run and the leases its worker holds -> delete, wait, send the stop again, or
   report an error (``drain_step``);
-- replacement: a stuck instance is deleted only when its worker holds no live lease
-  (``may_replace``).
+- adoption: where the row of a tagged instance the ledger did not know goes (``adoption``).
 """
 
 from __future__ import annotations
@@ -386,9 +387,3 @@ def _past_deadline(label: str, live: int | None, why: str, restop: bool) -> Drai
         why = f"{why}; worker still holds {live} live lease(s), waiting"
         return DrainStep(label, Verdict.WAIT, why, restop)
     return DrainStep(label, Verdict.DELETE, why)  # no stop for a host being deleted
-
-
-def may_replace(live: int | None) -> bool:
-    """A stuck instance is deleted for a replacement only if its worker holds no live lease
-    (None: the queue could not be read, so nothing is known: keep it)."""
-    return live == 0

@@ -372,18 +372,6 @@ def test_drain_verdict(
     assert why in step.why
 
 
-@pytest.mark.parametrize(
-    ("live", "allowed"),
-    [
-        pytest.param(0, True, id="no-lease-replaced"),
-        pytest.param(1, False, id="live-lease-kept"),
-        pytest.param(None, False, id="queue-unreadable-kept"),
-    ],
-)
-def test_replacement_needs_no_live_lease(live: int | None, allowed: bool) -> None:
-    assert lifecycle.may_replace(live) is allowed
-
-
 _GONE_AT = datetime(2026, 5, 1, tzinfo=UTC)
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from vultrscale import budget, policy
 from vultrscale.config import BudgetConfig, Config, FloorConfig, PolicyConfig, QueueConfig
 from vultrscale.model import (
+    CAPACITY_STATES,
     ActionKind,
     Instance,
     InstanceState,
@@ -422,7 +423,7 @@ def test_decide_table(
     assert labels(plan, ActionKind.REPLACE) == replaces, plan
     if clamp is not None:
         assert any(clamp in c for c in plan.clamps), plan.clamps
-    staying = sum(1 for i in observation.instances if i.state.counts_as_capacity) - len(replaces)
+    staying = sum(1 for i in observation.instances if i.state in CAPACITY_STATES) - len(replaces)
     assert plan.target == staying + creates - len(drains)
     assert all(a.reason.strip() for a in plan.actions)
 
@@ -643,7 +644,7 @@ def test_runaway_producer_never_passes_the_budget_rule(
     history = _simulate(start, passes=240, month_to_date=spent, config=config)
     peak = 0
     for now, plan, before, mtd in history:
-        after = sum(1 for i in before if i.state.counts_as_capacity) + plan.creates
+        after = sum(1 for i in before if i.state in CAPACITY_STATES) + plan.creates
         peak = max(peak, after)
         assert after * PRICE.monthly <= 50.0  # rule (a), pending included
         o = Observation(instances=before, signals=None, price=PRICE, month_to_date_usd=mtd)
@@ -676,7 +677,7 @@ def _oracle_rule_b(
         now_cost = max(cost(created, now, hourly, monthly), i.billed_usd)
         so_far += now_cost
         listed += i.billed_usd
-        if i.state.counts_as_capacity:
+        if i.state in CAPACITY_STATES:
             ahead += max(cost(created, me, hourly, monthly) - now_cost, 0.0)
     gone = max(o.month_to_date_usd - listed, gone_listed, 0.0)
     ahead += new * cost(now, me, price.hourly, price.monthly)
@@ -786,7 +787,7 @@ def test_invariants(scenario: tuple[Observation, Config, datetime]) -> None:
     plan = decide(o, c, now)
     replaced = set(labels(plan, ActionKind.REPLACE))
     drained = set(labels(plan, ActionKind.DRAIN))
-    capacity = [i for i in o.instances if i.state.counts_as_capacity]
+    capacity = [i for i in o.instances if i.state in CAPACITY_STATES]
     staying = [i for i in capacity if i.label not in replaced]
     after = len(staying) + plan.creates - len(drained)
     holding = o.signals is None or o.signal_error is not None or o.api_error is not None
