@@ -358,7 +358,7 @@ def bound(cfg: config_mod.Config, parts: Parts) -> Callable[[], object]:
     Postgres I/O (no reads, no lock, no record): its own client's list (the request, the body,
     the typed values), then the pure core on what it listed and on what one steady pass read
     from Postgres (captured here, by running one)."""
-    seen: list[reconcile.Observed] = []
+    seen: list[reconcile.Readings] = []
     real_decide = reconcile.decide
 
     def decide(obs, cfg):  # type: ignore[no-untyped-def]

@@ -1,6 +1,6 @@
-"""What one pass will do, decided once: ``decide(observed, config) -> Decision``. Pure.
+"""What one pass will do, decided once: ``decide(readings, config) -> Decision``. Pure.
 
-The reconcile pass reads everything into one ``Observed`` value, hands it here, and carries
+The reconcile pass reads everything into one ``Readings`` value, hands it here, and carries
 out the ``Decision`` it gets back step by step (``reconcile.apply``), asking nothing more and
 deciding nothing more. The decision holds:
 
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class Observed:
+class Readings:
     """Everything one pass read, before deciding anything. Observing writes nothing."""
 
     now: datetime
@@ -262,24 +262,24 @@ def target(cfg: Config, row: LedgerRow, v: VInstance | None) -> HostTarget | Non
     return HostTarget(row.label, address, f.ssh_port, f.ssh_user, row.host_key, f.service)
 
 
-def live_leases(obs: Observed, label: str) -> int | None:
+def live_leases(reads: Readings, label: str) -> int | None:
     """Live leases of the instance's worker; None when the queue could not be read."""
-    if obs.signals is None:
+    if reads.signals is None:
         return None
-    w = obs.workers.get(label)
+    w = reads.workers.get(label)
     return w.live_leases if w else 0
 
 
-def _last_scales(obs: Observed) -> tuple[datetime | None, datetime | None]:
+def _last_scales(reads: Readings) -> tuple[datetime | None, datetime | None]:
     """The last scale-up and scale-down: the later of the fleet state's and the ledger rows'.
     The fleet state is written at the end of a pass, so a pass that died after its POST or its
     drain (or whose only POST had an unclear outcome) left it unwritten, and the next pass
     skipped the cool-down and ``max_step_up``'s pace. A row shows a scale-up when this scaler
     wrote its create intent and the POST went or may have gone out (posted, or still waiting
     for its answer; not a refused POST, nor an adopted row), a scale-down by its draining_at."""
-    up, down = obs.state.last_scale_up, obs.state.last_scale_down
+    up, down = reads.state.last_scale_up, reads.state.last_scale_down
     creating = InstanceState.CREATING
-    for row in (*obs.rows.values(), *obs.gone):
+    for row in (*reads.rows.values(), *reads.gone):
         if (row.posted_at is not None or row.state is creating) and (
             up is None or row.created_at > up
         ):
@@ -294,9 +294,9 @@ def _not_after(when: datetime | None, now: datetime) -> datetime | None:
     return None if when is None else min(when, now)
 
 
-def _instance(obs: Observed, row: LedgerRow, billed: float) -> Instance:
-    v = obs.listed.get(row.label)
-    w = obs.workers.get(row.label)
+def _instance(reads: Readings, row: LedgerRow, billed: float) -> Instance:
+    v = reads.listed.get(row.label)
+    w = reads.workers.get(row.label)
     return frozen_from(  # per instance per pass: every field named, set in one step
         Instance,
         {
@@ -310,7 +310,7 @@ def _instance(obs: Observed, row: LedgerRow, billed: float) -> Instance:
             "server_status": v.server_status if v else "",
             "main_ip": (v.main_ip if v else row.main_ip) or "",
             "internal_ip": (v.internal_ip if v else row.internal_ip) or "",
-            "live_leases": w.live_leases if w is not None and obs.signals is not None else 0,
+            "live_leases": w.live_leases if w is not None and reads.signals is not None else 0,
             "worker_last_seen": w.last_seen if w else None,
             "draining_since": row.draining_at,
             "billed_usd": billed,
@@ -324,19 +324,21 @@ def _instance(obs: Observed, row: LedgerRow, billed: float) -> Instance:
 # --- the decision ------------------------------------------------------------------------------
 
 
-def decide(obs: Observed, cfg: Config) -> Decision:
+def decide(reads: Readings, cfg: Config) -> Decision:
     """The pass's whole decision: the lifecycle's transitions and drain verdicts, the plan
     (``policy.decide``), and the steps that carry them out, in kill-safe order."""
-    now = obs.now
+    now = reads.now
     transitions: tuple[Transition, ...] = ()
-    if obs.api_error is None:
+    if reads.api_error is None:
         own = cfg.queue.preset == "vultrscale"  # foreign presets' workers don't report to us
         transitions = tuple(
-            lifecycle.sync(obs.rows.values(), obs.listed, obs.workers, now, own_workers=own)
+            lifecycle.sync(reads.rows.values(), reads.listed, reads.workers, now, own_workers=own)
         )
-    rows = lifecycle.applied(obs.rows, transitions, obs.listed, cfg.fleet.name, now, obs.prices)
+    rows = lifecycle.applied(
+        reads.rows, transitions, reads.listed, cfg.fleet.name, now, reads.prices
+    )
     verdicts = []
-    for label, service in obs.probes.items():
+    for label, service in reads.probes.items():
         row = rows.get(label)
         if row is None or row.state is not InstanceState.DRAINING:
             continue
@@ -345,7 +347,7 @@ def decide(obs: Observed, cfg: Config) -> Decision:
                 label,
                 service,
                 now - (row.draining_at or row.state_since),
-                live_leases(obs, label),
+                live_leases(reads, label),
                 timeout=cfg.drain.timeout,
                 unreachable_grace=cfg.drain.unreachable_grace,
             )
@@ -353,31 +355,31 @@ def decide(obs: Observed, cfg: Config) -> Decision:
     for v in verdicts:
         if v.verdict is Verdict.DELETE:
             rows[v.label] = rows[v.label].moved(InstanceState.DELETING, now)
-    bills = budget.ledger_bills([*{**obs.rows, **rows}.values(), *obs.gone], obs.price, now)
-    last_up, last_down = _last_scales(obs)
+    bills = budget.ledger_bills([*{**reads.rows, **rows}.values(), *reads.gone], reads.price, now)
+    last_up, last_down = _last_scales(reads)
     observation = Observation(
-        instances=tuple(_instance(obs, r, bills[r.label]) for r in rows.values()),
-        signals=obs.signals,
-        price=obs.price,
-        signal_error=obs.signal_error,
-        api_error=obs.api_error,
+        instances=tuple(_instance(reads, r, bills[r.label]) for r in rows.values()),
+        signals=reads.signals,
+        price=reads.price,
+        signal_error=reads.signal_error,
+        api_error=reads.api_error,
         month_to_date_usd=sum(bills.values()),
         last_scale_up=_not_after(last_up, now),
         last_scale_down=_not_after(last_down, now),
-        idle_since=_not_after(obs.state.idle_since, now),
+        idle_since=_not_after(reads.state.idle_since, now),
     )
     plan = policy.decide(observation, cfg, now)
 
-    steps: list[Step] = [*_ledger_steps(obs, transitions)]
-    if obs.api_error is None:  # drains are judged on what the cloud showed this pass
-        steps += _drain_steps(cfg, obs, verdicts, rows)
-    steps += _plan_steps(cfg, obs, plan, rows)
-    errors = [e for e in (obs.api_error, obs.signal_error, obs.price_error) if e]
-    if obs.refused is not None:
+    steps: list[Step] = [*_ledger_steps(reads, transitions)]
+    if reads.api_error is None:  # drains are judged on what the cloud showed this pass
+        steps += _drain_steps(cfg, reads, verdicts, rows)
+    steps += _plan_steps(cfg, reads, plan, rows)
+    errors = [e for e in (reads.api_error, reads.signal_error, reads.price_error) if e]
+    if reads.refused is not None:
         # A running fleet whose plan or price stops passing (Vultr raised the price above the
         # ceiling, retired the plan): no create, but drains and deletes go on, or instances
         # on their way out would bill on. The pass still ends as a usage error.
-        refused = obs.refused
+        refused = reads.refused
         errors.append(f"{refused.message}: nothing is created ({refused.hint})")
     return Decision(
         now=now,
@@ -385,22 +387,22 @@ def decide(obs: Observed, cfg: Config) -> Decision:
         observation=observation,
         plan=plan,
         errors=tuple(errors),
-        refused=obs.refused is not None,
-        refused_outright=obs.refused is not None and not (obs.rows or obs.listed),
+        refused=reads.refused is not None,
+        refused_outright=reads.refused is not None and not (reads.rows or reads.listed),
         rows=rows,
     )
 
 
-def _ledger_steps(obs: Observed, transitions: tuple[Transition, ...]) -> list[Step]:
+def _ledger_steps(reads: Readings, transitions: tuple[Transition, ...]) -> list[Step]:
     """The ledger brought in line with the cloud: addresses, moves, adoptions."""
     out: list[Step] = []
     for t in transitions:
         if t.address_only:
             out.append(UpdateAddress(t.label, t.main_ip, t.internal_ip))
         elif t.adopt:
-            v = obs.listed[t.label]
-            own = obs.prices.get(v.plan) or obs.price  # its own plan's price, else the fleet's
-            created = v.date_created or obs.now
+            v = reads.listed[t.label]
+            own = reads.prices.get(v.plan) or reads.price  # its own plan's price, else the fleet's
+            created = v.date_created or reads.now
             out.append(Adopt(t.label, t.note, v.id, t.state, v.plan, v.region, created, own))
         else:
             out.append(
@@ -411,20 +413,20 @@ def _ledger_steps(obs: Observed, transitions: tuple[Transition, ...]) -> list[St
 
 def _drain_steps(
     cfg: Config,
-    obs: Observed,
+    reads: Readings,
     verdicts: list[lifecycle.DrainStep],
     rows: Mapping[str, LedgerRow],
 ) -> list[Step]:
     """The drains earlier passes began: the workers' flag, each verdict, the stops sent again,
     then the deletes earlier passes began (retried until Vultr lets them through)."""
     out: list[Step] = []
-    draining = tuple(r.label for r in obs.rows.values() if r.state is InstanceState.DRAINING)
+    draining = tuple(r.label for r in reads.rows.values() if r.state is InstanceState.DRAINING)
     if draining:
         out.append(FlagWorkersDraining(draining))
     restop = []
     for v in verdicts:
         row = rows[v.label]
-        if v.restop and (t := target(cfg, row, obs.listed.get(row.label))) is not None:
+        if v.restop and (t := target(cfg, row, reads.listed.get(row.label))) is not None:
             restop.append(t)
         if v.verdict is Verdict.DELETE:
             out.append(StartDelete(v.label, row.instance_id, v.why))
@@ -435,14 +437,14 @@ def _drain_steps(
     if restop:
         out.append(Stop(tuple(restop), first=False))
     for label, row in rows.items():
-        before = obs.rows.get(label)
+        before = reads.rows.get(label)
         if before is not None and before.state is row.state is InstanceState.DELETING:
             out.append(RetryDelete(label, row.instance_id))
     return out
 
 
 def _plan_steps(
-    cfg: Config, obs: Observed, plan: Plan, rows: Mapping[str, LedgerRow]
+    cfg: Config, reads: Readings, plan: Plan, rows: Mapping[str, LedgerRow]
 ) -> list[Step]:
     """The plan's replacements and scale-in (each marked draining before any stop is sent),
     its creates, and the fleet state the next pass reads."""
@@ -457,7 +459,7 @@ def _plan_steps(
             out.append(StartDelete(row.label, row.instance_id, action.reason))
         elif action.kind is ActionKind.DRAIN:
             out.append(MarkDraining(row.label))
-            t = target(cfg, row, obs.listed.get(row.label))
+            t = target(cfg, row, reads.listed.get(row.label))
             if t is None:
                 why = f"draining: {lifecycle.NO_TARGET}; the drain deadline applies"
                 out.append(Note(row.label, why))
@@ -466,13 +468,13 @@ def _plan_steps(
     if stops:
         out.append(Stop(tuple(stops), first=True))
     creates = [a for a in plan.actions if a.kind is ActionKind.CREATE]
-    if creates and obs.price is not None:
+    if creates and reads.price is not None:
         f = cfg.fleet
-        out.append(Create(len(creates), f.plan, f.region, obs.price, creates[0].reason))
-    down = obs.now if plan.drains else obs.state.last_scale_down
+        out.append(Create(len(creates), f.plan, f.region, reads.price, creates[0].reason))
+    down = reads.now if plan.drains else reads.state.last_scale_down
     created = bool(out) and isinstance(out[-1], Create)  # its outcome may move last_scale_up
-    if created or (down, plan.idle_since) != (obs.state.last_scale_down, obs.state.idle_since):
-        out.append(SaveFleetState(obs.state, down, plan.idle_since))
+    if created or (down, plan.idle_since) != (reads.state.last_scale_down, reads.state.idle_since):
+        out.append(SaveFleetState(reads.state, down, plan.idle_since))
     return out
 
 

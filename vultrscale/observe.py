@@ -1,5 +1,5 @@
 """Observe: one read of everything a pass decides on, through the ports, as one frozen
-``decision.Observed`` value. Observing writes nothing; what it could not read is in the value
+``decision.Readings`` value. Observing writes nothing; what it could not read is in the value
 (an API error, a signal error), never guessed.
 
 The reads: the fleet's ledger rows, workers and fleet state; the queue's signals; the cloud's
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from vultrscale import budget, lifecycle
 from vultrscale.config import Config
-from vultrscale.decision import Observed, priced, target
+from vultrscale.decision import Readings, priced, target
 from vultrscale.errors import DatabaseError, UsageError
 from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, Parts, QueueSignals
@@ -39,7 +39,7 @@ def observe(
     refused: UsageError | None = None,
     *,
     probe: bool,
-) -> Observed:
+) -> Readings:
     """Read the cloud, the ledger, the queue and (with ``probe``) the draining hosts.
     ``api_error``: the price could not be read, so the cloud is not asked again; ``refused``:
     the plan or its price refused, nothing may be created (the decision's to weigh)."""
@@ -89,7 +89,7 @@ def observe(
     probes: dict[str, ServiceState | str] = {}
     if probe and api_error is None:
         probes = _probe_drains(cfg, parts.drain, rows.values(), listed)
-    return Observed(
+    return Readings(
         now=now,
         rows=rows,
         gone=tuple(gone),

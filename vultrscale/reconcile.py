@@ -5,7 +5,7 @@
   ``UsageError`` (exit 2) and its row in ``fleet_events`` is its only write. A plan or price
   that stops passing on a fleet that has instances refuses only creates: the pass drains and
   deletes as usual and ends with exit 2.
-- *Observe* builds one frozen ``Observed`` value through the ports (ledger rows, what Vultr
+- *Observe* builds one frozen ``Readings`` value through the ports (ledger rows, what Vultr
   lists, workers, queue signals, drain probes, price) and writes nothing.
 - *Decide* is pure: ``lifecycle`` (ledger state machine, drain verdicts) and ``policy.decide``.
 - *Apply* carries the decision out through the ports; a failure on one instance is that
@@ -175,7 +175,7 @@ def _checked_pass(
             api_error = f"Vultr API: {exc}"
         except UsageError as exc:  # the plan, its region or its price: nothing may be created
             refused = exc
-        obs = observe(
+        reads = observe(
             cfg,
             parts,
             ledger,
@@ -186,7 +186,7 @@ def _checked_pass(
             refused,
             probe=not result.dry_run,
         )
-        decision = decide(obs, cfg)
+        decision = decide(reads, cfg)
         if decision.refused_outright and refused is not None:  # nothing to wind down
             raise refused
         result.decision = decision
