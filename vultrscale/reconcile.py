@@ -60,6 +60,7 @@ from vultrscale.errors import (
     redact,
 )
 from vultrscale.model import (
+    Action,
     HostTarget,
     InstanceState,
     Observation,
@@ -101,10 +102,18 @@ class PassResult:
     plan: Plan | None = None
     observation: Observation | None = None
     decision: Decision | None = None  # everything the pass decided (None: it never got there)
-    actions: list[dict[str, Any]] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """The plan's actions, each with its reason (none when the pass never decided)."""
+        return () if self.plan is None else self.plan.actions
+
+    def action_rows(self) -> list[dict[str, Any]]:
+        """The actions as ``--json`` and the ``fleet_events`` row show them."""
+        return [{"kind": a.kind.value, "label": a.label, "reason": a.reason} for a in self.actions]
 
     def to_json(self) -> dict[str, Any]:
         obs = self.observation
@@ -115,7 +124,7 @@ class PassResult:
             "lock_held": self.lock_held,
             "inputs": obs.summary() if obs else None,
             "plan": self.plan.summary() if self.plan else None,
-            "actions": self.actions,
+            "actions": self.action_rows(),
             "results": self.results,
             "errors": self.errors,
             "duration_s": round(self.duration_s, 3),
@@ -191,10 +200,6 @@ def _checked_pass(
             raise refused
         result.decision = decision
         result.observation, result.plan = decision.observation, decision.plan
-        result.actions = [
-            {"kind": a.kind.value, "label": a.label, "reason": a.reason}
-            for a in decision.plan.actions
-        ]
         result.errors.extend(decision.errors)
         if not result.dry_run:
             # Bad input (no snapshot, or one not complete) stops the pass before any change.
@@ -235,7 +240,7 @@ def _record(ledger: FleetLedger, result: PassResult, *, quiet: bool) -> None:
         dry_run=False,
         observation=result.observation,
         plan=result.plan,
-        actions=result.actions,
+        actions=result.action_rows(),
         results=result.results,
         errors=result.errors,
         exit_code=result.exit_code,
