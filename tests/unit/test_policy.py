@@ -961,3 +961,67 @@ def test_burst_scales_up_once_holds_while_booting_and_drains_each_before_its_hou
     for when in drained_at.values():
         into = when - t(2026, 11, 10, 9, 0)
         assert timedelta(minutes=55) <= into < timedelta(minutes=60)
+
+
+def _utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("cron", "zone", "now", "flip"),
+    [
+        pytest.param(
+            "30 2 * * *",
+            "Europe/Berlin",
+            _utc(2026, 10, 25, 0, 45),
+            _utc(2026, 10, 25, 1, 30),
+            id="clocks-back-the-repeated-02:30-comes-again",
+        ),
+        pytest.param(
+            "30 2 * * *",
+            "Europe/Berlin",
+            _utc(2026, 10, 25, 1, 30, 20),
+            _utc(2026, 10, 25, 1, 31),
+            id="clocks-back-the-repeated-minute-ends",
+        ),
+        pytest.param(
+            "* 2 * * *",
+            "Europe/Berlin",
+            _utc(2026, 10, 25, 0, 30),
+            _utc(2026, 10, 25, 2, 0),
+            id="clocks-back-a-run-lasts-both-02-hours",
+        ),
+        pytest.param(
+            "30 2 * * *",
+            "Europe/Berlin",
+            _utc(2026, 3, 29, 0, 45),
+            _utc(2026, 3, 30, 0, 30),
+            id="clocks-forward-a-skipped-02:30-never-matches",
+        ),
+        pytest.param(
+            "*/20 1 * * *",
+            "America/New_York",
+            _utc(2026, 11, 1, 5, 45),
+            _utc(2026, 11, 1, 6, 0),
+            id="new-york-clocks-back-01:00-again",
+        ),
+        pytest.param(
+            "* 8-18 * * mon-fri",
+            "Europe/Berlin",
+            _utc(2026, 10, 23, 15, 59),
+            _utc(2026, 10, 23, 17, 0),
+            id="business-hours-end-on-the-wall-clock",
+        ),
+    ],
+)
+def test_next_floor_change_is_the_first_minute_the_floor_flips(
+    cron: str, zone: str, now: datetime, flip: datetime
+) -> None:
+    floor = FloorConfig(cron=cron, timezone=zone, min_instances=1)
+    pol = replace(Config().policy, floor=(floor,))
+    assert policy.next_floor_change(pol, now) == flip
+    # ... which is what matching minute by minute finds: nothing flips before it.
+    assert policy.floor_matches(floor, flip) != policy.floor_matches(floor, now)
+    assert policy.floor_matches(floor, flip - timedelta(minutes=1)) == policy.floor_matches(
+        floor, now
+    )
