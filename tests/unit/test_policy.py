@@ -964,7 +964,7 @@ def test_burst_scales_up_once_holds_while_booting_and_drains_each_before_its_hou
 
 
 def _utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+    return datetime(*args, tzinfo=UTC)  # type: ignore[arg-type,misc]
 
 
 @pytest.mark.parametrize(
