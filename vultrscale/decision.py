@@ -521,3 +521,31 @@ def next_change(cfg: Config, decision: Decision) -> datetime | None:
     times.append(budget.month_bounds(now)[1])
     later = [budget.utc(t) for t in times if budget.utc(t) > budget.utc(now)]
     return min(later) if later else None
+
+
+def demand_band(cfg: Config, decision: Decision) -> tuple[int, int | None] | None:
+    """The queue demands (ready + in flight + expired leases; None above: no upper bound) for
+    which the same readings, at a time before ``next_change``, are decided steady too: nothing
+    to carry out. Known only for a steady decision on a busy queue whose instances all run:
+    then no instance is replaced, booted, drained or scaled in (the queue is not idle), and a
+    create needs more demand than the running fleet serves, unless the fleet is at its cap
+    (``max_instances`` or the budget's, which moves only at a new hour) or the up cool-down
+    runs (until ``next_change``), where no demand creates. None otherwise."""
+    observation, plan = decision.observation, decision.plan
+    if (
+        not decision.steady
+        or observation.signals is None
+        or observation.signal_error
+        or observation.api_error
+        or not plan.demand
+        or any(i.state is not InstanceState.RUNNING for i in observation.instances)
+    ):
+        return None
+    running = len(observation.instances)
+    up = observation.last_scale_up
+    cooling = up is not None and budget.utc(up) + cfg.policy.scale_up_cooldown > budget.utc(
+        decision.now
+    )
+    if plan.cap <= running or cooling:
+        return 1, None
+    return 1, running * cfg.queue.jobs_per_instance
