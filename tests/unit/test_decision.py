@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from vultrscale import decision as decision_mod
 from vultrscale import reconcile
 from vultrscale.clock import FakeClock
 from vultrscale.config import Config, FloorConfig, Secret
@@ -312,3 +313,50 @@ def test_every_port_call_of_a_pass_follows_from_its_decision(
 
     scenario(f, run)
     assert passes >= 2 and needs <= kinds, "the scenario must reach the steps it is for"
+
+
+def _running_fleet(max_instances: int, ready: int, monkeypatch: pytest.MonkeyPatch) -> Recorded:
+    """A fleet brought up for ``ready`` jobs, every instance running, cool-downs over."""
+    cfg = dataclasses.replace(
+        CFG, policy=dataclasses.replace(CFG.policy, max_instances=max_instances)
+    )
+    f = Recorded(cfg)
+    f.signals.signals = Signals(ready=ready, in_flight=0)
+    f.run(monkeypatch)
+    f.clock.advance(61)
+    f.workers_report(live=1)
+    f.run(monkeypatch)
+    f.clock.advance(600)
+    f.workers_report(live=1)
+    return f
+
+
+@pytest.mark.parametrize(
+    ("max_instances", "band"),
+    [(5, (1, 8)), (2, (1, None))],
+    ids=["below-cap-up-to-what-the-fleet-serves", "at-cap-any-demand"],
+)
+def test_a_steady_busy_fleet_stays_steady_within_its_demand_band(
+    max_instances: int, band: tuple[int, int | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = _running_fleet(max_instances, 8, monkeypatch)  # 8 jobs at 4 per instance: 2 instances
+    d, _ = f.run(monkeypatch)
+    assert d.steady and decision_mod.demand_band(f.cfg, d) == band
+    for demand in (1, 8, 40):
+        f.signals.signals = Signals(ready=demand, in_flight=0)
+        inside = band[1] is None or demand <= band[1]
+        assert f.run(monkeypatch)[0].steady is inside, demand
+
+
+def test_no_demand_band_while_the_queue_is_idle_or_an_instance_boots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    f = Recorded()
+    f.signals.signals = Signals(ready=8, in_flight=0)
+    f.run(monkeypatch)
+    f.clock.advance(30)
+    d, _ = f.run(monkeypatch)  # pending, cool-down running: nothing to do, but not running
+    assert d.steady and decision_mod.demand_band(f.cfg, d) is None
+    f = _running_fleet(5, 8, monkeypatch)
+    f.signals.signals = Signals(ready=0, in_flight=0)
+    assert decision_mod.demand_band(f.cfg, f.run(monkeypatch)[0]) is None
