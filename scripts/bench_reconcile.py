@@ -85,6 +85,7 @@ from vultrscale.memory import (
     memory_parts,
 )
 from vultrscale.model import InstanceState, Signals, WorkerView
+from vultrscale.ports import PassCache
 from vultrscale.reconcile import Parts, run_pass
 from vultrscale.sim.app import Simulator, Timings
 from vultrscale.sim.server import start_server
@@ -353,7 +354,7 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             clock.advance(60)
             with VultrClient(KEY, http_server.url, sleep=clock.sleep) as fresh:
                 before = served.requests
-                result = run_pass(cfg, dataclasses.replace(parts, cloud=fresh, cache={}))
+                result = run_pass(cfg, dataclasses.replace(parts, cloud=fresh, cache=PassCache()))
                 cron.append(served.requests - before)
             assert result.exit_code == 0 and result.plan is not None, result.errors
             assert not result.plan.actions, result.plan.actions
@@ -536,7 +537,7 @@ def bound(cfg: config_mod.Config, parts: Parts) -> Callable[[], object]:
     Postgres I/O (no reads, no lock, no record): its own client's list (the request, the body,
     the typed values), then the pure core on what it listed and on what one steady pass read
     from Postgres (captured here, by running one)."""
-    seen: list[reconcile.Observed] = []
+    seen: list[reconcile.Readings] = []
     real_decide = reconcile.decide
 
     def decide(obs, cfg):  # type: ignore[no-untyped-def]

@@ -1,14 +1,15 @@
 """The life of one fleet instance, decided. Pure: values and ``now`` in, values out.
 
-Three decisions live here, beside ``policy.decide`` (which sizes the fleet):
+Decisions about one instance live here, beside ``policy.decide`` (which sizes the fleet and
+picks the instances to replace: only one whose worker holds no live lease, on readable
+signals):
 
 - the ledger state machine: a ledger row, what Vultr lists, whether its worker was seen and
   how long ago things happened -> the row's next state (``sync``);
 - the drain verdicts: what `systemctl is-active` said (or why it could not be asked), how long
   the drain has run and the leases its worker holds -> delete, wait, send the stop again, or
   report an error (``drain_step``);
-- replacement: a stuck instance is deleted only when its worker holds no live lease
-  (``may_replace``).
+- adoption: where the row of a tagged instance the ledger did not know goes (``adoption``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
 
-from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
+from vultrscale.model import (
+    InstanceState,
+    LedgerRow,
+    PlanPrice,
+    ServiceState,
+    WorkerView,
+    retired_label,
+)
 
 # A create intent whose instance never shows up in the tagged list within this time is dead:
 # the POST failed before Vultr acted (or never happened).
@@ -274,6 +282,48 @@ def adopted_row(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LabelHolder:
+    """The ledger row that has a label now (of any fleet): enough to decide an adoption."""
+
+    state: InstanceState
+    instance_id: str | None
+    gone_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """Where the row of an adopted instance goes (``adoption``)."""
+
+    label: str  # the label it is recorded under
+    retire_as: str | None  # first, another instance's gone row under the label moves here
+    revive: bool  # its own gone row comes back under ``label``; else a new row is inserted
+
+
+def adoption(
+    label: str, instance_id: str, holder: LabelHolder | None, *, own_gone: bool
+) -> Adoption:
+    """How a tagged instance the ledger did not know is recorded, for every ledger:
+
+    - its own gone row (the same instance: the list missed it long enough to be taken for
+      gone) comes back: its creation, stamps and pinned key are still its own;
+    - another instance's gone row under ``label`` (a name used before) is kept under its
+      retired label, so this month's bill keeps its cost; the new row starts afresh;
+    - a live row of another instance (another fleet's) under ``label`` is left alone: this one
+      is recorded under ``<label>@<instance id>``, the name ``by_label`` gives a shared label.
+    ``holder``: the row that has ``label`` now, if any; ``own_gone``: a gone row of this
+    instance exists (under any label)."""
+    retire_as = None
+    taken = False
+    if holder is not None and holder.instance_id != instance_id:
+        if holder.state is InstanceState.GONE:
+            retire_as = retired_label(label, holder.instance_id, holder.gone_at)
+        else:
+            taken = True
+    final = retired_label(label, instance_id) if taken else label
+    return Adoption(final, retire_as, own_gone)
+
+
 # --- drains ------------------------------------------------------------------------------------
 
 
@@ -337,9 +387,3 @@ def _past_deadline(label: str, live: int | None, why: str, restop: bool) -> Drai
         why = f"{why}; worker still holds {live} live lease(s), waiting"
         return DrainStep(label, Verdict.WAIT, why, restop)
     return DrainStep(label, Verdict.DELETE, why)  # no stop for a host being deleted
-
-
-def may_replace(live: int | None) -> bool:
-    """A stuck instance is deleted for a replacement only if its worker holds no live lease
-    (None: the queue could not be read, so nothing is known: keep it)."""
-    return live == 0

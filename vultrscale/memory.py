@@ -39,7 +39,6 @@ from vultrscale.model import (
     ServiceState,
     Signals,
     WorkerView,
-    retired_label,
 )
 from vultrscale.ports import Session
 from vultrscale.vultr.errors import InstanceLocked, NotFound
@@ -47,7 +46,7 @@ from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
 if TYPE_CHECKING:
     from vultrscale.config import Config
-    from vultrscale.reconcile import Parts
+    from vultrscale.ports import Parts
 
 PLAN = VPlan("vc2-1c-2gb", vcpu_count=1, ram=2048, monthly_cost=10.0, hourly_cost=0.015)
 SNAPSHOT = "cb676a46-66fd-4dfb-b839-443f2e6c0b60"  # a Vultr id: config check takes only those
@@ -275,19 +274,22 @@ class MemoryLedger:
         hourly_rate: float | None,
         monthly_cost: float | None,
     ) -> None:
-        from vultrscale.lifecycle import adopted_row
+        from vultrscale.lifecycle import LabelHolder, adopted_row, adoption
 
-        # The Postgres ledger's rules (db.ledger.adopt), on this one fleet's rows.
         gone = InstanceState.GONE
         note = "adopted: tagged at Vultr but missing from the ledger"
-        other = self.instances.get(label)
-        if other is not None and other.state is gone and other.instance_id != instance_id:
-            retired = retired_label(label, other.instance_id, other.gone_at)
-            self.instances[retired] = replace(self.instances.pop(label), label=retired)
+        held = self.instances.get(label)
         own = next(
             (r for r in self.instances.values() if (r.instance_id, r.state) == (instance_id, gone)),
             None,
         )
+        holder = None if held is None else LabelHolder(held.state, held.instance_id, held.gone_at)
+        where = adoption(label, instance_id, holder, own_gone=own is not None)
+        if where.retire_as is not None:
+            self.instances[where.retire_as] = replace(
+                self.instances.pop(label), label=where.retire_as
+            )
+        label = where.label
         if own is not None:  # its own gone row comes back
             del self.instances[own.label]
             self.instances[label] = replace(
@@ -302,8 +304,6 @@ class MemoryLedger:
                 last_error=note,
             )
             return
-        if label in self.instances:  # a live row has the label
-            label = retired_label(label, instance_id)
         v = VInstance(id=instance_id, label=label, plan=plan, region=region)
         row = adopted_row(self.fleet, label, v, state, created_at, now)
         self.instances[label] = replace(
@@ -428,7 +428,7 @@ def memory_parts(
     seed: int = 0,
 ) -> Parts:
     """The Parts of a pass wholly in memory."""
-    from vultrscale.reconcile import Parts
+    from vultrscale.ports import Parts
 
     return Parts(
         cloud=cloud,

@@ -39,10 +39,6 @@ class InstanceState(enum.StrEnum):
     DELETING = "deleting"  # drained; DELETE sent or being retried (e.g. locked)
     GONE = "gone"  # no longer at Vultr
 
-    @property
-    def counts_as_capacity(self) -> bool:
-        return self in CAPACITY_STATES
-
 
 # The states that count as capacity. Asked per instance many times a pass: one set, tested
 # directly in the per-instance loops (``state in CAPACITY_STATES``, no property call).

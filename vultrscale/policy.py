@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from vultrscale import budget
 from vultrscale.config import Config, FloorConfig, PolicyConfig, format_duration
@@ -33,6 +34,9 @@ from vultrscale.model import (
     Observation,
     Plan,
 )
+
+if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
 
 # An idle instance is drained once it is this close to the end of its paid hour. The drain of
 # an idle worker takes seconds, but the DELETE lands one or two passes later (cron runs every
@@ -84,6 +88,76 @@ def floor_matches(floor: FloorConfig, now: datetime) -> bool:
     return bool(croniter.match(floor.cron, wall))
 
 
+# How far ahead a floor's next start or end is looked for; one past it is found by a later
+# pass (the answer is then the horizon: earlier is always safe, later never).
+FLOOR_HORIZON = timedelta(days=8)
+_MINUTE = timedelta(minutes=1)
+# A floor's next flip, once found, holds for every ``now`` before it: (cron, zone) -> (found
+# at, flip). A memo of a pure function, so the passes of a long floor do not search again.
+_flips: dict[tuple[str, str], tuple[datetime, datetime]] = {}
+
+
+def next_floor_change(policy: PolicyConfig, now: datetime) -> datetime | None:
+    """The first minute after ``now`` at which a floor with instances starts or stops matching
+    (``floor_matches``, on its own wall clock, repeated and skipped hours included); the
+    horizon when none does within ``FLOOR_HORIZON``; None without such floors."""
+    flips = [_next_flip(fl, budget.utc(now)) for fl in policy.floor if fl.min_instances > 0]
+    return min(flips) if flips else None
+
+
+def _next_flip(floor: FloorConfig, now: datetime) -> datetime:
+    key = (floor.cron, floor.timezone)
+    memo = _flips.get(key)
+    if memo is not None and memo[0] <= now < memo[1]:
+        return memo[1]
+    from zoneinfo import ZoneInfo  # only a fleet with floors (see floor_matches)
+
+    from croniter import croniter
+
+    tz = ZoneInfo(floor.timezone)
+    matching = floor_matches(floor, now)
+    # Every minute of a matching hour matches too: a run is walked an hour at a time.
+    whole_hours = croniter(floor.cron).expanded[0] == ["*"]
+    t = now.replace(second=0, microsecond=0) + _MINUTE
+    end = t + FLOOR_HORIZON
+    while t < end and floor_matches(floor, t) == matching:
+        if matching:
+            # A run of matching minutes ends where one does not: the next minute, or (whole
+            # hours) the next wall-clock hour, or where the zone's offset changes first.
+            step = t + _MINUTE
+            if whole_hours:
+                wall = t.astimezone(tz)
+                step = max(step, t + timedelta(minutes=60 - wall.minute))
+            t = min(step, _offset_change(tz, t, step))
+            continue
+        # Not matching: jump to the next wall time the cron matches, taken as the earliest
+        # instant with that wall time; but stop at a change of the zone's offset first, where
+        # the wall clock jumps (back: an hour already passed comes again).
+        wall = t.astimezone(tz).replace(tzinfo=None)
+        nxt = croniter(floor.cron, wall - _MINUTE).get_next(datetime)
+        instants = [nxt.replace(tzinfo=tz, fold=f).astimezone(t.tzinfo) for f in (0, 1)]
+        jump = min((i for i in instants if i > t), default=t + _MINUTE)
+        t = min(max(jump, t + _MINUTE), end, _offset_change(tz, t, jump))
+    _flips[key] = (now, min(t, end))
+    return min(t, end)
+
+
+def _offset_change(tz: ZoneInfo, start: datetime, end: datetime) -> datetime:
+    """The first minute in (start, end] whose UTC offset in ``tz`` differs from start's; end
+    when none does (searched by halves: zones change offset on whole minutes)."""
+    offset = start.astimezone(tz).utcoffset()
+    if end.astimezone(tz).utcoffset() == offset:
+        return end
+    lo, hi = 0, math.ceil((end - start) / _MINUTE)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if (start + mid * _MINUTE).astimezone(tz).utcoffset() == offset:
+            lo = mid
+        else:
+            hi = mid
+    return start + hi * _MINUTE
+
+
 def _minutes_into_paid_hour(instance: Instance, now: datetime) -> timedelta:
     """How far ``now`` is into the instance's current billed hour."""
     month_start, _ = budget.month_bounds(now)
@@ -129,11 +203,13 @@ def _hhmm(dt: datetime) -> str:
 
 def decide(observation: Observation, config: Config, now: datetime) -> Plan:
     """Turn one observation into a plan: actions, each with its reason, and every clamp."""
-    return _Decision(observation, config, budget.utc(now)).run()
+    return _Sizing(observation, config, budget.utc(now)).run()
 
 
-class _Decision:
-    """One call of ``decide``; a class only to share the working lists between its steps."""
+class _Sizing:
+    """One call of ``decide`` (the fleet's size; the pass's whole decision is
+    ``vultrscale.decision``); a class only to share the lists of reasons, clamps, warnings and
+    actions its steps add to, nothing else between its methods."""
 
     def __init__(self, obs: Observation, config: Config, now: datetime) -> None:
         self.obs = obs
@@ -144,7 +220,6 @@ class _Decision:
         self.reasons: list[str] = []
         self.clamps: list[str] = []
         self.warnings: list[str] = []
-        self._leaving = 0  # draining, deleting or being replaced: still at Vultr, still billed
 
     def run(self) -> Plan:
         obs, pol, now = self.obs, self.pol, self.now
@@ -172,7 +247,8 @@ class _Decision:
         if not holding:
             replaced = self._replacements(capacity)
         gone_soon = {i.label for i in replaced}
-        self._leaving = len(replaced) + leaving
+        # Draining, deleting or being replaced: still at Vultr, still billed.
+        on_the_way_out = len(replaced) + leaving
         staying = [i for i in capacity if i.label not in gone_soon]
         n_now = len(staying)
 
@@ -222,7 +298,9 @@ class _Decision:
             self.reasons.append("holding the fleet: " + "; ".join(errors))
             if pol.on_signal_error == "floor" and n_now < floor:
                 want = floor
-                creates = self._scale_up(n_now, want, check, why="bring the fleet to its floor")
+                creates = self._scale_up(
+                    n_now, want, check, on_the_way_out, why="bring the fleet to its floor"
+                )
             elif n_now < floor:
                 self.clamps.append(
                     f"error hold: on_signal_error=hold keeps {n_now} instance(s) below the floor "
@@ -236,7 +314,7 @@ class _Decision:
                     if desired >= floor
                     else f"the floor is {floor} instance(s)"
                 )
-                creates = self._scale_up(n_now, want, check, why=why)
+                creates = self._scale_up(n_now, want, check, on_the_way_out, why=why)
             drains = self._over_cap(staying, pol.max_instances)
             if not drains and signals is not None and want < n_now:
                 drains = self._scale_in(staying, floor, desired, idle_since)
@@ -300,7 +378,13 @@ class _Decision:
         return out
 
     def _scale_up(
-        self, n_now: int, want: int, check: budget.BudgetCheck | None, *, why: str
+        self,
+        n_now: int,
+        want: int,
+        check: budget.BudgetCheck | None,
+        leaving: int,
+        *,
+        why: str,
     ) -> int:
         pol, obs, now = self.pol, self.obs, self.now
         goal = want
@@ -311,7 +395,6 @@ class _Decision:
             goal = pol.max_instances
         # Instances on their way out still exist at Vultr (a locked delete can take a while)
         # and are billed: they count toward the hard cap and the budget until they are gone.
-        leaving = self._leaving
         if leaving and goal + leaving > pol.max_instances:
             allowed = max(pol.max_instances - leaving, min(goal, n_now))
             if allowed < goal:

@@ -4,7 +4,8 @@ The pass (``vultrscale.reconcile``) knows nothing of HTTP, SQL or SSH; it talks 
 The adapters are ``vultr.client.VultrClient`` (Cloud), ``db.ledger.PgStore`` (Store: the
 FleetLedger and QueueSignals of one Postgres session), ``ssh.SSHDrain`` (DrainTransport) and
 ``clock.SystemClock`` (Clock). ``vultrscale.memory`` holds in-memory ones for the unit tests
-and the what-if simulator.
+and the what-if simulator. ``Parts`` bundles one set of them for a pass, with the local checks
+made before it acts and what a process's passes keep for the next (``PassCache``).
 
 Every port raises only the project's errors: the cloud ``vultr.errors.VultrError`` (and its
 kinds), the ledger and the signals ``DatabaseError``, the drain transport returns an
@@ -13,8 +14,10 @@ kinds), the ledger and the signals ``DatabaseError``, the drain transport return
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import random
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -25,6 +28,7 @@ from vultrscale.model import (
     InstanceState,
     LedgerRow,
     PassEvent,
+    Plan,
     PlanPrice,
     ServiceState,
     Signals,
@@ -178,3 +182,53 @@ class DrainTransport(Protocol):
     def is_active_many(self, targets: list[HostTarget]) -> dict[str, ServiceState | SSHError]: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PriceCheck:
+    """A plan check this process made and saved in the ledger, and when."""
+
+    price: PlanPrice
+    at: datetime
+
+
+@dataclass(slots=True)
+class PassCache:
+    """What one process's passes keep for the next one: the plan check it made (fresh as long
+    as its copy in the ledger, ``reconcile.PRICE_TTL``) and the snapshot it found complete.
+    The only state a pass leaves in its parts; a new process starts with an empty one."""
+
+    price_check: PriceCheck | None = None
+    snapshot: str | None = None
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The ports a pass works through, and the local checks it makes before acting."""
+
+    cloud: Cloud
+    store: Store
+    drain: DrainTransport
+    clock: Clock
+    keygen: Callable[[], tuple[str, str]]  # -> (private OpenSSH PEM, public line)
+    render_user_data: Callable[[str, str, str], str]  # (label, host private, host public)
+    # Local preconditions, each raising UsageError: run before anything is changed.
+    preflight: Sequence[Callable[[], object]] = ()
+    # Local checks that depend on the plan (the scaler's key, loaded only by a pass that drains
+    # or creates), raising UsageError: run after deciding, before the first change.
+    before_changes: Callable[[Plan], object] = lambda plan: None
+    rng: random.Random = field(default_factory=random.Random)
+    # What this process's passes keep for the next one (a pass updates it; see PassCache).
+    cache: PassCache = field(default_factory=PassCache)
+    # List the cloud in a thread while the ledger and the queue are read: for the real parts
+    # both wait on the network, and the pass takes the longer of the two, not their sum. Off
+    # for the in-memory ports, where a thread is pure cost.
+    overlap_reads: bool = False
+
+    def close(self) -> None:
+        """Release the cloud's and the store's connections; the parts' owner calls it once,
+        after the last pass."""
+        try:
+            self.cloud.close()
+        finally:
+            self.store.close()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vultrscale.config import Config
     from vultrscale.model import Plan
-    from vultrscale.reconcile import Parts
+    from vultrscale.ports import Parts
 
 DB_HINT = (
     "Set DATABASE_URL=postgresql://user:password@host/db in the environment or in the .env next "
@@ -97,7 +97,7 @@ def build_parts(cfg: Config) -> Parts:
     closes them (``Parts.close``) after its last pass."""
     from vultrscale.clock import PASS_DEADLINE_S, Deadline, SystemClock
     from vultrscale.db.ledger import PgStore
-    from vultrscale.reconcile import Parts
+    from vultrscale.ports import Parts
     from vultrscale.vultr.client import VultrClient
 
     db_url = database_url(cfg)

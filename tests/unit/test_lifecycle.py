@@ -372,13 +372,51 @@ def test_drain_verdict(
     assert why in step.why
 
 
+_GONE_AT = datetime(2026, 5, 1, tzinfo=UTC)
+
+
 @pytest.mark.parametrize(
-    ("live", "allowed"),
+    ("holder", "own_gone", "expected"),
     [
-        pytest.param(0, True, id="no-lease-replaced"),
-        pytest.param(1, False, id="live-lease-kept"),
-        pytest.param(None, False, id="queue-unreadable-kept"),
+        (None, False, lifecycle.Adoption("w", None, False)),
+        (None, True, lifecycle.Adoption("w", None, True)),
+        (
+            lifecycle.LabelHolder(InstanceState.GONE, "old", _GONE_AT),
+            False,
+            lifecycle.Adoption("w", "w@old", False),
+        ),
+        (
+            lifecycle.LabelHolder(InstanceState.GONE, None, _GONE_AT),
+            True,
+            lifecycle.Adoption("w", f"w@gone-{_GONE_AT.timestamp():.6f}", True),
+        ),
+        (
+            lifecycle.LabelHolder(InstanceState.GONE, "new", _GONE_AT),
+            True,
+            lifecycle.Adoption("w", None, True),
+        ),
+        (
+            lifecycle.LabelHolder(InstanceState.RUNNING, "other-fleet", None),
+            False,
+            lifecycle.Adoption("w@new", None, False),
+        ),
+        (
+            lifecycle.LabelHolder(InstanceState.RUNNING, "other-fleet", None),
+            True,
+            lifecycle.Adoption("w@new", None, True),
+        ),
+    ],
+    ids=[
+        "free-label",
+        "own-gone-row-revived",
+        "another-gone-row-retired",
+        "another-gone-row-without-id-retired-by-time",
+        "own-gone-row-under-the-label",
+        "live-row-of-another-fleet-left-alone",
+        "revived-beside-a-live-row-of-another-fleet",
     ],
 )
-def test_replacement_needs_no_live_lease(live: int | None, allowed: bool) -> None:
-    assert lifecycle.may_replace(live) is allowed
+def test_adoption_keeps_gone_rows_and_never_takes_a_live_label(
+    holder: lifecycle.LabelHolder | None, own_gone: bool, expected: lifecycle.Adoption
+) -> None:
+    assert lifecycle.adoption("w", "new", holder, own_gone=own_gone) == expected

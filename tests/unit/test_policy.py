@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from vultrscale import budget, policy
 from vultrscale.config import BudgetConfig, Config, FloorConfig, PolicyConfig, QueueConfig
 from vultrscale.model import (
+    CAPACITY_STATES,
     ActionKind,
     Instance,
     InstanceState,
@@ -422,7 +423,7 @@ def test_decide_table(
     assert labels(plan, ActionKind.REPLACE) == replaces, plan
     if clamp is not None:
         assert any(clamp in c for c in plan.clamps), plan.clamps
-    staying = sum(1 for i in observation.instances if i.state.counts_as_capacity) - len(replaces)
+    staying = sum(1 for i in observation.instances if i.state in CAPACITY_STATES) - len(replaces)
     assert plan.target == staying + creates - len(drains)
     assert all(a.reason.strip() for a in plan.actions)
 
@@ -643,7 +644,7 @@ def test_runaway_producer_never_passes_the_budget_rule(
     history = _simulate(start, passes=240, month_to_date=spent, config=config)
     peak = 0
     for now, plan, before, mtd in history:
-        after = sum(1 for i in before if i.state.counts_as_capacity) + plan.creates
+        after = sum(1 for i in before if i.state in CAPACITY_STATES) + plan.creates
         peak = max(peak, after)
         assert after * PRICE.monthly <= 50.0  # rule (a), pending included
         o = Observation(instances=before, signals=None, price=PRICE, month_to_date_usd=mtd)
@@ -676,7 +677,7 @@ def _oracle_rule_b(
         now_cost = max(cost(created, now, hourly, monthly), i.billed_usd)
         so_far += now_cost
         listed += i.billed_usd
-        if i.state.counts_as_capacity:
+        if i.state in CAPACITY_STATES:
             ahead += max(cost(created, me, hourly, monthly) - now_cost, 0.0)
     gone = max(o.month_to_date_usd - listed, gone_listed, 0.0)
     ahead += new * cost(now, me, price.hourly, price.monthly)
@@ -786,7 +787,7 @@ def test_invariants(scenario: tuple[Observation, Config, datetime]) -> None:
     plan = decide(o, c, now)
     replaced = set(labels(plan, ActionKind.REPLACE))
     drained = set(labels(plan, ActionKind.DRAIN))
-    capacity = [i for i in o.instances if i.state.counts_as_capacity]
+    capacity = [i for i in o.instances if i.state in CAPACITY_STATES]
     staying = [i for i in capacity if i.label not in replaced]
     after = len(staying) + plan.creates - len(drained)
     holding = o.signals is None or o.signal_error is not None or o.api_error is not None
@@ -960,3 +961,67 @@ def test_burst_scales_up_once_holds_while_booting_and_drains_each_before_its_hou
     for when in drained_at.values():
         into = when - t(2026, 11, 10, 9, 0)
         assert timedelta(minutes=55) <= into < timedelta(minutes=60)
+
+
+def _utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)  # type: ignore[arg-type,misc]
+
+
+@pytest.mark.parametrize(
+    ("cron", "zone", "now", "flip"),
+    [
+        pytest.param(
+            "30 2 * * *",
+            "Europe/Berlin",
+            _utc(2026, 10, 25, 0, 45),
+            _utc(2026, 10, 25, 1, 30),
+            id="clocks-back-the-repeated-02:30-comes-again",
+        ),
+        pytest.param(
+            "30 2 * * *",
+            "Europe/Berlin",
+            _utc(2026, 10, 25, 1, 30, 20),
+            _utc(2026, 10, 25, 1, 31),
+            id="clocks-back-the-repeated-minute-ends",
+        ),
+        pytest.param(
+            "* 2 * * *",
+            "Europe/Berlin",
+            _utc(2026, 10, 25, 0, 30),
+            _utc(2026, 10, 25, 2, 0),
+            id="clocks-back-a-run-lasts-both-02-hours",
+        ),
+        pytest.param(
+            "30 2 * * *",
+            "Europe/Berlin",
+            _utc(2026, 3, 29, 0, 45),
+            _utc(2026, 3, 30, 0, 30),
+            id="clocks-forward-a-skipped-02:30-never-matches",
+        ),
+        pytest.param(
+            "*/20 1 * * *",
+            "America/New_York",
+            _utc(2026, 11, 1, 5, 45),
+            _utc(2026, 11, 1, 6, 0),
+            id="new-york-clocks-back-01:00-again",
+        ),
+        pytest.param(
+            "* 8-18 * * mon-fri",
+            "Europe/Berlin",
+            _utc(2026, 10, 23, 15, 59),
+            _utc(2026, 10, 23, 17, 0),
+            id="business-hours-end-on-the-wall-clock",
+        ),
+    ],
+)
+def test_next_floor_change_is_the_first_minute_the_floor_flips(
+    cron: str, zone: str, now: datetime, flip: datetime
+) -> None:
+    floor = FloorConfig(cron=cron, timezone=zone, min_instances=1)
+    pol = replace(Config().policy, floor=(floor,))
+    assert policy.next_floor_change(pol, now) == flip
+    # ... which is what matching minute by minute finds: nothing flips before it.
+    assert policy.floor_matches(floor, flip) != policy.floor_matches(floor, now)
+    assert policy.floor_matches(floor, flip - timedelta(minutes=1)) == policy.floor_matches(
+        floor, now
+    )

@@ -24,6 +24,7 @@ from vultrscale.memory import (
     memory_parts,
 )
 from vultrscale.model import Instance, InstanceState, ServiceState, Signals, WorkerView
+from vultrscale.ports import PassCache
 from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_forever, run_pass
 from vultrscale.vultr.errors import ApiUnreachable, AuthError
 from vultrscale.vultr.models import VInstance, VPlan
@@ -335,7 +336,7 @@ def test_a_missing_snapshot_is_refused_before_a_drain_deletes_anything(fleet: Fl
     fleet.cloud.snapshots.clear()  # deleted at Vultr; a new process has not checked it yet
     fleet.clock.advance(60)
     with pytest.raises(UsageError, match=f"snapshot {SNAPSHOT} does not exist"):
-        fleet.run(dataclasses.replace(fleet.parts, cache={}))
+        fleet.run(dataclasses.replace(fleet.parts, cache=PassCache()))
     assert fleet.cloud.deletes == 0 and fleet.states()[a] == "draining"
     assert fleet.ledger.events[-1]["exit_code"] == EXIT_USAGE
 
@@ -447,7 +448,7 @@ class CountingCloud:
 def fresh_process(fleet: Fleet) -> tuple[Parts, CountingCloud]:
     """The parts of a new process (cron): an empty in-process cache, a counted cloud."""
     counting = CountingCloud(fleet.cloud)
-    return dataclasses.replace(fleet.parts, cloud=counting, cache={}), counting
+    return dataclasses.replace(fleet.parts, cloud=counting, cache=PassCache()), counting
 
 
 def test_a_fresh_steady_pass_asks_the_cloud_only_for_the_list(tmp_path: Path) -> None:
@@ -666,14 +667,14 @@ def test_a_running_instance_whose_worker_goes_quiet_is_replaced_boot_timeout_lat
 
     fell_back = fleet.run()
     assert fleet.states()[a] == "booting"
-    assert not [x for x in fell_back.actions if x["label"] == a], "replaced as it fell back"
+    assert not [x for x in fell_back.actions if x.label == a], "replaced as it fell back"
     fleet.clock.advance(14 * 60)
     assert fleet.run().exit_code == 0 and fleet.states()[a] == "booting"
 
     fleet.clock.advance(61)  # boot_timeout after it fell back: its worker did not come back
     replaced = fleet.run()
-    assert [x["kind"] for x in replaced.actions if x["label"] == a] == ["replace"]
-    assert "into its boot" in next(x["reason"] for x in replaced.actions if x["label"] == a)
+    assert [x.kind.value for x in replaced.actions if x.label == a] == ["replace"]
+    assert "into its boot" in next(x.reason for x in replaced.actions if x.label == a)
 
 
 def _by_hand(
@@ -709,11 +710,11 @@ def test_a_tagged_instance_adopted_already_up_gets_boot_timeout_from_its_adoptio
 
     adopted = fleet.run()
     assert fleet.states()["worker-by-hand"] == "booting"
-    assert not [x for x in adopted.actions if x["label"] == "worker-by-hand"]
+    assert not [x for x in adopted.actions if x.label == "worker-by-hand"]
     assert hand.id in fleet.cloud.instances
     fleet.clock.advance(15 * 60 + 1)
     replaced = fleet.run()
-    assert [x["kind"] for x in replaced.actions if x["label"] == "worker-by-hand"] == ["replace"]
+    assert [x.kind.value for x in replaced.actions if x.label == "worker-by-hand"] == ["replace"]
 
 
 def test_a_tagged_instance_adopted_while_vultr_says_pending_gets_boot_timeout_from_its_adoption(
@@ -725,11 +726,11 @@ def test_a_tagged_instance_adopted_while_vultr_says_pending_gets_boot_timeout_fr
 
     adopted = fleet.run()
     assert fleet.states()["worker-by-hand"] == "pending"
-    assert not [x for x in adopted.actions if x["label"] == "worker-by-hand"], "replaced at once"
+    assert not [x for x in adopted.actions if x.label == "worker-by-hand"], "replaced at once"
     assert hand.id in fleet.cloud.instances
     fleet.clock.advance(15 * 60 + 1)
     replaced = fleet.run()
-    assert [x["kind"] for x in replaced.actions if x["label"] == "worker-by-hand"] == ["replace"]
+    assert [x.kind.value for x in replaced.actions if x.label == "worker-by-hand"] == ["replace"]
 
 
 @pytest.mark.parametrize("listed", [True, False], ids=["its-plan-priced", "its-plan-unlisted"])
@@ -859,11 +860,11 @@ def test_an_instance_adopted_running_whose_worker_goes_quiet_gets_boot_timeout_t
 
     fell_back = fleet.run()  # a worker restarting, say: not a boot 3 hours long
     assert fleet.states()[label] == "booting"
-    assert not [x for x in fell_back.actions if x["label"] == label], "replaced as it fell back"
+    assert not [x for x in fell_back.actions if x.label == label], "replaced as it fell back"
     assert "hand-1" in fleet.cloud.instances
     fleet.clock.advance(15 * 60 + 1)  # boot_timeout after it fell back: not back, replaced
     replaced = fleet.run()
-    assert [x["kind"] for x in replaced.actions if x["label"] == label] == ["replace"]
+    assert [x.kind.value for x in replaced.actions if x.label == label] == ["replace"]
 
 
 def test_a_label_used_again_by_hand_after_its_instance_went_keeps_both_in_the_bill(
@@ -932,7 +933,7 @@ def test_tagged_twins_whose_workers_hold_leases_under_their_label_are_never_dele
             "twin", fleet.clock.now(), False, 2, True
         )
         result = fleet.run()
-        assert not [a for a in result.actions if a["label"]], result.actions
+        assert not [a for a in result.actions if a.label], result.actions
         fleet.clock.advance(30)
     assert sorted(fleet.cloud.instances) == ["hand-0", "hand-1"]
     assert fleet.states() == {"twin@hand-0": "running", "twin@hand-1": "running"}

@@ -7,7 +7,7 @@ import heapq
 import json
 import sys
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -682,3 +682,26 @@ def test_json_of_a_day_with_no_work_is_valid_json(capsys: pytest.CaptureFixture[
     assert main(["simulate", "--days", "1", "--jobs-per-day", "0", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
     assert doc  # no Infinity, no NaN: a ratio with no lower bound is null
+
+
+def test_a_floor_in_the_repeated_hour_when_clocks_go_back_is_kept_in_a_replay() -> None:
+    # 25 Oct 2026, Berlin: 03:00 CEST becomes 02:00 CET, so 02:30 happens twice (00:30 and
+    # 01:30 UTC). The one-minute floor must bring an instance up both times, though the world
+    # is idle (no job at all) and the replay skips the passes that change nothing.
+    floor = FloorConfig(cron="30 2 * * *", timezone="Europe/Berlin", min_instances=1)
+    cfg = replace(
+        CFG,
+        policy=replace(
+            CFG.policy,
+            floor=(floor,),
+            billing_hour_aware=False,
+            idle_before_scale_down=timedelta(seconds=60),
+            scale_down_cooldown=timedelta(seconds=60),
+        ),
+    )
+    epoch = datetime(2026, 10, 24, 22, 0, tzinfo=UTC)  # midnight in Berlin
+    trace = workload.Trace("empty", (), (), span=5 * 3600.0, epoch=epoch)
+    setup = compare.Setup(boot_time=(120.0, 120.0))
+    world, stats = compare.play(Vultrscale(cfg, PRICE, epoch), trace, cfg, setup)
+    assert world.c.creates == 2
+    assert stats.skipped > stats.passes  # the idle night is skipped, not walked pass by pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated
 
@@ -99,7 +100,8 @@ def reconcile_cmd(
         metrics = metrics_mod.Metrics.for_config(cfg)
         if metrics_file:
             target = metrics_file  # checked before each pass changes anything
-            parts.preflight = (*parts.preflight, lambda: metrics_mod.check_textfile(target))
+            checks = (*parts.preflight, lambda: metrics_mod.check_textfile(target))
+            parts = dataclasses.replace(parts, preflight=checks)
         if metrics_port is not None:
             metrics.serve(metrics_port)
 

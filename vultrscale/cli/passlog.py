@@ -59,7 +59,7 @@ def pass_record(result: PassResult, fleet: str) -> dict[str, Any]:
     if plan is not None:
         record["desired"], record["target"] = plan.desired, plan.target
         record["clamps"] = list(plan.clamps)
-    record["actions"] = [_action(a) for a in result.actions]
+    record["actions"] = [_action(a) for a in result.action_rows()]
     record["errors"] = list(result.errors)
     return record
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -21,7 +20,10 @@ from psycopg.rows import dict_row
 from vultrscale.clock import PASS_DEADLINE_S, Deadline
 from vultrscale.config import format_duration
 from vultrscale.db import pg, plan_checks
+from vultrscale.db.locks import lock_key as lock_key  # re-exported: the pass lock's key
+from vultrscale.db.snapshots import recorded_snapshot
 from vultrscale.errors import PassStuck
+from vultrscale.lifecycle import LabelHolder, adoption
 from vultrscale.model import (
     STATE_STAMPS,
     FleetState,
@@ -41,11 +43,6 @@ if TYPE_CHECKING:
 
 
 _LOCK_NAMESPACE = 0x56534C  # "VSL": keeps our advisory locks apart from an app's own
-
-
-def lock_key(fleet: str) -> int:
-    """A stable 32-bit key per fleet for pg_try_advisory_lock(int, int)."""
-    return zlib.crc32(fleet.encode()) & 0x7FFFFFFF
 
 
 def try_lock(conn: psycopg.Connection[Any], fleet: str) -> bool:
@@ -183,44 +180,45 @@ def adopt(
     hourly_rate: float | None,
     monthly_cost: float | None,
 ) -> None:
-    """Record a tagged instance the ledger did not know (made by hand, or a lost intent).
-
-    - Its own gone row (the same instance: the list missed it long enough to be taken for
-      gone) comes back, under ``label``: its creation, stamps and pinned key are still its own.
-    - Another instance's gone row under ``label`` (a name used before) is kept under its
-      retired label, so this month's bill keeps its cost; the new row starts afresh.
-    - A live row of another fleet under ``label`` is left alone: this one is recorded under
-      ``<label>@<instance id>``, the name ``lifecycle.by_label`` gives a shared label."""
+    """Record a tagged instance the ledger did not know (made by hand, or a lost intent),
+    where ``lifecycle.adoption`` says: its own gone row revived, another instance's gone row
+    under ``label`` kept under its retired label, a live row of another fleet left alone."""
     note = "adopted: tagged at Vultr but missing from the ledger"
     with conn.transaction():
-        other = conn.execute(
-            "SELECT instance_id, gone_at FROM fleet_instances WHERE label = %s AND state = 'gone' "
-            "AND instance_id IS DISTINCT FROM %s FOR UPDATE",
-            (label, instance_id),
+        held = conn.execute(
+            "SELECT state, instance_id, gone_at FROM fleet_instances WHERE label = %s FOR UPDATE",
+            (label,),
         ).fetchone()
-        if other is not None:
+        own = conn.execute(
+            "SELECT 1 FROM fleet_instances WHERE instance_id = %s AND state = 'gone' FOR UPDATE",
+            (instance_id,),
+        ).fetchone()
+        holder = None if held is None else LabelHolder(InstanceState(held[0]), held[1], held[2])
+        where = adoption(label, instance_id, holder, own_gone=own is not None)
+        if where.retire_as is not None:
             conn.execute(
-                "UPDATE fleet_instances SET label = %s WHERE label = %s",
-                (retired_label(label, other[0], other[1]), label),
+                "UPDATE fleet_instances SET label = %s WHERE label = %s", (where.retire_as, label)
             )
-        revived = conn.execute(
-            "UPDATE fleet_instances SET label = %(label)s, fleet = %(fleet)s, state = %(state)s, "
-            "state_since = %(now)s, gone_at = NULL, draining_at = NULL, deleting_at = NULL, "
-            "running_at = COALESCE(running_at, CASE WHEN %(state)s = 'running' "
-            "THEN %(now)s::timestamptz END), "
-            "last_error = %(note)s WHERE instance_id = %(iid)s AND state = 'gone'",
-            {
-                "label": label,
-                "fleet": fleet,
-                "state": state.value,
-                "now": now,
-                "note": note,
-                "iid": instance_id,
-            },
-        )
-        if revived.rowcount:
+        if where.revive:
+            conn.execute(
+                "UPDATE fleet_instances SET label = %(label)s, fleet = %(fleet)s, "
+                "state = %(state)s, state_since = %(now)s, gone_at = NULL, draining_at = NULL, "
+                "deleting_at = NULL, running_at = COALESCE(running_at, CASE WHEN "
+                "%(state)s = 'running' THEN %(now)s::timestamptz END), "
+                "last_error = %(note)s WHERE instance_id = %(iid)s AND state = 'gone'",
+                {
+                    "label": where.label,
+                    "fleet": fleet,
+                    "state": state.value,
+                    "now": now,
+                    "note": note,
+                    "iid": instance_id,
+                },
+            )
             return
-        for name in (label, retired_label(label, instance_id)):
+        # Another fleet's pass may take the label between the read and the insert: then the
+        # instance goes by its shared-label name, as ``adoption`` would have said.
+        for name in dict.fromkeys((where.label, retired_label(label, instance_id))):
             inserted = conn.execute(
                 "INSERT INTO fleet_instances (label, fleet, state, instance_id, plan, region, "
                 "hourly_rate, monthly_cost, created_at, posted_at, running_at, state_since, "
@@ -496,8 +494,6 @@ class PgLedger:
             return fleet_state(self.conn, self.fleet)
 
     def recorded_snapshot(self) -> str | None:
-        from vultrscale.db.snapshots import recorded_snapshot
-
         return recorded_snapshot(self.conn, self.fleet)
 
     def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:

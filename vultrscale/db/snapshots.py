@@ -20,6 +20,7 @@ from datetime import datetime
 import psycopg
 
 from vultrscale.db import pg
+from vultrscale.db.locks import lock_key
 
 COMPLETE = "complete"
 PENDING = "pending"
@@ -86,8 +87,6 @@ def fleet_lock(conn: psycopg.Connection, fleet: str) -> Iterator[None]:
     """Hold ``fleet``'s snapshot lock on ``conn`` (waiting for it): two bakes or resumes that
     finish at once record and prune one after the other, each knowing the other's snapshot.
     A reconcile pass never takes it."""
-    from vultrscale.db.ledger import lock_key
-
     key = (_LOCK_NAMESPACE, lock_key(fleet))
     with _translated(f"taking the snapshot lock of fleet {fleet!r}"):
         conn.execute("SELECT pg_advisory_lock(%s, %s)", key)

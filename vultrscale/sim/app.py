@@ -396,14 +396,6 @@ class Simulator:
         with self._lock:
             return sum(rule.remaining for rule in self._drop_rules)
 
-    def clear_faults(self) -> None:
-        """Remove pending ``fail_next``/``drop_after_acting`` rules and the error rate."""
-        with self._lock:
-            self._fail_rules.clear()
-            self._drop_rules.clear()
-            self.error_rate = 0.0
-            self.latency = 0.0
-
     def count(self, method: str, path_pattern: str, status: int | None = None) -> int:
         """How many logged requests match (test helper)."""
         with self._lock:

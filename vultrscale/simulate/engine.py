@@ -7,7 +7,8 @@ A pass is skipped only where it provably changes nothing:
   stays quiet until the next arrival (no floor starts before it): the next pass runs on the
   first grid point at or after the arrival, exactly where it would have run anyway;
 - or the policy says, from the world as it is at that pass, that the pass would change
-  nothing (``Policy.unchanged``; for vultrscale: a saturated fleet, see ``fleet.py``).
+  nothing (``Policy.unchanged``; for vultrscale: what the last pass's decision says, its
+  next change and its demand band, see ``fleet.py``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ and record included. Only its ports are simulated, by core's in-memory adapters
   are refreshed from the world before each pass, as the workers' heartbeats and the queue
   would have them; recorded passes are counted, not kept (days of them would fill memory);
 - the clock reads the world's time.
+
+Passes are skipped only where the core itself says a pass changes nothing: after a pass with
+nothing to carry out, until ``decision.next_change`` and, for a busy fleet, while the queue's
+demand stays within ``decision.demand_band`` and the instances and their workers are as they
+were. The simulator keeps no model of its own of when the policy acts.
 """
 
 from __future__ import annotations
@@ -21,11 +26,8 @@ import math
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
-from croniter import croniter
-
-from vultrscale import budget, lifecycle, reconcile
+from vultrscale import budget, decision, lifecycle, reconcile
 from vultrscale.config import Config, Secret
 from vultrscale.errors import HostUnreachable, SSHError
 from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_parts
@@ -34,12 +36,12 @@ from vultrscale.model import (
     InstanceState,
     LedgerRow,
     PassEvent,
-    Plan,
     PlanPrice,
     ServiceState,
     Signals,
     WorkerView,
 )
+from vultrscale.ports import Parts
 from vultrscale.simulate.world import World
 from vultrscale.vultr.errors import InstanceLocked
 from vultrscale.vultr.models import VInstance, VPlan
@@ -222,9 +224,13 @@ class Vultrscale:
         self.skip_saturated = skip_saturated
         self.ledger = SimLedger(cfg.fleet.name)
         self.signals = MemorySignals()
-        self._parts: reconcile.Parts | None = None
-        self._last_plan: Plan | None = None  # the plan of the last pass that ran
-        self._last_hour = -1
+        self._parts: Parts | None = None
+        self._last_decision: decision.Decision | None = None  # of the last pass that ran
+        # While the last pass was steady on a busy queue: the demands and the time within
+        # which a pass on the same fleet stays steady, and the fleet's inputs it saw.
+        self._band: tuple[int, int | None] | None = None
+        self._steady_until = 0.0
+        self._inputs_then: tuple[tuple[str, bool], ...] = ()
 
     def start(self, world: World) -> None:
         clock = WorldClock(world, self.epoch)
@@ -241,7 +247,13 @@ class Vultrscale:
         assert self._parts is not None, "start() first"
         self._observe_world(world)
         result = reconcile.run_pass(self.cfg, self._parts)
-        self._last_plan, self._last_hour = result.plan, self._hour(world.now)
+        last = self._last_decision = result.decision
+        self._band = None if last is None else decision.demand_band(self.cfg, last)
+        if self._band is not None:
+            assert last is not None
+            until = decision.next_change(self.cfg, last)
+            self._steady_until = math.inf if until is None else self._seconds(until)
+            self._inputs_then = self._inputs(world)
 
     def _observe_world(self, world: World) -> None:
         """What the queue and the workers table say now: heartbeats and leases."""
@@ -264,71 +276,34 @@ class Vultrscale:
         self.ledger.workers_by_label = workers
 
     def unchanged(self, world: World) -> bool:
-        """A saturated fleet: jobs wait, every instance runs with its worker claiming, and the
-        last pass, in the same UTC hour, created nothing because the fleet was at its cap
-        (``max_instances`` or the budget). Such a pass provably does nothing:
-
-        - no create: the cap is ``max_instances`` or the budget's, and with the fleet unchanged
-          the budget's only moves when a new instance's cost to the month's end drops, at a
-          whole UTC hour; within the hour the cap is what the last pass computed;
-        - no scale-in and no idle clock: the queue is not empty and ``idle_since`` is unset;
-        - no replacement, transition, drain or adoption: every row running, its worker seen,
-          its address known, and the cloud holds exactly the ledger's instances (only a pass
-          changes them, and the last one changed nothing).
-
-        It is checked again at every pass; a test compares whole replays with and without it.
-        """
-        last = self._last_plan
-        if (
-            not self.skip_saturated
-            or last is None
-            or last.actions
-            or not world.ready
-            or self.ledger.state.idle_since is not None
-            or self._hour(world.now) != self._last_hour
-        ):
+        """The pass would carry nothing out, as the core says it: the last pass had nothing to
+        carry out, the core's time answer (``decision.next_change``) has not come, the queue's
+        demand is within the band the core gave (``decision.demand_band``), and the rest of
+        the pass's input is as it was then: the same instances, each worker still claiming
+        (in the simulated world only a pass changes those). It is checked again at every
+        pass; a test compares whole replays with and without it."""
+        band = self._band
+        if not self.skip_saturated or band is None or world.now >= self._steady_until:
             return False
-        rows = self.ledger.instances
-        if len(rows) < last.cap or len(rows) != last.capacity or len(world.live) != len(rows):
+        demand = world.ready_count + world.in_flight
+        if demand < band[0] or (band[1] is not None and demand > band[1]):
             return False
+        return self._inputs(world) == self._inputs_then
+
+    def _inputs(self, world: World) -> tuple[tuple[str, bool], ...]:
         now = world.now
-        for label, row in rows.items():
-            inst = world.live.get(label)
-            if (
-                row.state is not InstanceState.RUNNING
-                or not row.main_ip
-                or inst is None
-                or not inst.claiming(now)
-            ):
-                return False
-        return True
-
-    def _hour(self, t: float) -> int:
-        return int((self.epoch.timestamp() + t) // 3600)
+        return tuple((label, inst.claiming(now)) for label, inst in world.live.items())
 
     def quiet_until(self, world: World) -> float:
-        """Idle world and a ledger with nothing left to settle: only an arrival or a floor
-        that starts can make a pass do anything."""
-        if any(r.state is not InstanceState.GONE for r in self.ledger.instances.values()):
+        """When the world is idle (no instance, no job): the time before which a pass changes
+        nothing, as the core says it (``decision.next_change``) after a pass that had nothing
+        to carry out on this same idle world; 0 when the last pass still acted."""
+        last = self._last_decision
+        if last is None or not last.steady:
             return 0.0
-        if self.cfg.policy.min_instances:
-            return 0.0
-        now = self.epoch + timedelta(seconds=world.now)
-        starts = [
-            _next_match(fl.cron, fl.timezone, now)
-            for fl in self.cfg.policy.floor
-            if fl.min_instances > 0
-        ]
-        if not starts:
-            return math.inf
-        return (min(starts) - self.epoch).total_seconds()
+        when = decision.next_change(self.cfg, last)
+        return math.inf if when is None else self._seconds(when)
 
-
-def _next_match(cron: str, timezone: str, after: datetime) -> datetime:
-    """The earliest UTC instant at or after ``after`` whose wall time in ``timezone`` the
-    cron matches, or a moment before it (never later: a skipped pass must not miss a floor).
-    Ambiguous wall times resolve to their first occurrence; a minute of slack covers the rest."""
-    tz = ZoneInfo(timezone)
-    wall = budget.utc(after).astimezone(tz).replace(tzinfo=None, second=0, microsecond=0)
-    nxt = croniter(cron, wall - timedelta(minutes=1)).get_next(datetime)
-    return nxt.replace(tzinfo=tz).astimezone(budget.utc(after).tzinfo) - timedelta(minutes=1)
+    def _seconds(self, when: datetime) -> float:
+        """Seconds into the replay of a wall-clock time."""
+        return (budget.utc(when) - budget.utc(self.epoch)).total_seconds()

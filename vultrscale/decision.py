@@ -1,0 +1,551 @@
+"""What one pass will do, decided once: ``decide(readings, config) -> Decision``. Pure.
+
+The reconcile pass reads everything into one ``Readings`` value, hands it here, and carries
+out the ``Decision`` it gets back step by step (``reconcile.apply``), asking nothing more and
+deciding nothing more. The decision holds:
+
+- the steps of the pass, typed and in the order that keeps a kill safe: ledger transitions and
+  adoptions, the draining flag for workers of draining instances, each drain verdict (a delete
+  started, a wait, an error, the stop sent again), the deletes earlier passes began, then the
+  plan's replacements and scale-in (the draining mark before the SSH stop), the creates (with
+  their count and price) and what the fleet remembers for the next pass;
+- what the pass saw (``Observation``) and sized (``Plan``), the errors it reports, whether a
+  refused plan or price stops it before any change or only stops its creates;
+
+and ``next_change(config, decision)`` says the first moment the same observation
+could be decided differently (a floor starting or ending, a cool-down or the idle window
+ending, a paid hour, a drain deadline, a boot timeout, a new UTC hour for the budget).
+
+The rules live in ``lifecycle`` (an instance's states and drain verdicts), ``policy`` (the
+size of the fleet) and ``budget``; this module joins them into the pass's one answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from vultrscale import budget, lifecycle, policy
+from vultrscale.config import Config
+from vultrscale.errors import UsageError
+from vultrscale.lifecycle import Transition, Verdict
+from vultrscale.model import (
+    ActionKind,
+    FleetState,
+    HostTarget,
+    Instance,
+    InstanceState,
+    LedgerRow,
+    Observation,
+    Plan,
+    PlanPrice,
+    ServiceState,
+    Signals,
+    WorkerView,
+    frozen_from,
+)
+
+if TYPE_CHECKING:
+    from vultrscale.vultr.models import VInstance, VPlan
+
+
+@dataclass(frozen=True, slots=True)
+class Readings:
+    """Everything one pass read, before deciding anything. Observing writes nothing."""
+
+    now: datetime
+    rows: Mapping[str, LedgerRow]  # the ledger's rows not gone, by label
+    gone: tuple[LedgerRow, ...]  # rows gone this month (their cost is in this month's bill)
+    listed: Mapping[str, VInstance]  # by label: the tagged list, plus what a GET found it miss
+    workers: Mapping[str, WorkerView]
+    signals: Signals | None
+    price: PlanPrice | None
+    state: FleetState
+    probes: Mapping[str, ServiceState | str]  # draining rows: is-active, or why it wasn't asked
+    signal_error: str | None = None
+    api_error: str | None = None
+    # By plan: the fleet plan's price and those of the instances adopted this pass on another
+    # plan (made by hand: each is billed at its own plan's price, not the fleet's).
+    prices: Mapping[str, PlanPrice] = field(default_factory=dict)
+    price_error: str | None = None  # an adopted instance's plan Vultr lists without a price
+    # The plan, its region or its price refused: nothing may be created this pass.
+    refused: UsageError | None = None
+
+
+# --- the steps ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateAddress:
+    """Same state, a new address: the ledger learns it."""
+
+    label: str
+    main_ip: str | None
+    internal_ip: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """A tagged instance the ledger did not know: insert its row, billed at ``price``."""
+
+    label: str
+    note: str
+    instance_id: str
+    state: InstanceState
+    plan: str
+    region: str
+    created_at: datetime
+    price: PlanPrice | None  # its own plan's, else the fleet's; None: neither is known
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A ledger row moves to ``state`` (what the cloud shows: a boot, an instance gone)."""
+
+    label: str
+    note: str
+    state: InstanceState
+    instance_id: str | None = None  # learnt from the cloud; None: unchanged
+    main_ip: str | None = None
+    internal_ip: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlagWorkersDraining:
+    """The workers of draining instances are told to claim nothing (one restarted, or first
+    started, after its drain began would claim again)."""
+
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A result to record, no port touched: a drain waiting, a drain with no SSH target."""
+
+    label: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """An instance's error to report (the pass ends with exit 1), no port touched."""
+
+    label: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartDelete:
+    """Mark the row deleting, then DELETE the instance (a drained one, or one stuck in boot)."""
+
+    label: str
+    instance_id: str | None
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDelete:
+    """DELETE again an instance an earlier pass began deleting (locked then, or unverified)."""
+
+    label: str
+    instance_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MarkDraining:
+    """Scale-in: the row and its worker draining, before any stop is sent (kill-safe)."""
+
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """`systemctl stop --no-block` on each target. ``first``: a drain starting now (recorded
+    as such); otherwise the stop sent again to a worker still active."""
+
+    targets: tuple[HostTarget, ...]
+    first: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """``count`` new instances of the fleet's plan at ``price``, each intent written right
+    before its POST; the reason is the plan's."""
+
+    count: int
+    plan: str
+    region: str
+    price: PlanPrice
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SaveFleetState:
+    """What the next pass must remember. The last scale-up is the pass's time when a create
+    was accepted (the outcome decides it), else ``before``'s; nothing is written when all
+    three stay as they were."""
+
+    before: FleetState
+    last_scale_down: datetime | None
+    idle_since: datetime | None
+
+
+Step = (
+    UpdateAddress
+    | Adopt
+    | Move
+    | FlagWorkersDraining
+    | Note
+    | Fail
+    | StartDelete
+    | RetryDelete
+    | MarkDraining
+    | Stop
+    | Create
+    | SaveFleetState
+)
+# The steps that leave the world as it was: a pass of only these is steady.
+_SILENT = (Note, Fail)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Everything a pass will do and why: the one value ``apply`` carries out."""
+
+    now: datetime  # the pass's time: every step is done as of it
+    steps: tuple[Step, ...]
+    observation: Observation
+    plan: Plan
+    errors: tuple[str, ...]  # reported by the pass before it acts (exit 1, or 2 if refused)
+    refused: bool  # the plan or price refused: no create, and the pass ends with exit 2
+    refused_outright: bool  # ... with nothing to wind down: stop before any change
+    rows: Mapping[str, LedgerRow]  # the ledger as the transitions and drain verdicts leave it
+
+    @property
+    def creates(self) -> int:
+        return sum(s.count for s in self.steps if isinstance(s, Create))
+
+    @property
+    def steady(self) -> bool:
+        """Nothing to carry out: no port would be asked to change anything."""
+        return all(isinstance(s, _SILENT) for s in self.steps)
+
+
+# --- pure helpers ------------------------------------------------------------------------------
+
+
+def priced(plan: VPlan) -> PlanPrice | None:
+    """The plan's price; None when Vultr lists none usable. No price is not a price of zero: a
+    monthly_cost absent, null or unreadable (parsed as 0.0), read as $0, would pass every
+    ceiling, and the budget would limit nothing."""
+    monthly, hourly = plan.monthly_cost, plan.hourly_cost
+    if not (math.isfinite(monthly) and monthly > 0) or (
+        hourly is not None and not (math.isfinite(hourly) and hourly > 0)
+    ):
+        return None
+    return PlanPrice(plan.id, monthly, hourly)
+
+
+def target(cfg: Config, row: LedgerRow, v: VInstance | None) -> HostTarget | None:
+    """Where to reach an instance's worker over SSH; None without an address or pinned key."""
+    f = cfg.fleet
+    if f.ssh_address == "internal_ip":
+        address = (v.internal_ip if v else row.internal_ip) or ""
+    else:
+        address = (v.main_ip if v else row.main_ip) or ""
+    if not row.host_key or address in ("", "0.0.0.0"):
+        return None
+    return HostTarget(row.label, address, f.ssh_port, f.ssh_user, row.host_key, f.service)
+
+
+def live_leases(reads: Readings, label: str) -> int | None:
+    """Live leases of the instance's worker; None when the queue could not be read."""
+    if reads.signals is None:
+        return None
+    w = reads.workers.get(label)
+    return w.live_leases if w else 0
+
+
+def _last_scales(reads: Readings) -> tuple[datetime | None, datetime | None]:
+    """The last scale-up and scale-down: the later of the fleet state's and the ledger rows'.
+    The fleet state is written at the end of a pass, so a pass that died after its POST or its
+    drain (or whose only POST had an unclear outcome) left it unwritten, and the next pass
+    skipped the cool-down and ``max_step_up``'s pace. A row shows a scale-up when this scaler
+    wrote its create intent and the POST went or may have gone out (posted, or still waiting
+    for its answer; not a refused POST, nor an adopted row), a scale-down by its draining_at."""
+    up, down = reads.state.last_scale_up, reads.state.last_scale_down
+    creating = InstanceState.CREATING
+    for row in (*reads.rows.values(), *reads.gone):
+        if (row.posted_at is not None or row.state is creating) and (
+            up is None or row.created_at > up
+        ):
+            up = row.created_at
+        if row.draining_at is not None and (down is None or row.draining_at > down):
+            down = row.draining_at
+    return up, down
+
+
+def _not_after(when: datetime | None, now: datetime) -> datetime | None:
+    """A stored time later than now (written while a clock ran ahead) is read as now."""
+    return None if when is None else min(when, now)
+
+
+def _instance(reads: Readings, row: LedgerRow, billed: float) -> Instance:
+    v = reads.listed.get(row.label)
+    w = reads.workers.get(row.label)
+    return frozen_from(  # per instance per pass: every field named, set in one step
+        Instance,
+        {
+            "label": row.label,
+            "state": row.state,
+            "id": row.instance_id,
+            "created_at": row.created_at,
+            "state_since": row.state_since,
+            "vultr_status": v.status if v else "",
+            "power_status": v.power_status if v else "",
+            "server_status": v.server_status if v else "",
+            "main_ip": (v.main_ip if v else row.main_ip) or "",
+            "internal_ip": (v.internal_ip if v else row.internal_ip) or "",
+            "live_leases": w.live_leases if w is not None and reads.signals is not None else 0,
+            "worker_last_seen": w.last_seen if w else None,
+            "draining_since": row.draining_at,
+            "billed_usd": billed,
+            "hourly_rate": row.hourly_rate or 0.0,
+            "monthly_cost": row.monthly_cost or 0.0,
+            "boot_since": row.boot_since,
+        },
+    )
+
+
+# --- the decision ------------------------------------------------------------------------------
+
+
+def decide(reads: Readings, cfg: Config) -> Decision:
+    """The pass's whole decision: the lifecycle's transitions and drain verdicts, the plan
+    (``policy.decide``), and the steps that carry them out, in kill-safe order."""
+    now = reads.now
+    transitions: tuple[Transition, ...] = ()
+    if reads.api_error is None:
+        own = cfg.queue.preset == "vultrscale"  # foreign presets' workers don't report to us
+        transitions = tuple(
+            lifecycle.sync(reads.rows.values(), reads.listed, reads.workers, now, own_workers=own)
+        )
+    rows = lifecycle.applied(
+        reads.rows, transitions, reads.listed, cfg.fleet.name, now, reads.prices
+    )
+    verdicts = []
+    for label, service in reads.probes.items():
+        row = rows.get(label)
+        if row is None or row.state is not InstanceState.DRAINING:
+            continue
+        verdicts.append(
+            lifecycle.drain_step(
+                label,
+                service,
+                now - (row.draining_at or row.state_since),
+                live_leases(reads, label),
+                timeout=cfg.drain.timeout,
+                unreachable_grace=cfg.drain.unreachable_grace,
+            )
+        )
+    for v in verdicts:
+        if v.verdict is Verdict.DELETE:
+            rows[v.label] = rows[v.label].moved(InstanceState.DELETING, now)
+    bills = budget.ledger_bills([*{**reads.rows, **rows}.values(), *reads.gone], reads.price, now)
+    last_up, last_down = _last_scales(reads)
+    observation = Observation(
+        instances=tuple(_instance(reads, r, bills[r.label]) for r in rows.values()),
+        signals=reads.signals,
+        price=reads.price,
+        signal_error=reads.signal_error,
+        api_error=reads.api_error,
+        month_to_date_usd=sum(bills.values()),
+        last_scale_up=_not_after(last_up, now),
+        last_scale_down=_not_after(last_down, now),
+        idle_since=_not_after(reads.state.idle_since, now),
+    )
+    plan = policy.decide(observation, cfg, now)
+
+    steps: list[Step] = [*_ledger_steps(reads, transitions)]
+    if reads.api_error is None:  # drains are judged on what the cloud showed this pass
+        steps += _drain_steps(cfg, reads, verdicts, rows)
+    steps += _plan_steps(cfg, reads, plan, rows)
+    errors = [e for e in (reads.api_error, reads.signal_error, reads.price_error) if e]
+    if reads.refused is not None:
+        # A running fleet whose plan or price stops passing (Vultr raised the price above the
+        # ceiling, retired the plan): no create, but drains and deletes go on, or instances
+        # on their way out would bill on. The pass still ends as a usage error.
+        refused = reads.refused
+        errors.append(f"{refused.message}: nothing is created ({refused.hint})")
+    return Decision(
+        now=now,
+        steps=tuple(steps),
+        observation=observation,
+        plan=plan,
+        errors=tuple(errors),
+        refused=reads.refused is not None,
+        refused_outright=reads.refused is not None and not (reads.rows or reads.listed),
+        rows=rows,
+    )
+
+
+def _ledger_steps(reads: Readings, transitions: tuple[Transition, ...]) -> list[Step]:
+    """The ledger brought in line with the cloud: addresses, moves, adoptions."""
+    out: list[Step] = []
+    for t in transitions:
+        if t.address_only:
+            out.append(UpdateAddress(t.label, t.main_ip, t.internal_ip))
+        elif t.adopt:
+            v = reads.listed[t.label]
+            own = reads.prices.get(v.plan) or reads.price  # its own plan's price, else the fleet's
+            created = v.date_created or reads.now
+            out.append(Adopt(t.label, t.note, v.id, t.state, v.plan, v.region, created, own))
+        else:
+            out.append(
+                Move(t.label, t.note, t.state, t.instance_id, t.main_ip, t.internal_ip, t.error)
+            )
+    return out
+
+
+def _drain_steps(
+    cfg: Config,
+    reads: Readings,
+    verdicts: list[lifecycle.DrainStep],
+    rows: Mapping[str, LedgerRow],
+) -> list[Step]:
+    """The drains earlier passes began: the workers' flag, each verdict, the stops sent again,
+    then the deletes earlier passes began (retried until Vultr lets them through)."""
+    out: list[Step] = []
+    draining = tuple(r.label for r in reads.rows.values() if r.state is InstanceState.DRAINING)
+    if draining:
+        out.append(FlagWorkersDraining(draining))
+    restop = []
+    for v in verdicts:
+        row = rows[v.label]
+        if v.restop and (t := target(cfg, row, reads.listed.get(row.label))) is not None:
+            restop.append(t)
+        if v.verdict is Verdict.DELETE:
+            out.append(StartDelete(v.label, row.instance_id, v.why))
+        elif v.verdict is Verdict.WAIT:
+            out.append(Note(v.label, v.why))
+        else:
+            out.append(Fail(v.label, v.why))
+    if restop:
+        out.append(Stop(tuple(restop), first=False))
+    for label, row in rows.items():
+        before = reads.rows.get(label)
+        if before is not None and before.state is row.state is InstanceState.DELETING:
+            out.append(RetryDelete(label, row.instance_id))
+    return out
+
+
+def _plan_steps(
+    cfg: Config, reads: Readings, plan: Plan, rows: Mapping[str, LedgerRow]
+) -> list[Step]:
+    """The plan's replacements and scale-in (each marked draining before any stop is sent),
+    its creates, and the fleet state the next pass reads."""
+    out: list[Step] = []
+    stops: list[HostTarget] = []
+    for action in plan.actions:
+        row = rows.get(action.label or "")
+        if row is None:
+            continue
+        if action.kind is ActionKind.REPLACE:
+            # policy replaces only an instance whose worker holds no lease, on readable signals
+            out.append(StartDelete(row.label, row.instance_id, action.reason))
+        elif action.kind is ActionKind.DRAIN:
+            out.append(MarkDraining(row.label))
+            t = target(cfg, row, reads.listed.get(row.label))
+            if t is None:
+                why = f"draining: {lifecycle.NO_TARGET}; the drain deadline applies"
+                out.append(Note(row.label, why))
+            else:
+                stops.append(t)
+    if stops:
+        out.append(Stop(tuple(stops), first=True))
+    creates = [a for a in plan.actions if a.kind is ActionKind.CREATE]
+    if creates and reads.price is not None:
+        f = cfg.fleet
+        out.append(Create(len(creates), f.plan, f.region, reads.price, creates[0].reason))
+    down = reads.now if plan.drains else reads.state.last_scale_down
+    created = bool(out) and isinstance(out[-1], Create)  # its outcome may move last_scale_up
+    if created or (down, plan.idle_since) != (reads.state.last_scale_down, reads.state.idle_since):
+        out.append(SaveFleetState(reads.state, down, plan.idle_since))
+    return out
+
+
+# --- when the decision could change ------------------------------------------------------------
+
+
+def next_change(cfg: Config, decision: Decision) -> datetime | None:
+    """The first moment after ``decision.now`` at which the same observation could be decided
+    otherwise: a floor starting or ending, the up cool-down ending, the idle window or the
+    down cool-down ending (``plan.next_scale_in_at``, paid hours included), a drain's deadline
+    or grace, a boot timeout, a create's visibility grace, a new UTC hour (the budget's hours
+    left in the month) or month. Earlier is always safe (one more pass that finds nothing);
+    never later. None: nothing but a new observation can change it. Asked apart from
+    ``decide`` (by ``simulate``, to skip the passes that would change nothing): the search for
+    a floor's next start or end is not every pass's cost."""
+    now, pol = decision.now, cfg.policy
+    observation, plan, rows = decision.observation, decision.plan, decision.rows
+    times: list[datetime] = []
+    floor = policy.next_floor_change(pol, now)
+    if floor is not None:
+        times.append(floor)
+    if plan.next_scale_in_at is not None:
+        times.append(plan.next_scale_in_at)
+    if observation.last_scale_up is not None:
+        times.append(observation.last_scale_up + pol.scale_up_cooldown)
+        times.append(observation.last_scale_up + pol.scale_down_cooldown)
+    if observation.last_scale_down is not None:
+        times.append(observation.last_scale_down + pol.scale_down_cooldown)
+    if plan.idle_since is not None:
+        times.append(plan.idle_since + pol.idle_before_scale_down)
+    deadline = cfg.drain.timeout + lifecycle.DRAIN_MARGIN
+    for row in rows.values():
+        if row.state is InstanceState.DRAINING:
+            began = row.draining_at or row.state_since
+            times += [began + deadline, began + cfg.drain.unreachable_grace]
+        elif row.state in (InstanceState.PENDING, InstanceState.BOOTING):
+            times.append((row.boot_since or row.created_at) + pol.boot_timeout)
+            times.append((row.posted_at or row.created_at) + lifecycle.POST_VISIBILITY_GRACE)
+        elif row.state is InstanceState.CREATING:
+            times.append(row.created_at + lifecycle.CREATE_VISIBILITY_GRACE)
+    if rows or plan.clamps:
+        # Bills, the budget's hours left in the month and paid hours move with the UTC hour.
+        times.append(budget.utc(now).replace(minute=0, second=0, microsecond=0) + budget.HOUR)
+    times.append(budget.month_bounds(now)[1])
+    later = [budget.utc(t) for t in times if budget.utc(t) > budget.utc(now)]
+    return min(later) if later else None
+
+
+def demand_band(cfg: Config, decision: Decision) -> tuple[int, int | None] | None:
+    """The queue demands (ready + in flight + expired leases; None above: no upper bound) for
+    which the same readings, at a time before ``next_change``, are decided steady too: nothing
+    to carry out. Known only for a steady decision on a busy queue whose instances all run:
+    then no instance is replaced, booted, drained or scaled in (the queue is not idle), and a
+    create needs more demand than the running fleet serves, unless the fleet is at its cap
+    (``max_instances`` or the budget's, which moves only at a new hour) or the up cool-down
+    runs (until ``next_change``), where no demand creates. None otherwise."""
+    observation, plan = decision.observation, decision.plan
+    if (
+        not decision.steady
+        or observation.signals is None
+        or observation.signal_error
+        or observation.api_error
+        or not plan.demand
+        or any(i.state is not InstanceState.RUNNING for i in observation.instances)
+    ):
+        return None
+    running = len(observation.instances)
+    up = observation.last_scale_up
+    cooling = up is not None and budget.utc(up) + cfg.policy.scale_up_cooldown > budget.utc(
+        decision.now
+    )
+    if plan.cap <= running or cooling:
+        return 1, None
+    return 1, running * cfg.queue.jobs_per_instance
