@@ -12,6 +12,10 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+# croniter runs `file -b` on the interpreter when first imported (platform.architecture(), to
+# tell a 32-bit build); the package imports it lazily (only a fleet with floors pays for it),
+# so a unit test would be the first importer. Import it here, before any test is guarded.
+import croniter  # noqa: F401
 import pytest
 
 

@@ -35,7 +35,14 @@ from vultrscale.decision import (
     Stop,
     UpdateAddress,
 )
-from vultrscale.memory import MemoryCloud, MemoryDrain, MemoryLedger, MemorySignals, memory_parts
+from vultrscale.memory import (
+    SNAPSHOT,
+    MemoryCloud,
+    MemoryDrain,
+    MemoryLedger,
+    MemorySignals,
+    memory_parts,
+)
 from vultrscale.model import InstanceState, ServiceState, Signals, WorkerView
 from vultrscale.vultr.models import VInstance
 
@@ -43,7 +50,7 @@ START = datetime(2026, 5, 11, 9, 0, tzinfo=UTC)
 S = InstanceState
 CFG = dataclasses.replace(
     Config(),
-    fleet=dataclasses.replace(Config().fleet, snapshot_id="snap-1"),
+    fleet=dataclasses.replace(Config().fleet, snapshot_id=SNAPSHOT),
     policy=dataclasses.replace(
         Config().policy, max_instances=5, billing_hour_aware=False, min_instances=0
     ),

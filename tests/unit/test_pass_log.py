@@ -10,14 +10,25 @@ import pytest
 
 from vultrscale.cli.passlog import LogFormat, error_line, pass_line
 from vultrscale.errors import DatabaseError
-from vultrscale.model import Instance, InstanceState, Observation, Plan, Signals
+from vultrscale.model import (
+    Action,
+    ActionKind,
+    Instance,
+    InstanceState,
+    Observation,
+    Plan,
+    Signals,
+)
 from vultrscale.reconcile import PassResult
 
 AT = datetime(2026, 5, 10, 9, 0, 30, tzinfo=UTC)
 SECRET = "s3cret-password-42"
 
 
-def _result(**kw: object) -> PassResult:
+def _result(actions: tuple[Action, ...] | None = None, **kw: object) -> PassResult:
+    """A pass's result; ``actions`` are its plan's (the result shows the plan's actions)."""
+    if actions is None:
+        actions = (Action(ActionKind.CREATE, "queue needs 2"),)
     obs = Observation(
         instances=(
             Instance("worker-1", InstanceState.RUNNING),
@@ -26,7 +37,15 @@ def _result(**kw: object) -> PassResult:
         signals=Signals(ready=6, in_flight=2, oldest_ready_seconds=12.5),
         price=None,
     )
-    plan = Plan(desired=2, target=2, capacity=2, floor=0, cap=5, clamps=("max_instances 5",))
+    plan = Plan(
+        desired=2,
+        target=2,
+        capacity=2,
+        floor=0,
+        cap=5,
+        actions=actions,
+        clamps=("max_instances 5",),
+    )
     fields: dict[str, object] = {
         "exit_code": 0,
         "at": AT,
@@ -34,7 +53,6 @@ def _result(**kw: object) -> PassResult:
         "observation": obs,
         "pass_id": 41,
         "duration_s": 0.42,
-        "actions": [{"kind": "create", "label": None, "reason": "queue needs 2"}],
     }
     fields.update(kw)
     return PassResult(**fields)  # type: ignore[arg-type]
@@ -64,7 +82,7 @@ def test_a_label_with_a_newline_and_a_secret_in_an_error_stay_one_clean_line(
 ) -> None:
     result = _result(
         exit_code=1,
-        actions=[{"kind": "drain", "label": "evil\nINJECTED 2028\u2028line", "reason": "idle"}],
+        actions=(Action(ActionKind.DRAIN, "idle", "evil\nINJECTED 2028\u2028line"),),
         errors=[f"cannot reach postgresql://u:{SECRET}@db/x"],
     )
     line = pass_line(result, "workers", fmt, [SECRET])

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vultrscale import params
+from vultrscale.cli import passlog as passlog_mod
 from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
 from vultrscale.cli.passlog import LogFormat
 from vultrscale.errors import RuntimeFailure, UsageError, VultrscaleError
@@ -72,7 +73,8 @@ def reconcile_cmd(
         LogFormat | None,
         typer.Option(
             "--log-format",
-            case_sensitive=False,
+            parser=passlog_mod.log_format,
+            metavar="human|json",
             show_default=False,
             help=shown("With --loop, one line per pass: human or json (journald, Loki).", "human"),
         ),

@@ -27,6 +27,19 @@ class LogFormat(enum.StrEnum):
     JSON = "json"
 
 
+def log_format(value: object) -> LogFormat:
+    """``--log-format``'s parser (``human`` or ``json``, any case): our own, so the flag needs
+    no validation library at start-up (see ``vultrscale.cli._lean_coercion``)."""
+    import typer
+
+    if isinstance(value, LogFormat):
+        return value
+    try:
+        return LogFormat(str(value).lower())
+    except ValueError:
+        raise typer.BadParameter(f"{str(value)[:40]!r} is not one of 'human', 'json'") from None
+
+
 def _level(exit_code: int, errors: bool) -> str:
     if exit_code == 0 and not errors:
         return "info"
