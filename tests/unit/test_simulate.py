@@ -240,7 +240,9 @@ def test_the_table_marks_a_wait_that_rests_on_a_lost_job(
             "--policies", "naive,keda"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    rows = {
+        w: line for line in out.splitlines() for w in line.split()[:2] if w in ("naive", "keda")
+    }
     assert ">=" in rows["naive"]  # it loses jobs
     assert ">=" not in rows["keda"]  # it loses none
 
@@ -276,7 +278,8 @@ def test_the_same_seed_gives_the_same_results_and_another_seed_does_not() -> Non
 def test_vultrscale_kills_and_loses_nothing_on_a_bursty_week() -> None:
     trace = workload.shape("bursty-day", days=2, seed=1)
     cmp = compare.compare(trace, CFG, compare.Setup(), ("keda", "vultrscale"), price=PRICE)
-    keda, ours = cmp.results
+    by_name = {r.policy: r for r in cmp.results}
+    keda, ours = by_name["keda"], by_name["vultrscale"]
     assert ours.killed == 0 and ours.lost == 0
     assert ours.cost_usd <= keda.cost_usd
 
@@ -422,7 +425,9 @@ def test_json_has_every_policy_and_the_lower_bound(capsys: pytest.CaptureFixture
     assert main(["simulate", "--days", "1", "--jobs-per-day", "100", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     names = [r["policy"] for r in doc["results"]]
-    assert names[-3:] == ["naive", "keda", "vultrscale"] and names[0].startswith("always-on")
+    assert len(names) == 6 and "always-on 1" in names
+    assert set(names) >= {"naive", "keda", "hindsight", "vultrscale"}
+    assert [n for n in names if n.endswith("(peak)")]
     assert doc["lower_bound_hours"] > 0
     for r in doc["results"]:
         assert r["ratio_to_lower_bound"] == pytest.approx(
@@ -438,7 +443,10 @@ def test_sweep_ranks_the_combinations_by_cost(capsys: pytest.CaptureFixture[str]
     ]  # fmt: skip
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
-    assert len(rows) == 4
+    settings = [r for r in rows if not r["baseline"]]
+    assert len(settings) == 4 + 1  # the current setting (idle 90s) is none of them: added
+    assert [r["policy"] for r in settings if r["current"]] == ["current"]
+    assert len(rows) == 5 + 5  # and the baselines: always-on twice, naive, keda, hindsight
     costs = [r["cost_usd"] for r in rows if r["lost"] == 0]
     assert costs == sorted(costs)
     assert {r["policy"] for r in rows} >= {
@@ -453,13 +461,13 @@ def test_a_plan_sweep_prices_each_variant_at_its_own_plan(
 
     hourly = {p["id"]: float(p["hourly_cost"]) for p in data.PLANS}
     # the dearer plan first: the ranking puts it last
-    argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json",
-            "--sweep", "fleet.plan=vc2-2c-4gb,vc2-1c-1gb"]  # fmt: skip
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json", "--policies",
+            "vultrscale", "--sweep", "fleet.plan=vc2-2c-4gb,vc2-1c-1gb"]  # fmt: skip
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
-    rows = doc["results"]
+    rows = [r for r in doc["results"] if r["policy"] != "current"]
     assert len(rows) == 2
-    assert doc["price"]["plan"] == rows[0]["plan"]  # the first row's, after ranking
+    assert doc["price"]["plan"] == doc["results"][0]["plan"]  # the first row's, after ranking
     for r in rows:
         plan = r["policy"].removeprefix("fleet.plan=")
         assert r["billed_hours"] > 0  # a day is far below the monthly cap: hours x rate

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,12 +27,15 @@ class Options:
     jobs_per_day: int | None = None
     policies: Sequence[str] = compare.POLICIES
     seed: int = 0
-    boot_time: str = "10m..15m"
+    boot_time: str | None = None  # None: the config's simulate.boot_time
     interval: str = "30s"
     sweeps: Sequence[str] = field(default_factory=tuple)
+    variants: Path | None = None  # a TOML file of named variants
     monthly_usd: float | None = None
     plot: Path | None = None
     as_json: bool = False
+    wide: bool = False
+    workers: int = 0  # processes; 0: one per core, at most 2 (the machines this runs on)
 
 
 def load_trace(opts: Options, cfg: Config) -> workload.Trace:
@@ -83,9 +87,10 @@ def _setup(opts: Options) -> Setup:
         raise UsageError(f"--interval must be at least 1s, got {opts.interval}")
     return Setup(
         interval=interval,
-        boot_time=compare.parse_boot_time(opts.boot_time),
+        boot_time=None if opts.boot_time is None else compare.parse_boot_time(opts.boot_time),
         seed=opts.seed,
         plot=opts.plot is not None,
+        workers=opts.workers or min(2, os.cpu_count() or 1),
     )
 
 
@@ -114,26 +119,39 @@ def execute(
             hint=f"Choose from {', '.join(compare.POLICIES)} (comma-separated).",
         )
     setup = _setup(opts)
-    configs = None
-    if opts.sweeps:
+    price = compare.plan_price(cfg, opts.monthly_usd)
+    variants = None
+    if opts.sweeps or opts.variants is not None:
         sweeps = compare.parse_sweeps(opts.sweeps)
-        configs = compare.sweep_configs(sweeps, config_path, env, monthly=opts.monthly_usd)
-    else:
-        price = compare.plan_price(cfg, opts.monthly_usd)
+        named = compare.load_variants(opts.variants) if opts.variants is not None else []
+        if setup.boot_time is not None and (
+            any(k == "simulate.boot_time" for k, _ in sweeps)
+            or any("simulate.boot_time" in flags for _, flags in named)
+        ):
+            raise UsageError(
+                "--boot-time fixes the boot time that the sweep varies (simulate.boot_time)",
+                hint="Drop --boot-time, or stop sweeping simulate.boot_time.",
+            )
+        variants = compare.with_current(
+            compare.sweep_configs(
+                sweeps, config_path, env, monthly=opts.monthly_usd, named=named, current=cfg
+            ),
+            cfg,
+            price,
+        )
     trace = load_trace(opts, cfg)
 
     progress, done = _progress(err)
     try:
-        if configs is not None:
-            result: Comparison = compare.sweep(trace, configs, setup, progress=progress)
-            title = f"vultrscale with {len(configs)} config variant(s), cheapest first"
-        else:
-            result = compare.compare(
-                trace, cfg, setup, opts.policies, price=price, progress=progress
-            )
-            title = "policies on the same trace"
+        result: Comparison = compare.compare(
+            trace, cfg, setup, opts.policies, price=price, variants=variants, progress=progress
+        )
     finally:
         done()
+    if variants is not None:
+        title = f"{len(variants)} setting(s) and the baselines, cheapest first"
+    else:
+        title = "policies on the same trace, cheapest first"
     if plot is not None:
         render.plot(result, plot)
     if opts.as_json:
@@ -142,9 +160,11 @@ def execute(
             doc["plot"] = str(plot)
         print_json(doc)
     else:
-        if not out.is_terminal:
+        if opts.wide and not out.is_terminal:
             out.width = max(out.width, render.table_width(result))  # a pipe: never squeeze it
-        out.print(render.table(result, title=title))
+        elif not out.is_terminal:
+            out.width = render.NARROW
+        out.print(render.table(result, title=title, wide=opts.wide))
         for line in render.footer(result):
             out.print(line, highlight=False, soft_wrap=True)
         if plot is not None:
