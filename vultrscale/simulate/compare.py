@@ -9,6 +9,7 @@ import json
 import math
 import multiprocessing
 import os
+import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -323,11 +324,18 @@ def run_row(
     end: float,
     progress: Callable[[float], None] | None = None,
 ) -> PolicyResult:
+    started = time.perf_counter()
     pol = make_policy(row, trace, setup)
     result = run_one(
         pol, trace, row.cfg, setup, row.price, name=row.name, progress=progress, end=end
     )
-    return replace(result, knobs=row.knobs, current=row.current, baseline=row.kind != "vultrscale")
+    return replace(
+        result,
+        knobs=row.knobs,
+        current=row.current,
+        baseline=row.kind != "vultrscale",
+        replay_seconds=time.perf_counter() - started,
+    )
 
 
 # The trace a worker process replays, set once per process (not pickled per row).

@@ -67,6 +67,7 @@ class PolicyResult:
     # The limits that held back a scale-up the row wanted (cap, budget, cool-down,
     # max_step_up), by name: a row equal to another because the budget bound both says so.
     bound_by: tuple[str, ...] = ()
+    replay_seconds: float = 0.0  # wall time of the replay itself (scripts/bench_*; not in JSON)
 
     @property
     def ratio(self) -> float:
@@ -88,6 +89,7 @@ class PolicyResult:
         d = asdict(self)
         d.pop("samples")
         d.pop("cost_curve")
+        d.pop("replay_seconds")
         # No lower bound (no work): no ratio. JSON has no infinity; null says "none".
         d["ratio_to_lower_bound"] = round(self.ratio, 3) if math.isfinite(self.ratio) else None
         d["cost_vs_lower_bound"] = (
