@@ -314,3 +314,14 @@ def test_an_instance_that_never_boots_is_replaced_after_boot_timeout() -> None:
     r = _run("vultrscale", trace, cfg)
     assert r.dead_boots >= 2 and r.scale_ups == r.dead_boots  # replaced, and never came up
     assert r.lost == 1
+
+
+def test_the_frontier_plot_draws_a_sweep_with_its_baselines(tmp_path: Path) -> None:
+    import matplotlib  # noqa: F401 - a dev dependency: this test must draw, not skip
+
+    out = tmp_path / "frontier.png"
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "50", "--plot", str(out),
+            "--sweep", f"policy.floor=[],{FLOOR_2}",
+            "--sweep", "policy.idle_before_scale_down=90s,15m"]  # fmt: skip
+    assert main(argv) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -63,7 +63,7 @@ def floor_text(text: str) -> str:
         cron = str(fl.get("cron", "?"))
         fields = cron.split()
         if len(fields) == 5 and fields[0] == fields[2] == fields[3] == "*":
-            cron = f"{fields[1]}h {fields[4]}" if fields[4] != "*" else f"{fields[1]}h"
+            cron = f"{fields[1]} {fields[4]}" if fields[4] != "*" else f"{fields[1]}h"
         parts.append(f"{fl.get('min_instances', 1)}@{cron}{where}")
     return "+".join(parts)
 
@@ -193,7 +193,7 @@ def footer(cmp: Comparison) -> list[str]:
         )
     lines += [
         "bound by: the limits that held back a scale-up the row wanted (cap = max_instances, "
-        "budget, cool-down = scale_up_cooldown, step = max_step_up)",
+        "budget, cool = scale_up_cooldown, step = max_step_up)",
         f"{price} per started hour; wait = arrival to result less the job's own run time",
         f"lost = not finished {_dur(cmp.grace)} after the trace's end (a boot, the longest job "
         "and a drain) or killed at every attempt; a lost job waits at least to the replay's "
@@ -317,9 +317,10 @@ def plot(cmp: Comparison, path: Path) -> None:
             if not (x0 <= xy(r)[0] <= x1 and y0 <= xy(r)[1] <= y1)
         ]
         if off:
+            # Lower left: on a frontier plot nothing is there (nothing is cheap and quick).
             ax.text(
-                0.01, 0.99, "off the chart:\n" + "\n".join(off), transform=ax.transAxes,
-                fontsize=7.5, va="top", ha="left", color="#a04000",
+                0.01, 0.02, "off the chart:\n" + "\n".join(off), transform=ax.transAxes,
+                fontsize=7.5, va="bottom", ha="left", color="#a04000",
                 bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#dddddd"},
             )  # fmt: skip
     ax.set_xlabel("p95 wait (minutes)")
@@ -334,6 +335,11 @@ def plot(cmp: Comparison, path: Path) -> None:
     shown: list[tuple[PolicyResult | None, str, str]] = [(current, "current", "#27ae60")]
     if chosen is not None and chosen is not current:
         shown.insert(0, (chosen, f"chosen: {row_name(chosen)}", "#8e44ad"))
+    elif current is not None:  # the current is the cheapest of its wait: the next trade
+        quicker = [r for r in front if not r.baseline and r.wait_p95 < current.wait_p95]
+        if quicker:
+            step = min(quicker, key=lambda r: r.cost_usd)
+            shown.insert(0, (step, f"next quicker: {row_name(step)}", "#8e44ad"))
     shown.append((cmp.hindsight, "hindsight", "#e67e22"))
     queue_drawn = False
     for line, name, colour in shown:
@@ -350,6 +356,9 @@ def plot(cmp: Comparison, path: Path) -> None:
             queue_drawn = True
         ax2.step(xs, [s.fleet for s in line.samples], where="post", lw=1.2, color=colour,
                  label=f"{name} (${line.cost_usd:.2f}, p95 {_dur(line.wait_p95)})")  # fmt: skip
+    if queue_drawn:  # head-room for the legend above the busiest moment
+        top = max(s.fleet for line, _, _ in shown if line is not None for s in line.samples)
+        ax2.set_ylim(-0.2, top * 1.45 + 0.5)
     ax2.set_title("instances at Vultr over time", fontsize=10, loc="left")
     ax2.set_xlabel("hours since the trace began")
     ax2.set_ylabel("instances")
