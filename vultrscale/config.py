@@ -328,7 +328,7 @@ class Config:
     def masked(self) -> dict[str, Any]:
         """The resolved configuration as plain data with every secret masked."""
         out: dict[str, Any] = {}
-        for section in ("fleet", "worker", "queue", "policy", "budget", "drain"):
+        for section in ("fleet", "worker", "queue", "policy", "budget", "drain", "simulate"):
             out[section] = _plain(getattr(self, section))
         db = self.secrets.database_url.reveal()
         wdb = self.secrets.worker_database_url.reveal()

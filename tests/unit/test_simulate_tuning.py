@@ -325,3 +325,10 @@ def test_the_frontier_plot_draws_a_sweep_with_its_baselines(tmp_path: Path) -> N
             "--sweep", "policy.idle_before_scale_down=90s,15m"]  # fmt: skip
     assert main(argv) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_sweep_without_vultrscale_in_the_policies_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*DAY, "--policies", "keda", "--sweep", "policy.max_instances=3,5"]) == 2
+    assert "--policies leaves it out" in capsys.readouterr().err

@@ -122,6 +122,11 @@ def execute(
     price = compare.plan_price(cfg, opts.monthly_usd)
     variants = None
     if opts.sweeps or opts.variants is not None:
+        if "vultrscale" not in opts.policies:
+            raise UsageError(
+                "--sweep and --variants vary vultrscale's config, but --policies leaves it out",
+                hint="Add vultrscale to --policies (the baselines replay your config as it is).",
+            )
         sweeps = compare.parse_sweeps(opts.sweeps)
         named = compare.load_variants(opts.variants) if opts.variants is not None else []
         if setup.boot_time is not None and (

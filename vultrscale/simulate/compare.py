@@ -653,23 +653,3 @@ def with_current(variants: Sequence[Variant], cfg: Config, price: PlanPrice) -> 
     if any(v.current for v in variants):
         return list(variants)
     return [Variant("current", cfg, price, current=True), *variants]
-
-
-def sweep(
-    trace: Trace,
-    variants: Sequence[Variant],
-    setup: Setup,
-    *,
-    progress: Callable[[str, float], None] | None = None,
-) -> Comparison:
-    """vultrscale once per variant (``sweep_configs``), each at its own price, ranked by cost
-    (then p95 wait); no baseline."""
-    return compare(
-        trace,
-        variants[0].cfg,
-        setup,
-        ("vultrscale",),
-        price=variants[0].price,
-        variants=variants,
-        progress=progress,
-    )
