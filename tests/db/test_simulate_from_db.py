@@ -14,6 +14,7 @@ from tests.e2e.worker_procs import wait_for
 from vultrscale.cli import main
 from vultrscale.db import history
 from vultrscale.db import queue as q
+from vultrscale.simulate import workload
 from vultrscale.worker import Job
 from vultrscale.worker.runtime import Worker, WorkerSettings
 
@@ -56,8 +57,12 @@ def test_from_db_replays_the_jobs_the_real_worker_finished(
     _run_jobs(db_url, 6)
     rows = history.finished_jobs(db_url, timedelta(hours=1))
     assert len(rows) == 6
-    # duration = finished - due: at least the job's own run time (the queue has no start time)
-    assert all((fin - due).total_seconds() >= JOB_SECONDS for due, fin in rows)
+    # The worker wrote when each job started: its own run time, not its wait too. Six jobs
+    # on two slots: the last ones waited two runs before starting (finished - due, what the
+    # replay took before the queue recorded a start, counted that wait as work).
+    runs = [(fin - started).total_seconds() for _, started, fin in rows if started is not None]
+    assert len(runs) == 6 and all(JOB_SECONDS <= r < JOB_SECONDS + 0.25 for r in runs)
+    assert max((fin - due).total_seconds() for due, _, fin in rows) >= 2 * JOB_SECONDS
 
     monkeypatch.setenv("DATABASE_URL", db_url)
     code = main(
@@ -67,7 +72,10 @@ def test_from_db_replays_the_jobs_the_real_worker_finished(
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["workload"]["jobs"] == 6
-    assert "upper bound" in doc["workload"]["note"]
+    assert "duration = finished - started" in doc["workload"]["note"]
+    assert "before the queue recorded a start" not in doc["workload"]["note"]
+    replayed = workload.from_history(rows, since=timedelta(hours=1))
+    assert replayed.total_job_seconds < 6 * (JOB_SECONDS + 0.25)  # the runs, not the waits
     ours = next(r for r in doc["results"] if r["policy"] == "vultrscale")
     assert ours["finished"] == 6 and ours["lost"] == 0 and ours["killed"] == 0
     assert ours["billed_hours"] == 2  # six jobs at four per instance: two instances, an hour each
@@ -83,8 +91,6 @@ def test_from_db_with_no_finished_jobs_exits_2(
 
 def test_from_db_reads_utc_whatever_the_session_time_zone(db_url: str) -> None:
     from datetime import UTC, datetime
-
-    from vultrscale.simulate import workload
 
     # A database whose sessions default to Berlin time, and jobs around the end of its summer
     # time (01:00 UTC on 2026-10-25): read in Berlin wall time they reorder and one lasts
@@ -105,7 +111,7 @@ def test_from_db_reads_utc_whatever_the_session_time_zone(db_url: str) -> None:
         assert conn.execute("SHOW TimeZone").fetchone() == ("Europe/Berlin",)
     since = abs(datetime.now(UTC) - datetime(2026, 10, 25, tzinfo=UTC)) + timedelta(days=1)
     rows = history.finished_jobs(db_url, since)
-    assert [(d.utcoffset(), f.utcoffset()) for d, f in rows] == [(timedelta(0),) * 2] * 3
+    assert [(d.utcoffset(), f.utcoffset()) for d, _, f in rows] == [(timedelta(0),) * 2] * 3
     t = workload.from_history(rows, since=since)
     assert t.arrivals == (1800.0, 3000.0, 4200.0)
     assert t.durations == (600.0, 900.0, 600.0)

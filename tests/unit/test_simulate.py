@@ -363,7 +363,7 @@ def test_history_across_a_dst_change_keeps_real_arrivals_and_durations() -> None
     def at(h: int, m: int) -> datetime:
         return datetime(2026, 10, 25, h, m, tzinfo=UTC).astimezone(berlin)
 
-    rows = [(at(0, 30), at(0, 40)), (at(0, 50), at(1, 5)), (at(1, 10), at(1, 20))]
+    rows = [(at(0, 30), None, at(0, 40)), (at(0, 50), None, at(1, 5)), (at(1, 10), None, at(1, 20))]
     t = workload.from_history(rows, since=timedelta(days=1))
     assert t.epoch == datetime(2026, 10, 25, tzinfo=UTC)
     assert t.arrivals == (1800.0, 3000.0, 4200.0)
@@ -690,3 +690,20 @@ def test_json_of_a_day_with_no_work_is_valid_json(capsys: pytest.CaptureFixture[
     assert main(["simulate", "--days", "1", "--jobs-per-day", "0", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
     assert doc  # no Infinity, no NaN: a ratio with no lower bound is null
+
+
+def test_history_replays_the_run_time_where_the_queue_recorded_a_start() -> None:
+    from datetime import UTC, datetime
+
+    t0 = datetime(2026, 6, 1, 9, tzinfo=UTC)
+
+    def at(s: float) -> datetime:
+        return t0 + timedelta(seconds=s)
+
+    # due at 0, waited 100 s in the fleet, ran 30 s; a row from before v6 (no start) ran 40 s
+    # after being due at 10
+    t = workload.from_history(
+        [(at(0), at(100), at(130)), (at(10), None, at(50))], since=timedelta(days=1)
+    )
+    assert t.durations == (30.0, 40.0)
+    assert "1 of them from before the queue recorded a start" in t.note
