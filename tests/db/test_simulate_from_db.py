@@ -156,3 +156,44 @@ def test_from_db_with_more_jobs_than_a_replay_holds_exits_2(
     assert main(["simulate", "--from-db", "--since", "1h"]) == 2
     err = capsys.readouterr().err
     assert "more than 2 finished jobs" in err and "--since" in err and "Traceback" not in err
+
+
+def test_from_db_learns_the_boot_time_from_the_fleets_ledger(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (state, run_at, created_at, started_at, finished_at) "
+            "VALUES ('succeeded', now() - interval '10m', now() - interval '10m', "
+            "now() - interval '9m', now() - interval '8m')"
+        )
+        # Three instances this fleet created, workers up 100, 200 and 300 s later; one of
+        # another fleet and one adopted (never POSTed here) do not count.
+        for label, fleet, boot, posted in [
+            ("w-1", "workers", 100, True), ("w-2", "workers", 200, True),
+            ("w-3", "workers", 300, True), ("o-1", "others", 5, True),
+            ("a-1", "workers", 7, False),
+        ]:  # fmt: skip
+            conn.execute(
+                "INSERT INTO fleet_instances (label, fleet, state, created_at, posted_at, "
+                "state_since) VALUES (%(l)s, %(f)s, 'gone', now() - interval '1h', "
+                "CASE WHEN %(p)s THEN now() - interval '1h' END, now())",
+                {"l": label, "f": fleet, "p": posted},
+            )
+            conn.execute(
+                "INSERT INTO workers (worker_id, instance_label, started_at) "
+                "VALUES (%(l)s, %(l)s, now() - interval '1h' + make_interval(secs => %(b)s))",
+                {"l": label, "b": boot},
+            )
+    assert sorted(history.boot_seconds(db_url, "workers", timedelta(days=1))) == pytest.approx(
+        [100.0, 200.0, 300.0], abs=0.01
+    )
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    argv = ["simulate", "--from-db", "--since", "1d", "--policies", "vultrscale", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    notes = doc["notes"]
+    assert any("learned from the ledger: 3 instance(s)" in n and "median 200s" in n for n in notes)
+    # the one job waited for a pass (30 s at most) and a boot drawn from what was learned
+    assert 100.0 <= doc["results"][0]["wait_max"] <= 330.0
+    assert any("replayed as 100s..300s" in n for n in notes)

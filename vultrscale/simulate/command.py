@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,10 @@ def execute(
             price,
         )
     trace = load_trace(opts, cfg)
+    notes: list[str] = []
+    if opts.from_db and setup.boot_time is None:
+        setup, learned = _learn_boot(cfg, opts, setup)
+        notes += learned
 
     progress, done = _progress(err)
     try:
@@ -153,6 +157,7 @@ def execute(
         )
     finally:
         done()
+    result = replace(result, notes=(*notes, *result.notes))
     if variants is not None:
         title = f"{len(variants)} setting(s) and the baselines, cheapest first"
     else:
@@ -175,6 +180,28 @@ def execute(
         if plot is not None:
             out.print(f"plot written to {plot}", highlight=False)
     return EXIT_OK
+
+
+def _learn_boot(cfg: Config, opts: Options, setup: Setup) -> tuple[Setup, list[str]]:
+    """With --from-db and no --boot-time: the boot time the fleet's own ledger shows (create
+    to the worker's first registration), if it has any; else simulate.boot_time."""
+    from vultrscale.db import history
+
+    since = config_mod.parse_duration(opts.since, "--since")
+    boots = history.boot_seconds(cfg.secrets.database_url.reveal(), cfg.fleet.name, since)
+    if not boots:
+        return setup, [
+            f"boot time: the ledger has no instance of fleet {cfg.fleet.name!r} whose worker "
+            f"came up within {opts.since}; simulate.boot_time ({cfg.simulate.boot_time}) used"
+        ]
+    lo, hi = compare.learned_boot(boots)
+    median = sorted(boots)[(len(boots) - 1) // 2]
+    return replace(setup, boot_time=(lo, hi)), [
+        f"boot time learned from the ledger: {len(boots)} instance(s) of fleet "
+        f"{cfg.fleet.name!r}, create to first worker registration, median {median:.0f}s; "
+        f"replayed as {lo:.0f}s..{hi:.0f}s (their 10th to 90th percentile; --boot-time "
+        "overrides)"
+    ]
 
 
 def _progress(err: Console) -> tuple[Callable[[str, float], None] | None, Callable[[], None]]:
