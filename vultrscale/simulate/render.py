@@ -299,9 +299,20 @@ def plot(cmp: Comparison, path: Path) -> None:
             _label(ax, r, row_name(r), "#1f4e79", small=True, lift=(k % 3) * 8 - 8)
     if chosen is not None and current is not None and chosen is not current:
         ax.scatter(*xy(chosen), s=140, facecolors="none", edgecolors="#8e44ad", lw=2, zorder=6)
-    # Zoomed on the settings and hindsight: a baseline far off (always-on at the peak, a
-    # naive scaler's lost jobs) would squeeze every setting into one corner. It is named.
-    focus = [xy(r) for r in rows if r.lost == 0 and (not r.baseline or r.policy == "hindsight")]
+    # Zoomed on the rows that lost nothing and are not far off the rest (always-on at the
+    # peak costs several times the median; a naive scaler's lost jobs wait for days): they
+    # would squeeze every setting into one corner. Those outside are named in a corner.
+    kept = [r for r in rows if r.lost == 0]
+    if kept:
+        mid_cost = sorted(r.cost_usd for r in kept)[(len(kept) - 1) // 2]
+        mid_wait = sorted(r.wait_p95 for r in kept)[(len(kept) - 1) // 2]
+        kept = [
+            r
+            for r in kept
+            if not r.baseline
+            or (r.cost_usd <= 2.5 * mid_cost and r.wait_p95 <= 4 * mid_wait + 60.0)
+        ]
+    focus = [xy(r) for r in kept]
     if focus:
         xs_, ys_ = zip(*focus, strict=True)
         xpad = max(0.5, (max(xs_) - min(xs_)) * 0.12)
@@ -311,18 +322,13 @@ def plot(cmp: Comparison, path: Path) -> None:
         ax.set_xlim(x0, x1)
         ax.set_ylim(y0, y1)
         off = [
-            f"{r.policy}: ${r.cost_usd:.2f}, p95 {_wait(r.wait_p95, r.wait_p95_at_least)}"
+            f"{row_name(r)}: ${r.cost_usd:.2f}, p95 {_wait(r.wait_p95, r.wait_p95_at_least)}"
             + (f", {r.lost} lost" if r.lost else "")
             for r in rows
             if not (x0 <= xy(r)[0] <= x1 and y0 <= xy(r)[1] <= y1)
         ]
-        if off:
-            # Lower left: on a frontier plot nothing is there (nothing is cheap and quick).
-            ax.text(
-                0.01, 0.02, "off the chart:\n" + "\n".join(off), transform=ax.transAxes,
-                fontsize=7.5, va="bottom", ha="left", color="#a04000",
-                bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#dddddd"},
-            )  # fmt: skip
+        for text in off:  # named in the legend (upper right: dear and slow, mostly empty)
+            ax.plot([], [], " ", label=f"off the chart: {text}")
     ax.set_xlabel("p95 wait (minutes)")
     ax.set_ylabel("cost ($)")
     ax.set_title(
