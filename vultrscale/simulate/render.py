@@ -82,8 +82,9 @@ _SHORT_KEY = {
 def knob_text(key: str, value: str) -> str:
     """One knob, short: the key without its section (or shorter), a floor as ``floor_text``."""
     short = key.rpartition(".")[2]
-    if short == "floor":
-        return f"floor={floor_text(value)}"
+    if short == "floor":  # "2@8-17 mon-fri" says it is a floor; "none" would not
+        text = floor_text(value)
+        return "no floor" if text == "none" else text
     return f"{_SHORT_KEY.get(short, short)}={value}"
 
 
