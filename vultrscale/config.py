@@ -292,6 +292,34 @@ class DrainConfig:
 
 
 @dataclass(frozen=True)
+class SimulateConfig:
+    """The world `vultrscale simulate` replays in (README "Tune before you deploy"); the pass
+    never reads it. Kept in the fleet's file so a sweep varies it like any other key."""
+
+    # Create to worker up: a duration or MIN..MAX (drawn uniformly). Snapshot restores take
+    # 10 to 15 minutes at Vultr on top of provisioning (Vultr's snapshot docs).
+    boot_time: str = "10m..15m"
+    duration_scale: float = 1.0  # every job's run time times this (a slower or faster release)
+    # Faults, each off at 0: stock-outs (creates refused as the plan runs out in the region),
+    # 429 bursts (every API call refused), and instances that never boot.
+    stockout_every: timedelta = timedelta(0)  # mean time between stock-outs
+    stockout_for: timedelta = timedelta(minutes=30)
+    throttle_every: timedelta = timedelta(0)  # mean time between 429 bursts
+    throttle_for: timedelta = timedelta(minutes=2)
+    dead_boot_share: float = 0.0  # share of creates that never boot (0 to 1)
+
+
+def duration_range(text: str, key: str) -> tuple[float, float]:
+    """``12m`` (fixed) or ``10m..15m`` (a range) in seconds; ValueError naming ``key``."""
+    lo_s, sep, hi_s = text.partition("..")
+    lo = parse_duration(lo_s.strip(), key).total_seconds()
+    hi = parse_duration(hi_s.strip(), key).total_seconds() if sep else lo
+    if hi < lo:
+        raise ValueError(f"{key}: {text!r} ends before it starts (write MIN..MAX, e.g. 10m..15m)")
+    return lo, hi
+
+
+@dataclass(frozen=True)
 class Secrets:
     api_key: Secret = field(default_factory=lambda: Secret(""))
     database_url: Secret = field(default_factory=lambda: Secret(""))
@@ -373,6 +401,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
     secrets: Secrets = field(default_factory=Secrets)
     api_url: str = DEFAULT_API_URL
     source: str = "defaults"  # which file (if any) the values came from
@@ -410,7 +439,7 @@ class Config:
         """The resolved configuration as plain data with every secret masked."""
         out: dict[str, Any] = {}
         secrets = self.secrets.values()
-        for section in ("fleet", "worker", "queue", "policy", "budget", "drain"):
+        for section in ("fleet", "worker", "queue", "policy", "budget", "drain", "simulate"):
             out[section] = _plain(getattr(self, section), secrets)
         db = self.secrets.database_url.reveal()
         wdb = self.secrets.worker_database_url.reveal()
@@ -530,6 +559,7 @@ _SECTIONS: dict[str, type] = {
     "policy": PolicyConfig,
     "budget": BudgetConfig,
     "drain": DrainConfig,
+    "simulate": SimulateConfig,
 }
 # VULTRSCALE_* variables that are not VULTRSCALE_<SECTION>_<KEY> settings.
 _ENV_NOT_SETTINGS = frozenset(
@@ -920,6 +950,8 @@ NUMBER_RANGES: dict[str, tuple[float, float]] = {
     "policy.max_instances": (0, MAX_FLEET),
     "policy.max_step_up": (0, MAX_FLEET),
     "budget.monthly_ceiling_usd": (0.01, 10_000_000),
+    "simulate.duration_scale": (0.01, 100),
+    "simulate.dead_boot_share": (0, 1),
 }
 
 
@@ -1046,6 +1078,10 @@ def validate(cfg: Config) -> list[str]:
             )
     if d.poll_interval <= timedelta(0):
         p.append("drain.poll_interval: must be longer than 0s")
+    try:
+        duration_range(cfg.simulate.boot_time, "simulate.boot_time")
+    except ValueError as exc:
+        p.append(str(exc))
     stop = timeout_stop_seconds(w) if math.isfinite(w.drain_seconds) else 0
     if d.timeout.total_seconds() < stop:
         p.append(

@@ -14,6 +14,7 @@ from tests.e2e.worker_procs import wait_for
 from vultrscale.cli import main
 from vultrscale.db import history
 from vultrscale.db import queue as q
+from vultrscale.simulate import workload
 from vultrscale.worker import Job
 from vultrscale.worker.runtime import Worker, WorkerSettings
 
@@ -56,8 +57,12 @@ def test_from_db_replays_the_jobs_the_real_worker_finished(
     _run_jobs(db_url, 6)
     rows = history.finished_jobs(db_url, timedelta(hours=1))
     assert len(rows) == 6
-    # duration = finished - due: at least the job's own run time (the queue has no start time)
-    assert all((fin - due).total_seconds() >= JOB_SECONDS for due, fin in rows)
+    # The worker wrote when each job started: its own run time, not its wait too. Six jobs
+    # on two slots: the last ones waited two runs before starting (finished - due, what the
+    # replay took before the queue recorded a start, counted that wait as work).
+    runs = [(fin - started).total_seconds() for _, started, fin in rows if started is not None]
+    assert len(runs) == 6 and all(JOB_SECONDS <= r < JOB_SECONDS + 0.25 for r in runs)
+    assert max((fin - due).total_seconds() for due, _, fin in rows) >= 2 * JOB_SECONDS
 
     monkeypatch.setenv("DATABASE_URL", db_url)
     code = main(
@@ -67,7 +72,10 @@ def test_from_db_replays_the_jobs_the_real_worker_finished(
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["workload"]["jobs"] == 6
-    assert "upper bound" in doc["workload"]["note"]
+    assert "duration = finished - started" in doc["workload"]["note"]
+    assert "before the queue recorded a start" not in doc["workload"]["note"]
+    replayed = workload.from_history(rows, since=timedelta(hours=1))
+    assert replayed.total_job_seconds < 6 * (JOB_SECONDS + 0.25)  # the runs, not the waits
     ours = next(r for r in doc["results"] if r["policy"] == "vultrscale")
     assert ours["finished"] == 6 and ours["lost"] == 0 and ours["killed"] == 0
     assert ours["billed_hours"] == 2  # six jobs at four per instance: two instances, an hour each
@@ -83,8 +91,6 @@ def test_from_db_with_no_finished_jobs_exits_2(
 
 def test_from_db_reads_utc_whatever_the_session_time_zone(db_url: str) -> None:
     from datetime import UTC, datetime
-
-    from vultrscale.simulate import workload
 
     # A database whose sessions default to Berlin time, and jobs around the end of its summer
     # time (01:00 UTC on 2026-10-25): read in Berlin wall time they reorder and one lasts
@@ -105,7 +111,7 @@ def test_from_db_reads_utc_whatever_the_session_time_zone(db_url: str) -> None:
         assert conn.execute("SHOW TimeZone").fetchone() == ("Europe/Berlin",)
     since = abs(datetime.now(UTC) - datetime(2026, 10, 25, tzinfo=UTC)) + timedelta(days=1)
     rows = history.finished_jobs(db_url, since)
-    assert [(d.utcoffset(), f.utcoffset()) for d, f in rows] == [(timedelta(0),) * 2] * 3
+    assert [(d.utcoffset(), f.utcoffset()) for d, _, f in rows] == [(timedelta(0),) * 2] * 3
     t = workload.from_history(rows, since=since)
     assert t.arrivals == (1800.0, 3000.0, 4200.0)
     assert t.durations == (600.0, 900.0, 600.0)
@@ -150,3 +156,44 @@ def test_from_db_with_more_jobs_than_a_replay_holds_exits_2(
     assert main(["simulate", "--from-db", "--since", "1h"]) == 2
     err = capsys.readouterr().err
     assert "more than 2 finished jobs" in err and "--since" in err and "Traceback" not in err
+
+
+def test_from_db_learns_the_boot_time_from_the_fleets_ledger(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (state, run_at, created_at, started_at, finished_at) "
+            "VALUES ('succeeded', now() - interval '10m', now() - interval '10m', "
+            "now() - interval '9m', now() - interval '8m')"
+        )
+        # Three instances this fleet created, workers up 100, 200 and 300 s later; one of
+        # another fleet and one adopted (never POSTed here) do not count.
+        for label, fleet, boot, posted in [
+            ("w-1", "workers", 100, True), ("w-2", "workers", 200, True),
+            ("w-3", "workers", 300, True), ("o-1", "others", 5, True),
+            ("a-1", "workers", 7, False),
+        ]:  # fmt: skip
+            conn.execute(
+                "INSERT INTO fleet_instances (label, fleet, state, created_at, posted_at, "
+                "state_since) VALUES (%(l)s, %(f)s, 'gone', now() - interval '1h', "
+                "CASE WHEN %(p)s THEN now() - interval '1h' END, now())",
+                {"l": label, "f": fleet, "p": posted},
+            )
+            conn.execute(
+                "INSERT INTO workers (worker_id, instance_label, started_at) "
+                "VALUES (%(l)s, %(l)s, now() - interval '1h' + make_interval(secs => %(b)s))",
+                {"l": label, "b": boot},
+            )
+    assert sorted(history.boot_seconds(db_url, "workers", timedelta(days=1))) == pytest.approx(
+        [100.0, 200.0, 300.0], abs=0.01
+    )
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    argv = ["simulate", "--from-db", "--since", "1d", "--policies", "vultrscale", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    notes = doc["notes"]
+    assert any("learned from the ledger: 3 instance(s)" in n and "median 200s" in n for n in notes)
+    # the one job waited for a pass (30 s at most) and a boot drawn from what was learned
+    assert 100.0 <= doc["results"][0]["wait_max"] <= 330.0
+    assert any("replayed as 100s..300s" in n for n in notes)

@@ -26,6 +26,13 @@ CFG = Config()
 PRICE = compare.plan_price(CFG)
 
 
+@pytest.fixture(autouse=True)
+def _one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep replays its rows on one process per core: here on this one (the unit tier
+    starts no process; tests/e2e/test_simulate_parallel.py checks the pool gives the same)."""
+    monkeypatch.setattr("vultrscale.simulate.command.os.cpu_count", lambda: 1)
+
+
 def _trace(jobs: list[tuple[float, float]], span: float | None = None) -> workload.Trace:
     return workload.from_jobs("hand", jobs, span=span)
 
@@ -240,7 +247,9 @@ def test_the_table_marks_a_wait_that_rests_on_a_lost_job(
             "--policies", "naive,keda"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    rows = {
+        w: line for line in out.splitlines() for w in line.split()[:2] if w in ("naive", "keda")
+    }
     assert ">=" in rows["naive"]  # it loses jobs
     assert ">=" not in rows["keda"]  # it loses none
 
@@ -276,7 +285,8 @@ def test_the_same_seed_gives_the_same_results_and_another_seed_does_not() -> Non
 def test_vultrscale_kills_and_loses_nothing_on_a_bursty_week() -> None:
     trace = workload.shape("bursty-day", days=2, seed=1)
     cmp = compare.compare(trace, CFG, compare.Setup(), ("keda", "vultrscale"), price=PRICE)
-    keda, ours = cmp.results
+    by_name = {r.policy: r for r in cmp.results}
+    keda, ours = by_name["keda"], by_name["vultrscale"]
     assert ours.killed == 0 and ours.lost == 0
     assert ours.cost_usd <= keda.cost_usd
 
@@ -360,7 +370,7 @@ def test_history_across_a_dst_change_keeps_real_arrivals_and_durations() -> None
     def at(h: int, m: int) -> datetime:
         return datetime(2026, 10, 25, h, m, tzinfo=UTC).astimezone(berlin)
 
-    rows = [(at(0, 30), at(0, 40)), (at(0, 50), at(1, 5)), (at(1, 10), at(1, 20))]
+    rows = [(at(0, 30), None, at(0, 40)), (at(0, 50), None, at(1, 5)), (at(1, 10), None, at(1, 20))]
     t = workload.from_history(rows, since=timedelta(days=1))
     assert t.epoch == datetime(2026, 10, 25, tzinfo=UTC)
     assert t.arrivals == (1800.0, 3000.0, 4200.0)
@@ -422,7 +432,9 @@ def test_json_has_every_policy_and_the_lower_bound(capsys: pytest.CaptureFixture
     assert main(["simulate", "--days", "1", "--jobs-per-day", "100", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     names = [r["policy"] for r in doc["results"]]
-    assert names[-3:] == ["naive", "keda", "vultrscale"] and names[0].startswith("always-on")
+    assert len(names) == 6 and "always-on 1" in names
+    assert set(names) >= {"naive", "keda", "hindsight", "vultrscale"}
+    assert [n for n in names if n.endswith("(peak)")]
     assert doc["lower_bound_hours"] > 0
     for r in doc["results"]:
         assert r["ratio_to_lower_bound"] == pytest.approx(
@@ -438,7 +450,10 @@ def test_sweep_ranks_the_combinations_by_cost(capsys: pytest.CaptureFixture[str]
     ]  # fmt: skip
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
-    assert len(rows) == 4
+    settings = [r for r in rows if not r["baseline"]]
+    assert len(settings) == 4 + 1  # the current setting (idle 90s) is none of them: added
+    assert [r["policy"] for r in settings if r["current"]] == ["current"]
+    assert len(rows) == 5 + 5  # and the baselines: always-on twice, naive, keda, hindsight
     costs = [r["cost_usd"] for r in rows if r["lost"] == 0]
     assert costs == sorted(costs)
     assert {r["policy"] for r in rows} >= {
@@ -453,13 +468,13 @@ def test_a_plan_sweep_prices_each_variant_at_its_own_plan(
 
     hourly = {p["id"]: float(p["hourly_cost"]) for p in data.PLANS}
     # the dearer plan first: the ranking puts it last
-    argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json",
-            "--sweep", "fleet.plan=vc2-2c-4gb,vc2-1c-1gb"]  # fmt: skip
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json", "--policies",
+            "vultrscale", "--sweep", "fleet.plan=vc2-2c-4gb,vc2-1c-1gb"]  # fmt: skip
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
-    rows = doc["results"]
+    rows = [r for r in doc["results"] if r["policy"] != "current"]
     assert len(rows) == 2
-    assert doc["price"]["plan"] == rows[0]["plan"]  # the first row's, after ranking
+    assert doc["price"]["plan"] == doc["results"][0]["plan"]  # the first row's, after ranking
     for r in rows:
         plan = r["policy"].removeprefix("fleet.plan=")
         assert r["billed_hours"] > 0  # a day is far below the monthly cap: hours x rate
@@ -705,3 +720,20 @@ def test_a_floor_in_the_repeated_hour_when_clocks_go_back_is_kept_in_a_replay() 
     world, stats = compare.play(Vultrscale(cfg, PRICE, epoch), trace, cfg, setup)
     assert world.c.creates == 2
     assert stats.skipped > stats.passes  # the idle night is skipped, not walked pass by pass
+
+
+def test_history_replays_the_run_time_where_the_queue_recorded_a_start() -> None:
+    from datetime import UTC, datetime
+
+    t0 = datetime(2026, 6, 1, 9, tzinfo=UTC)
+
+    def at(s: float) -> datetime:
+        return t0 + timedelta(seconds=s)
+
+    # due at 0, waited 100 s in the fleet, ran 30 s; a row from before v6 (no start) ran 40 s
+    # after being due at 10
+    t = workload.from_history(
+        [(at(0), at(100), at(130)), (at(10), None, at(50))], since=timedelta(days=1)
+    )
+    assert t.durations == (30.0, 40.0)
+    assert "1 of them from before the queue recorded a start" in t.note

@@ -279,6 +279,9 @@ def init_cmd(
         "vultrscale --config prod.toml simulate --from-db --since 14d --plot week.png",
         "vultrscale simulate --sweep policy.idle_before_scale_down=0s,5m,15m "
         "--sweep policy.billing_hour_aware=true,false",
+        'vultrscale simulate --sweep \'policy.floor=[],[{cron="* 8-17 * * mon-fri",'
+        "min_instances=2}]' --sweep simulate.boot_time=2m,12m --plot frontier.png",
+        "vultrscale simulate --variants variants.toml --wide",
     ),
 )
 def simulate_cmd(
@@ -328,20 +331,22 @@ def simulate_cmd(
     policies: Annotated[
         str,
         typer.Option(
-            "--policies", metavar="LIST", help="Comma-separated: always-on,naive,keda,vultrscale."
+            "--policies",
+            metavar="LIST",
+            help="Comma-separated: always-on,naive,keda,hindsight,vultrscale.",
         ),
-    ] = "always-on,naive,keda,vultrscale",
+    ] = "always-on,naive,keda,hindsight,vultrscale",
     seed: Annotated[
         int, typer.Option("--seed", metavar="N", help="Seed for the workload and boots.")
     ] = 0,
     boot_time: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--boot-time",
             metavar="DURATION|MIN..MAX",
-            help="Create to worker up (snapshot restores: 10-15 min at Vultr).",
+            help="Create to worker up (default: simulate.boot_time, 10m..15m).",
         ),
-    ] = "10m..15m",
+    ] = None,
     interval: Annotated[
         str, typer.Option("--interval", metavar="DURATION", help="Time between passes.")
     ] = "30s",
@@ -350,9 +355,21 @@ def simulate_cmd(
         typer.Option(
             "--sweep",
             metavar="KEY=V1,V2",
-            help="Run vultrscale once per combination of config values (repeatable).",
+            help="Run vultrscale once per combination of config values, any key, "
+            "simulate.* too (repeatable).",
         ),
     ] = None,
+    variants: Annotated[
+        str | None,
+        typer.Option(
+            "--variants",
+            metavar="PATH.toml",
+            help="Named variants: one TOML table each, holding the config keys it changes.",
+        ),
+    ] = None,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Every column and whole names (wider than 100).")
+    ] = False,
     monthly_usd: Annotated[
         float | None,
         typer.Option(
@@ -398,6 +415,8 @@ def simulate_cmd(
         boot_time=boot_time,
         interval=interval,
         sweeps=tuple(sweep or ()),
+        variants=Path(variants) if variants else None,
+        wide=wide,
         monthly_usd=monthly_usd,
         plot=Path(plot) if plot else None,
         as_json=as_json,

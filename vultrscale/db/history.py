@@ -1,8 +1,8 @@
 """The built-in queue's own history, for `vultrscale simulate --from-db`. Read-only.
 
-The queue keeps, per job, when it was created, when it became due (``run_at``) and when it
-finished; it does not keep when it started (the lease row goes when the job finishes). The
-rows are returned as (due, finished) pairs and the replay says what that means.
+The queue keeps, per job, when it was created, when it became due (``run_at``), when its last
+attempt started (``started_at``, written at claim since schema v6; NULL on older rows) and
+when it finished. The rows are returned as (due, started, finished).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from vultrscale import params
 from vultrscale.db import pg
 
 _FINISHED = """
-SELECT greatest(created_at, run_at) AS due, finished_at
+SELECT greatest(created_at, run_at) AS due, started_at, finished_at
 FROM jobs
 WHERE finished_at IS NOT NULL
   AND state IN ('succeeded', 'failed', 'dead')
@@ -29,8 +29,9 @@ LIMIT %(limit)s
 
 def finished_jobs_in(
     conn: psycopg.Connection[Any], since: timedelta, queue: str = ""
-) -> list[tuple[datetime, datetime]]:
-    """(due, finished) of every job of ``queue`` created within ``since`` that has finished,
+) -> list[tuple[datetime, datetime | None, datetime]]:
+    """(due, started, finished) of every job of ``queue`` created within ``since`` that has
+    finished (started None on rows from before schema v6),
     up to MAX_REPLAY_JOBS + 1 of them (the earliest due). An empty ``queue`` means every queue,
     as ``queue.queue`` does for the scaler. In the session's TimeZone (UTC on ``pg.connect``'s
     connections); ``workload.from_history`` takes them to UTC whatever it is."""
@@ -39,10 +40,35 @@ def finished_jobs_in(
     rows = conn.execute(
         _FINISHED, {"since": since, "queue": queue or None, "limit": limit}
     ).fetchall()
-    return [(due, fin) for due, fin in rows]
+    return [(due, started, fin) for due, started, fin in rows]
 
 
-def finished_jobs(url: str, since: timedelta, queue: str = "") -> list[tuple[datetime, datetime]]:
+def finished_jobs(
+    url: str, since: timedelta, queue: str = ""
+) -> list[tuple[datetime, datetime | None, datetime]]:
     """The same, over a connection of its own; errors become ``DatabaseError``s."""
     with pg.session(url, "cannot read the queue's history") as conn:
         return finished_jobs_in(conn, since, queue)
+
+
+# Create to the worker's first registration, per instance this fleet created (adopted ones,
+# never POSTed here, have no create time of ours) within the window.
+_BOOTS = """
+SELECT extract(epoch FROM (w.first_seen - f.created_at))
+FROM fleet_instances f
+JOIN LATERAL (
+    SELECT min(started_at) AS first_seen FROM workers WHERE instance_label = f.label
+) w ON true
+WHERE f.fleet = %(fleet)s
+  AND f.posted_at IS NOT NULL
+  AND f.created_at >= now() - %(since)s
+  AND w.first_seen >= f.created_at
+ORDER BY f.created_at
+"""
+
+
+def boot_seconds(url: str, fleet: str, since: timedelta) -> list[float]:
+    """Seconds from each create of ``fleet`` within ``since`` to its worker's first
+    registration (the fleet's own boot times); errors become ``DatabaseError``s."""
+    with pg.session(url, "cannot read the fleet's ledger") as conn:
+        return [float(r[0]) for r in conn.execute(_BOOTS, {"fleet": fleet, "since": since})]

@@ -93,7 +93,7 @@ WITH picked AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
-    UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1
+    UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, started_at = now()
     FROM picked WHERE j.id = picked.id
     RETURNING j.id, j.attempts, j.payload
 ), leased AS (

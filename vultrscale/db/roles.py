@@ -39,7 +39,11 @@ class Grant:
 # statement. FOR UPDATE / FOR SHARE need UPDATE on some column, which each locked table has.
 WORKER_GRANTS: tuple[Grant, ...] = (
     Grant("jobs", ("SELECT",)),
-    Grant("jobs", ("UPDATE",), ("state", "attempts", "run_at", "finished_at", "last_error")),
+    Grant(
+        "jobs",
+        ("UPDATE",),
+        ("state", "attempts", "run_at", "finished_at", "last_error", "started_at"),
+    ),
     Grant("job_leases", ("SELECT", "INSERT", "DELETE")),
     Grant("job_leases", ("UPDATE",), ("worker_id", "token", "leased_at", "expires_at")),
     Grant("job_steps", ("SELECT", "INSERT")),

@@ -157,7 +157,14 @@ CREATE VIEW draining_instance_labels AS
     SELECT label FROM fleet_instances WHERE state IN ('draining', 'deleting');
 """
 
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2), (4, _V4), (5, _V5))
+# v6: when a job's last attempt started, written by the worker at claim: `simulate --from-db`
+# replays a job's own run time (finished - started) instead of finished - due, which held the
+# time it waited in the fleet. Rows from before stay NULL and are replayed the old way.
+_V6 = """
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS started_at timestamptz;
+"""
+
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2), (4, _V4), (5, _V5), (6, _V6))
 """(version, SQL) in order. Append new versions; never edit one that has shipped. Versions
 are applied when missing, not only when above the highest applied one, so versions numbered
 apart on parallel branches all land after a merge."""

@@ -10,6 +10,14 @@ Each is what its name says, kept as simple as its real counterpart is:
   instance), scale-up at once, scale-down stabilised over 300 s (the HPA's window), to zero
   only after ``cooldownPeriod`` = 300 s without demand; victims chosen without regard to the
   jobs they run (not-ready first, then the newest, as a ReplicaSet does); no drain.
+- ``hindsight``: knows the whole workload. For each clock hour it runs the instances that
+  hour's work needs (the job time arriving in the hour over an instance-hour of slots, rounded
+  up, and never fewer than the work already queued needs), each started one boot time ahead,
+  within ``max_instances``; an instance not needed the next hour is drained just before its
+  paid hour ends. It answers "what would a perfect forecast cost here".
+
+In a world that fails (``[simulate]`` faults) a baseline meets the same faults: a pass inside a
+429 burst does nothing, a create inside a stock-out is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +26,10 @@ import math
 from collections import deque
 
 from vultrscale.simulate.world import World
+
+# Stop an instance the next hour does not need this long before its paid hour ends: its drain
+# and its delete then fall inside the hour already paid (Vultr bills per started hour).
+HINDSIGHT_MARGIN = 120.0
 
 # KEDA's defaults: cooldownPeriod (to zero) and the HPA's scale-down stabilisation window.
 KEDA_COOLDOWN = 300.0
@@ -33,6 +45,7 @@ class Baseline:
         self.max = max_instances
         self.per = jobs_per_instance
         self._n = 0
+        self.bound: set[str] = set()  # the limits that held the fleet below its wish
 
     def label(self) -> str:
         self._n += 1
@@ -42,7 +55,19 @@ class Baseline:
         """Set the fleet up at second 0."""
 
     def tick(self, world: World) -> None:
-        """One pass at ``world.now``."""
+        """One pass at ``world.now``; nothing inside a 429 burst."""
+        if not world.throttled():
+            self.act(world)
+
+    def act(self, world: World) -> None:
+        """What the pass does."""
+
+    def capped(self, want: int) -> int:
+        """``want`` within ``max_instances``, noting when the cap binds."""
+        if want > self.max:
+            self.bound.add("cap")
+            return self.max
+        return want
 
     def quiet_until(self, world: World) -> float:
         """A time before which passes on an idle world (no instance, no job) change nothing."""
@@ -63,6 +88,9 @@ class AlwaysOn(Baseline):
         for _ in range(self.size):
             world.warm(self.label())
 
+    def tick(self, world: World) -> None:
+        """Nothing to do: the fleet is fixed (and calls no API)."""
+
     def quiet_until(self, world: World) -> float:
         return math.inf  # never idle: it has instances
 
@@ -70,15 +98,16 @@ class AlwaysOn(Baseline):
 class Naive(Baseline):
     name = "naive"
 
-    def tick(self, world: World) -> None:
+    def act(self, world: World) -> None:
         ready = world.ready_count
         if ready == 0:
             for label in list(world.live):
                 world.delete(label)  # no drain: running jobs are killed
             return
-        want = min(self.max, math.ceil((ready + world.in_flight) / self.per))
+        want = self.capped(math.ceil((ready + world.in_flight) / self.per))
         for _ in range(want - len(world.live)):
-            world.create(self.label())
+            if world.try_create(self.label()) is None:
+                break
 
 
 class Keda(Baseline):
@@ -89,10 +118,10 @@ class Keda(Baseline):
         self.last_active = -math.inf
         self.history: deque[tuple[float, int]] = deque()
 
-    def tick(self, world: World) -> None:
+    def act(self, world: World) -> None:
         now = world.now
         demand = world.ready_count + world.in_flight
-        desired = min(self.max, math.ceil(demand / self.per))
+        desired = self.capped(math.ceil(demand / self.per))
         if demand:
             self.last_active = now
         # The HPA runs at 1..N while the trigger is active or within the cool-down; it keeps the
@@ -108,9 +137,75 @@ class Keda(Baseline):
         current = list(world.live.values())
         if target > len(current):
             for _ in range(target - len(current)):
-                world.create(self.label())
+                if world.try_create(self.label()) is None:
+                    break
         elif target < len(current):
             # Not yet ready first, then the newest: the jobs they hold play no part.
             victims = sorted(reversed(current), key=lambda i: (i.worker_up(now), -i.created))
             for inst in victims[: len(current) - target]:
                 world.delete(inst.label)
+
+
+def hourly_need(
+    arrivals: tuple[float, ...], durations: tuple[float, ...], jobs_per_instance: int
+) -> list[int]:
+    """Per clock hour of the trace: the instances its work needs, the job time arriving in it
+    over one instance-hour of slots, rounded up."""
+    work: dict[int, float] = {}
+    for a, d in zip(arrivals, durations, strict=True):
+        h = int(a // 3600)
+        work[h] = work.get(h, 0.0) + d
+    hours = max(work, default=-1) + 1
+    return [math.ceil(work.get(h, 0.0) / (3600.0 * jobs_per_instance) - 1e-9) for h in range(hours)]
+
+
+class Hindsight(Baseline):
+    name = "hindsight"
+
+    def __init__(self, max_instances: int, jobs_per_instance: int, lead: float) -> None:
+        super().__init__(max_instances, jobs_per_instance)
+        self.lead = lead  # one boot time: how far ahead of its hour an instance is started
+        self.need: list[int] = []
+
+    def start(self, world: World) -> None:
+        self.need = hourly_need(world.arrival, world.duration, self.per)
+
+    def quiet_until(self, world: World) -> float:
+        """Idle until one boot time before the next hour with work."""
+        first = max(0, math.floor((world.now + self.lead) / 3600.0))
+        for h in range(first, len(self.need)):
+            if self.need[h] > 0:
+                return h * 3600.0 - self.lead
+        return math.inf
+
+    def _need(self, hour: int) -> int:
+        return self.need[hour] if 0 <= hour < len(self.need) else 0
+
+    def act(self, world: World) -> None:
+        now = world.now
+        # The hour whose instances should be up (or booting) now: one boot time ahead.
+        hour = math.floor((now + self.lead) / 3600.0)
+        backlog = math.ceil((world.ready_count + world.in_flight) / self.per)
+        live = list(world.live.values())
+        for inst in live:  # drained: delete it, inside its paid hour
+            if inst.stop_at is not None and not inst.worker_up(now):
+                world.delete(inst.label)
+        serving = [i for i in world.live.values() if i.stop_at is None]
+        # In the last minutes before the next hour's instances are due, the instances whose
+        # paid hour ends are stopped if that hour does not need them: none is created for
+        # this hour then (it would pay a new hour to be judged against the next at once).
+        closing = (hour + 1) * 3600.0 - self.lead - now <= HINDSIGHT_MARGIN
+        want = self.capped(max(0 if closing else self._need(hour), backlog))
+        for _ in range(want - len(serving)):
+            if world.try_create(self.label()) is None:
+                break
+        # Near the end of each paid hour: keep it only if the next hour needs it.
+        keep_next = max(self._need(hour + 1), backlog)
+        ending = [
+            i
+            for i in serving
+            if 3600.0 - (now - i.created) % 3600.0 <= HINDSIGHT_MARGIN and now > i.created
+        ]
+        extra = len(serving) - keep_next
+        for inst in sorted(ending, key=lambda i: len(i.running))[: max(0, extra)]:
+            world.stop(inst.label)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,15 @@ class Options:
     jobs_per_day: int | None = None
     policies: Sequence[str] = compare.POLICIES
     seed: int = 0
-    boot_time: str = "10m..15m"
+    boot_time: str | None = None  # None: the config's simulate.boot_time
     interval: str = "30s"
     sweeps: Sequence[str] = field(default_factory=tuple)
+    variants: Path | None = None  # a TOML file of named variants
     monthly_usd: float | None = None
     plot: Path | None = None
     as_json: bool = False
+    wide: bool = False
+    workers: int = 0  # processes; 0: one per core, at most 2 (the machines this runs on)
 
 
 def load_trace(opts: Options, cfg: Config) -> workload.Trace:
@@ -83,9 +87,10 @@ def _setup(opts: Options) -> Setup:
         raise UsageError(f"--interval must be at least 1s, got {opts.interval}")
     return Setup(
         interval=interval,
-        boot_time=compare.parse_boot_time(opts.boot_time),
+        boot_time=None if opts.boot_time is None else compare.parse_boot_time(opts.boot_time),
         seed=opts.seed,
         plot=opts.plot is not None,
+        workers=opts.workers or min(2, os.cpu_count() or 1),
     )
 
 
@@ -114,26 +119,49 @@ def execute(
             hint=f"Choose from {', '.join(compare.POLICIES)} (comma-separated).",
         )
     setup = _setup(opts)
-    configs = None
-    if opts.sweeps:
+    price = compare.plan_price(cfg, opts.monthly_usd)
+    variants = None
+    if opts.sweeps or opts.variants is not None:
+        if "vultrscale" not in opts.policies:
+            raise UsageError(
+                "--sweep and --variants vary vultrscale's config, but --policies leaves it out",
+                hint="Add vultrscale to --policies (the baselines replay your config as it is).",
+            )
         sweeps = compare.parse_sweeps(opts.sweeps)
-        configs = compare.sweep_configs(sweeps, config_path, env, monthly=opts.monthly_usd)
-    else:
-        price = compare.plan_price(cfg, opts.monthly_usd)
+        named = compare.load_variants(opts.variants) if opts.variants is not None else []
+        if setup.boot_time is not None and (
+            any(k == "simulate.boot_time" for k, _ in sweeps)
+            or any("simulate.boot_time" in flags for _, flags in named)
+        ):
+            raise UsageError(
+                "--boot-time fixes the boot time that the sweep varies (simulate.boot_time)",
+                hint="Drop --boot-time, or stop sweeping simulate.boot_time.",
+            )
+        variants = compare.with_current(
+            compare.sweep_configs(
+                sweeps, config_path, env, monthly=opts.monthly_usd, named=named, current=cfg
+            ),
+            cfg,
+            price,
+        )
     trace = load_trace(opts, cfg)
+    notes: list[str] = []
+    if opts.from_db and setup.boot_time is None:
+        setup, learned = _learn_boot(cfg, opts, setup)
+        notes += learned
 
     progress, done = _progress(err)
     try:
-        if configs is not None:
-            result: Comparison = compare.sweep(trace, configs, setup, progress=progress)
-            title = f"vultrscale with {len(configs)} config variant(s), cheapest first"
-        else:
-            result = compare.compare(
-                trace, cfg, setup, opts.policies, price=price, progress=progress
-            )
-            title = "policies on the same trace"
+        result: Comparison = compare.compare(
+            trace, cfg, setup, opts.policies, price=price, variants=variants, progress=progress
+        )
     finally:
         done()
+    result = replace(result, notes=(*notes, *result.notes))
+    if variants is not None:
+        title = f"{len(variants)} setting(s) and the baselines, cheapest first"
+    else:
+        title = "policies on the same trace, cheapest first"
     if plot is not None:
         render.plot(result, plot)
     if opts.as_json:
@@ -142,14 +170,38 @@ def execute(
             doc["plot"] = str(plot)
         print_json(doc)
     else:
-        if not out.is_terminal:
+        if opts.wide and not out.is_terminal:
             out.width = max(out.width, render.table_width(result))  # a pipe: never squeeze it
-        out.print(render.table(result, title=title))
+        elif not out.is_terminal:
+            out.width = render.NARROW
+        out.print(render.table(result, title=title, wide=opts.wide))
         for line in render.footer(result):
             out.print(line, highlight=False, soft_wrap=True)
         if plot is not None:
             out.print(f"plot written to {plot}", highlight=False)
     return EXIT_OK
+
+
+def _learn_boot(cfg: Config, opts: Options, setup: Setup) -> tuple[Setup, list[str]]:
+    """With --from-db and no --boot-time: the boot time the fleet's own ledger shows (create
+    to the worker's first registration), if it has any; else simulate.boot_time."""
+    from vultrscale.db import history
+
+    since = config_mod.parse_duration(opts.since, "--since")
+    boots = history.boot_seconds(cfg.secrets.database_url.reveal(), cfg.fleet.name, since)
+    if not boots:
+        return setup, [
+            f"boot time: the ledger has no instance of fleet {cfg.fleet.name!r} whose worker "
+            f"came up within {opts.since}; simulate.boot_time ({cfg.simulate.boot_time}) used"
+        ]
+    lo, hi = compare.learned_boot(boots)
+    median = sorted(boots)[(len(boots) - 1) // 2]
+    return replace(setup, boot_time=(lo, hi)), [
+        f"boot time learned from the ledger: {len(boots)} instance(s) of fleet "
+        f"{cfg.fleet.name!r}, create to first worker registration, median {median:.0f}s; "
+        f"replayed as {lo:.0f}s..{hi:.0f}s (their 10th to 90th percentile; --boot-time "
+        "overrides)"
+    ]
 
 
 def _progress(err: Console) -> tuple[Callable[[str, float], None] | None, Callable[[], None]]:

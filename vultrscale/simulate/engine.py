@@ -24,6 +24,7 @@ from vultrscale.simulate.world import JOB_END, World
 
 class Policy(Protocol):
     name: str
+    bound: set[str]  # the limits that held back a scale-up (the report's bound_by)
 
     def start(self, world: World) -> None: ...
     def tick(self, world: World) -> None: ...

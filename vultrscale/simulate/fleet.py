@@ -43,7 +43,7 @@ from vultrscale.model import (
 )
 from vultrscale.ports import Parts
 from vultrscale.simulate.world import World
-from vultrscale.vultr.errors import InstanceLocked
+from vultrscale.vultr.errors import BadRequest, InstanceLocked, RateLimited
 from vultrscale.vultr.models import VInstance, VPlan
 
 SNAPSHOT = "snap-simulated"
@@ -84,7 +84,25 @@ class WorldCloud(MemoryCloud):
         )
         self.world = world
 
+    def _api(self) -> None:
+        """A 429 burst of the simulated world refuses every call (the client's retries spent)."""
+        if self.world.throttled():
+            raise RateLimited("429 Too Many Requests (simulated burst)", status=429)
+
+    def list_instances(self, tag: str | None = None) -> list[VInstance]:
+        self._api()
+        return super().list_instances(tag)
+
+    def get_instance(self, instance_id: str) -> VInstance:
+        self._api()
+        return super().get_instance(instance_id)
+
     def create_instance(self, **kwargs: Any) -> VInstance:
+        self._api()
+        if self.world.stocked_out():
+            raise BadRequest(
+                "Plan is not available in the selected region (simulated stock-out)", status=400
+            )
         v = super().create_instance(**kwargs)
         inst = self.world.create(v.label)
         # Vultr shows it active (an IP, deletable) when the simulated boot says so.
@@ -92,6 +110,7 @@ class WorldCloud(MemoryCloud):
         return v
 
     def delete_instance(self, instance_id: str) -> None:
+        self._api()
         v = self.instances.get(instance_id)
         if v is not None and not self.world.delete(v.label):
             raise InstanceLocked(f"instance {instance_id} is locked", status=500)
@@ -200,6 +219,19 @@ def folded_row(fleet: str, month_start: datetime, total: float) -> LedgerRow:
     )
 
 
+def scale_up_limit(clamp: str) -> str | None:
+    """The limit a plan's clamp names when it held back a scale-up (cap, budget, cool-down,
+    max_step_up); None for the scale-in clamps (idle window, billing hour, down cool-down)."""
+    name = clamp.partition(":")[0]
+    if name == "cap" and "draining" in clamp:  # above the cap: a scale-in
+        return None
+    if name in ("cap", "budget", "max_step_up") or (
+        name == "cool-down" and "scale-up waits" in clamp
+    ):
+        return name
+    return None
+
+
 class Vultrscale:
     """The policy as deployed: one ``reconcile.run_pass`` per tick."""
 
@@ -231,6 +263,7 @@ class Vultrscale:
         self._band: tuple[int, int | None] | None = None
         self._steady_until = 0.0
         self._inputs_then: tuple[tuple[str, bool], ...] = ()
+        self.bound: set[str] = set()  # the limits that held back a scale-up
 
     def start(self, world: World) -> None:
         clock = WorldClock(world, self.epoch)
@@ -254,6 +287,8 @@ class Vultrscale:
             until = decision.next_change(self.cfg, last)
             self._steady_until = math.inf if until is None else self._seconds(until)
             self._inputs_then = self._inputs(world)
+        if result.plan is not None:
+            self.bound.update(n for c in result.plan.clamps if (n := scale_up_limit(c)))
 
     def _observe_world(self, world: World) -> None:
         """What the queue and the workers table say now: heartbeats and leases."""

@@ -26,6 +26,7 @@ class PolicyResult:
     policy: str
     plan: str  # the plan it was priced at (a --sweep over fleet.plan prices each at its own)
     monthly_usd: float
+    hourly_usd: float
     instance_hours: float  # alive: created to deleted, or to the replay's end
     billed_hours: int  # started hours billed, none past the monthly cap
     cost_usd: float
@@ -51,11 +52,34 @@ class PolicyResult:
     lower_bound_hours: float
     samples: tuple[Sample, ...] = ()
     cost_curve: tuple[tuple[float, float], ...] = ()  # (second, cumulative cost)
+    # The world's faults it met (``[simulate]``): creates refused by a stock-out, API calls
+    # answered 429 (a baseline: passes), instances whose worker never started.
+    refused_creates: int = 0
+    throttled: int = 0
+    dead_boots: int = 0
+    # Set by the comparison: the knobs that make this row (sweep key, value), whether it is the
+    # fleet's config as it is, a baseline, on the cost/wait frontier; its cost over hindsight's.
+    knobs: tuple[tuple[str, str], ...] = ()
+    current: bool = False
+    baseline: bool = False
+    on_frontier: bool = False
+    cost_vs_hindsight: float | None = None
+    # The limits that held back a scale-up the row wanted (cap, budget, cool-down,
+    # max_step_up), by name: a row equal to another because the budget bound both says so.
+    bound_by: tuple[str, ...] = ()
+    replay_seconds: float = 0.0  # wall time of the replay itself (scripts/bench_*; not in JSON)
 
     @property
     def ratio(self) -> float:
         """Instance-hours against the offline lower bound."""
         return self.instance_hours / self.lower_bound_hours if self.lower_bound_hours else math.inf
+
+    @property
+    def cost_ratio(self) -> float:
+        """Cost against the lower bound's cost (its instance-hours at the hourly rate, no
+        started-hour rounding): what boots, idle time and whole-hour billing add."""
+        floor = self.lower_bound_hours * self.hourly_usd
+        return self.cost_usd / floor if floor else math.inf
 
     @property
     def scale_events(self) -> int:
@@ -65,12 +89,20 @@ class PolicyResult:
         d = asdict(self)
         d.pop("samples")
         d.pop("cost_curve")
+        d.pop("replay_seconds")
         # No lower bound (no work): no ratio. JSON has no infinity; null says "none".
         d["ratio_to_lower_bound"] = round(self.ratio, 3) if math.isfinite(self.ratio) else None
+        d["cost_vs_lower_bound"] = (
+            round(self.cost_ratio, 3) if math.isfinite(self.cost_ratio) else None
+        )
+        if self.cost_vs_hindsight is not None:
+            d["cost_vs_hindsight"] = round(self.cost_vs_hindsight, 3)
         d["scale_events"] = self.scale_events
-        for k in ("instance_hours", "lower_bound_hours", "wait_p50", "wait_p95", "wait_max"):
+        for k in ("wait_p50", "wait_p95", "wait_max"):
             d[k] = round(d[k], 2)
         d["cost_usd"] = round(self.cost_usd, 4)
+        d["knobs"] = dict(self.knobs)
+        d["bound_by"] = list(self.bound_by)
         return d
 
 
@@ -147,7 +179,7 @@ def measure(
     # A job never finished waited at least until the replay stopped: (end - arrival - its run
     # time, a floor). Left out, a policy that loses work would show shorter waits.
     # Plain floats, sorted once: a replay has up to millions of jobs.
-    arrivals, durations = trace.arrivals, trace.durations
+    arrivals, durations = trace.arrivals, world.duration  # durations as the world ran them
     waits = [
         (fin if fin is not None else end) - arrivals[j] - durations[j]
         for j, fin in enumerate(world.finished_at)
@@ -180,6 +212,7 @@ def measure(
         policy=name,
         plan=price.plan,
         monthly_usd=price.monthly,
+        hourly_usd=price.hourly,
         instance_hours=alive / 3600.0,
         billed_hours=hours,
         cost_usd=cost,
@@ -198,7 +231,10 @@ def measure(
         scale_downs=c.deletes,
         passes=stats.passes,
         passes_skipped=stats.skipped,
-        lower_bound_hours=lower_bound_hours(trace.total_job_seconds, jobs_per_instance),
+        lower_bound_hours=lower_bound_hours(math.fsum(durations), jobs_per_instance),
         samples=tuple(stats.samples),
         cost_curve=tuple(curve),
+        refused_creates=c.refused_creates,
+        throttled=c.throttled,
+        dead_boots=c.dead_boots,
     )

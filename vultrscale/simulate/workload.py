@@ -229,38 +229,45 @@ def _csv_row(path: Path, lineno: int, row: list[str]) -> tuple[float, float]:
     return arrival, duration
 
 
-def from_history(rows: Iterable[tuple[datetime, datetime]], *, since: timedelta) -> Trace:
-    """A trace from the built-in queue's finished jobs: (due at, finished at) per job.
+def from_history(
+    rows: Iterable[tuple[datetime, datetime | None, datetime]], *, since: timedelta
+) -> Trace:
+    """A trace from the built-in queue's finished jobs: (due at, started at, finished at).
 
-    The queue does not store when a job started (its lease row is deleted when it finishes), so
-    the duration is finished - due: the job's own run time plus the time it waited in the
-    original fleet. It is an upper bound; the replay is pessimistic by that much.
+    A job's duration is its last attempt's own run time, finished - started. Rows from before
+    the queue recorded a start (schema v6; started None) take finished - due, which holds the
+    time the job waited in the original fleet too: an upper bound, and the note counts them.
     """
     # In UTC: same-zone datetimes subtract in wall time, an hour off across a DST change.
-    pairs = [(budget.utc(due), budget.utc(fin)) for due, fin in rows]
-    if len(pairs) > params.MAX_REPLAY_JOBS:  # the query reads one more than this at most
+    triples = [
+        (budget.utc(due), None if started is None else budget.utc(started), budget.utc(fin))
+        for due, started, fin in rows
+    ]
+    if len(triples) > params.MAX_REPLAY_JOBS:  # the query reads one more than this at most
         raise UsageError(
             f"more than {params.MAX_REPLAY_JOBS:,} finished jobs in the queue over the last "
             f"{since}, more than a replay holds",
             hint="Replay a shorter period with --since.",
         )
-    if not pairs:
+    if not triples:
         raise UsageError(
             f"no finished jobs in the queue over the last {since}",
             hint="Widen --since, or replay a CSV or a built-in workload instead.",
         )
-    first = min(due for due, _ in pairs)
+    first = min(due for due, _, _ in triples)
     epoch = first.replace(minute=0, second=0, microsecond=0)
+    old = sum(started is None for _, started, _ in triples)
     jobs = [
-        ((due - epoch).total_seconds(), max((fin - due).total_seconds(), 0.001))
-        for due, fin in pairs
+        (
+            (due - epoch).total_seconds(),
+            max((fin - (due if started is None else started)).total_seconds(), 0.001),
+        )
+        for due, started, fin in triples
     ]
-    return from_jobs(
-        "from-db",
-        jobs,
-        epoch=epoch,
-        note=(
-            f"{len(jobs)} finished job(s) from the queue; duration = finished - due (the queue "
-            "stores no start time, so it includes the original wait: an upper bound)"
-        ),
-    )
+    note = f"{len(jobs)} finished job(s) from the queue; duration = finished - started"
+    if old:
+        note += (
+            f"; {old} of them from before the queue recorded a start: finished - due (their "
+            "wait in the original fleet included, an upper bound)"
+        )
+    return from_jobs("from-db", jobs, epoch=epoch, note=note)

@@ -9,7 +9,9 @@ expires, their attempt spent. Time is a float: seconds since the trace's epoch.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -52,6 +54,55 @@ class SimInstance:
         return self.worker_up(now) and self.stop_at is None
 
 
+@dataclass(frozen=True)
+class Faults:
+    """When the world fails like Vultr does (``[simulate]`` in the config): windows in which
+    creates are refused (the plan out of stock in the region) or every API call answers 429,
+    and the share of instances that never boot (their worker never starts). The windows are
+    drawn from the seed alone, so every policy in a comparison meets the same ones."""
+
+    stockouts: tuple[tuple[float, float], ...] = ()  # (start, end) seconds, sorted, disjoint
+    throttles: tuple[tuple[float, float], ...] = ()
+    dead_boot_share: float = 0.0
+
+    @classmethod
+    def draw(
+        cls,
+        *,
+        until: float,
+        seed: int,
+        stockout_every: float = 0.0,
+        stockout_for: float = 0.0,
+        throttle_every: float = 0.0,
+        throttle_for: float = 0.0,
+        dead_boot_share: float = 0.0,
+    ) -> Faults:
+        return cls(
+            _windows(random.Random(f"stockout:{seed}"), until, stockout_every, stockout_for),
+            _windows(random.Random(f"throttle:{seed}"), until, throttle_every, throttle_for),
+            dead_boot_share,
+        )
+
+
+def _windows(
+    rng: random.Random, until: float, every: float, length: float
+) -> tuple[tuple[float, float], ...]:
+    """Windows of ``length`` starting as a Poisson process with mean gap ``every`` (none at 0)."""
+    out: list[tuple[float, float]] = []
+    if every <= 0 or length <= 0:
+        return ()
+    t = rng.expovariate(1.0 / every)
+    while t < until:
+        out.append((t, t + length))
+        t += length + rng.expovariate(1.0 / every)
+    return tuple(out)
+
+
+def _inside(windows: tuple[tuple[float, float], ...], starts: list[float], t: float) -> bool:
+    k = bisect.bisect_right(starts, t) - 1
+    return k >= 0 and t < windows[k][1]
+
+
 @dataclass
 class Counters:
     starts: int = 0  # attempts started
@@ -62,6 +113,9 @@ class Counters:
     creates: int = 0
     deletes: int = 0
     drains: int = 0
+    refused_creates: int = 0  # creates refused by a stock-out
+    throttled: int = 0  # API calls (or baseline passes) answered 429
+    dead_boots: int = 0  # instances whose worker never started
 
 
 class World:
@@ -76,10 +130,20 @@ class World:
         lease_seconds: float,
         boot_time: tuple[float, float],
         seed: int,
+        duration_scale: float = 1.0,
+        faults: Faults | None = None,
     ) -> None:
         self.trace = trace
         self.arrival = trace.arrivals
-        self.duration = trace.durations
+        self.duration = (
+            trace.durations
+            if duration_scale == 1.0
+            else tuple(d * duration_scale for d in trace.durations)
+        )
+        self.faults = faults or Faults()
+        self._stockout_starts = [a for a, _ in self.faults.stockouts]
+        self._throttle_starts = [a for a, _ in self.faults.throttles]
+        self.dead_rng = random.Random(f"dead:{seed}")
         n = len(trace)
         self.attempts = [0] * n
         self.finished_at: list[float | None] = [None] * n
@@ -170,21 +234,53 @@ class World:
         self.push(end, JOB_END, inst, job)
 
     # --- what the outside world can do ----------------------------------------------------
+    def throttled(self) -> bool:
+        """Inside a 429 burst: an API call now is refused (and counted)."""
+        if self.faults.throttles and _inside(
+            self.faults.throttles, self._throttle_starts, self.now
+        ):
+            self.c.throttled += 1
+            return True
+        return False
+
+    def stocked_out(self) -> bool:
+        """Inside a stock-out: a create now is refused (and counted)."""
+        if self.faults.stockouts and _inside(
+            self.faults.stockouts, self._stockout_starts, self.now
+        ):
+            self.c.refused_creates += 1
+            return True
+        return False
+
+    def try_create(self, label: str) -> SimInstance | None:
+        """A create as a scaler that calls the API sees it: None when refused (a 429 or a
+        stock-out)."""
+        if self.throttled() or self.stocked_out():
+            return None
+        return self.create(label)
+
     def create(self, label: str) -> SimInstance:
         lo, hi = self.boot_time
         boot = lo if hi <= lo else self.rng.uniform(lo, hi)
         now = self.now
+        dead = bool(self.faults.dead_boot_share) and (
+            self.dead_rng.random() < self.faults.dead_boot_share
+        )
         inst = SimInstance(
             label=label,
             created=now,
             active_at=now + max(0.0, boot - ACTIVE_BEFORE_WORKER),
-            worker_at=now + boot,
+            # A dead boot: Vultr shows it active, cloud-init never starts the worker.
+            worker_at=math.inf if dead else now + boot,
             slots=self.slots,
         )
         self.instances.append(inst)
         self.live[label] = inst
         self.c.creates += 1
-        self.push(inst.worker_at, WORKER_UP, inst)
+        if dead:
+            self.c.dead_boots += 1
+        else:
+            self.push(inst.worker_at, WORKER_UP, inst)
         return inst
 
     def warm(self, label: str) -> SimInstance:
