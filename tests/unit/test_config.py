@@ -542,3 +542,56 @@ def test_a_long_value_is_quoted_short(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         config.load(write(tmp_path, f"[fleet]\nname = '{'x' * 100_000}!'\n"), {})
     assert len(info.value.message) < 300
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        "vc2-1c-1gb",
+        "vc2-1c-0.5gb",  # Vultr's smallest plans have a '.' in their ids
+        "vc2-1c-0.5gb-v6",
+        "vhf-1c-1gb",
+        "voc-c-2c-4gb-50s-amd",
+        "vcg-a100-1c-6g-4vram",
+        "vbm-4c-32gb",
+    ],
+)
+def test_every_form_of_vultr_plan_id_is_taken(tmp_path: Path, plan: str) -> None:
+    assert config.load(write(tmp_path, f'[fleet]\nplan = "{plan}"\n'), {}).fleet.plan == plan
+
+
+@pytest.mark.parametrize("plan", ["vc2-1c-1gb\n", "../plans", "VC2-1C-1GB", ".vc2", "vc2 1c"])
+def test_a_plan_id_that_is_not_vultrs_form_is_refused(tmp_path: Path, plan: str) -> None:
+    with pytest.raises(ConfigError, match="fleet.plan: .* is not a Vultr plan id"):
+        config.load(write(tmp_path, "[fleet]\nplan = " + json.dumps(plan) + "\n"), {})
+
+
+@pytest.mark.parametrize(
+    ("text", "env"),
+    [
+        ("[policy]\nmin_instances = 10\nmax_instancs = 20\n", {}),
+        ("[policy]\nmin_instances = 10\n", {"VULTRSCALE_POLICY_MAX_INSTANCE": "20"}),
+        ("[policy]\nmin_instances = 10\n", {"VULTRSCALE_POLICIES_MAX_INSTANCES": "20"}),
+        ("policy = 20\n", {"VULTRSCALE_POLICY_MIN_INSTANCES": "10"}),
+    ],
+    ids=["misspelled-key", "misspelled-env-key", "misspelled-env-section", "section-not-a-table"],
+)
+def test_a_misspelled_setting_makes_no_finding_about_the_default_it_left(
+    tmp_path: Path, text: str, env: dict[str, str]
+) -> None:
+    # The cap the user meant is 20: "min_instances (10) is above max_instances (5)" would be
+    # about the default, and "raise the cap" would send them to a key they did set.
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text), env)
+    assert not any("is above policy.max_instances" in p for p in info.value.problems), (
+        info.value.problems
+    )
+    assert len(info.value.problems) == 1, info.value.problems
+
+
+def test_an_unknown_environment_key_is_named_as_the_variable_set(tmp_path: Path) -> None:
+    # Named only as "policy.max_instance", the user looks for it in a file that does not have it.
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, ""), {"VULTRSCALE_POLICY_MAX_INSTANCE": "3"})
+    assert "VULTRSCALE_POLICY_MAX_INSTANCE" in info.value.problems[0]
+    assert "did you mean VULTRSCALE_POLICY_MAX_INSTANCES?" in info.value.problems[0]
