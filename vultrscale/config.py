@@ -785,9 +785,14 @@ def _names_any(problem: str, keys: set[str]) -> bool:
     return any(re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", problem) for k in keys)
 
 
+def _env_name(section: str, key: str) -> str:
+    """The variable that sets ``section.key``."""
+    return f"VULTRSCALE_{section.upper()}_{key.upper()}"
+
+
 def _setting_names() -> list[str]:
     return [
-        f"VULTRSCALE_{section.upper()}_{f.name.upper()}"
+        _env_name(section, f.name)
         for section, cls in _SECTIONS.items()
         for f in dataclasses.fields(cls)
     ]
@@ -845,14 +850,14 @@ def _build_section(
             close = difflib.get_close_matches(key, list(fields), n=1)
             if close and close[0] not in raw:  # the key meant is at its default
                 failed.add(f"{section}.{close[0]}")
-            if isinstance(value, _FromEnv):  # named as set: the file does not have it
-                problems.append(_unknown_variable(f"VULTRSCALE_{section}_{key}".upper())[0])
-                continue
             known = ", ".join(fields)
             guess = f"did you mean {close[0]}? " if close else ""
-            problems.append(
-                f"{shown(where)[1:-1]}: unknown key ({guess}known in [{section}]: {known})"
-            )
+            named = f"{shown(where)[1:-1]}:"
+            if isinstance(value, _FromEnv):  # named as set: the file does not have it
+                variable = shown(_env_name(section, key))[1:-1]
+                named = f"{variable} (in the environment or .env): {named[:-1]} is an"
+                guess = f"did you mean {_env_name(section, close[0])}? " if close else ""
+            problems.append(f"{named} unknown key ({guess}known in [{section}]: {known})")
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         if isinstance(value, _FromEnv) and (

@@ -595,3 +595,20 @@ def test_an_unknown_environment_key_is_named_as_the_variable_set(tmp_path: Path)
         config.load(write(tmp_path, ""), {"VULTRSCALE_POLICY_MAX_INSTANCE": "3"})
     assert "VULTRSCALE_POLICY_MAX_INSTANCE" in info.value.problems[0]
     assert "did you mean VULTRSCALE_POLICY_MAX_INSTANCES?" in info.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "host=db.internal port=\u0665\u0664\u0663\u0662 dbname=jobs",
+        "postgresql://u@h:\u0665\u0664/db",
+    ],
+    ids=["key-value", "url"],
+)
+def test_a_database_port_in_digits_libpq_does_not_read_is_a_config_error(
+    tmp_path: Path, url: str
+) -> None:
+    # Arabic-Indic digits are digits to Python (int() reads them), not to libpq, which refused
+    # them only at connect: exit 1 on every pass.
+    with pytest.raises(ConfigError, match="DATABASE_URL"):
+        config.load(write(tmp_path, ""), {"DATABASE_URL": url})
