@@ -785,6 +785,17 @@ def _names_any(problem: str, keys: set[str]) -> bool:
     return any(re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", problem) for k in keys)
 
 
+def setting_key_problem(dotted: str) -> str | None:
+    """None if ``dotted`` names a setting (``policy.max_instances``), else what is wrong, with
+    the nearest setting."""
+    keys = [f"{s}.{f.name}" for s, cls in _SECTIONS.items() for f in dataclasses.fields(cls)]
+    if dotted in keys:
+        return None
+    close = difflib.get_close_matches(dotted, keys, n=1)
+    guess = f"; did you mean {close[0]}?" if close else ""
+    return f"{shown(dotted)} is not a setting (SECTION.KEY as in the config file){guess}"
+
+
 def _env_name(section: str, key: str) -> str:
     """The variable that sets ``section.key``."""
     return f"VULTRSCALE_{section.upper()}_{key.upper()}"

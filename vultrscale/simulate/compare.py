@@ -255,8 +255,14 @@ def _comparison(
     )
 
 
+# Each combination is a full replay: a 199 x 199 grid (39,601 replays) ran without limit.
+MAX_SWEEP_VARIANTS = 100
+
+
 def parse_sweeps(items: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """``KEY=V1,V2`` items -> [(key, [values])]; keys are dotted config keys."""
+    """``KEY=V1,V2`` items -> [(key, [values])]; keys are dotted config keys, checked here (read
+    as VULTRSCALE_ variables later, a misspelled one was reported as a variable of the
+    environment), and the grid at most MAX_SWEEP_VARIANTS combinations."""
     out: list[tuple[str, list[str]]] = []
     for item in items:
         key, sep, values = item.partition("=")
@@ -267,7 +273,21 @@ def parse_sweeps(items: Sequence[str]) -> list[tuple[str, list[str]]]:
                 f"--sweep {item!r} is not KEY=V1,V2,...",
                 hint="Example: --sweep policy.idle_before_scale_down=0s,5m,15m",
             )
+        problem = config_mod.setting_key_problem(f"{section}.{name}")
+        if problem:
+            raise UsageError(
+                f"--sweep {problem}",
+                hint="Name a key of the config file as SECTION.KEY, e.g. "
+                "--sweep policy.idle_before_scale_down=0s,5m,15m",
+            )
         out.append((f"{section}.{name}", vals))
+    variants = math.prod(len(vals) for _, vals in out)
+    if variants > MAX_SWEEP_VARIANTS:
+        raise UsageError(
+            f"--sweep makes {variants} combinations to replay; at most "
+            f"{MAX_SWEEP_VARIANTS} are run",
+            hint="Sweep fewer values, or one key at a time and then around the best value.",
+        )
     return out
 
 
