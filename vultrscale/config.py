@@ -69,9 +69,10 @@ PLAN_FORM = "lowercase letters and digits joined by '-' or '.', such as \"vc2-1c
 # the OpenAPI example "cb676a46-66fd-4dfb-b839-443f2e6c0b60"); they go into URL paths.
 VULTR_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 VULTR_ID_FORM = 'a Vultr id, a lowercase UUID such as "cb676a46-66fd-4dfb-b839-443f2e6c0b60"'
-# Vultr's keys are 36 letters and digits; a proxy's may differ, but a header value is visible
-# ASCII and a server refuses a header of many KB (a raw 431 for a 1 MB key).
-MAX_API_KEY = 512
+# Vultr's keys are 36 letters and digits; a proxy's token may be longer (a JWT is often 1-2 KB),
+# but a header value is visible ASCII and servers refuse headers past about 8 KB (a raw 431 for
+# a 1 MB key).
+MAX_API_KEY = 4096
 
 # Values quoted in messages are cut short: a 100 KB name is not echoed whole, and a deeply
 # nested TOML array is not walked by repr.

@@ -612,3 +612,16 @@ def test_a_database_port_in_digits_libpq_does_not_read_is_a_config_error(
     # them only at connect: exit 1 on every pass.
     with pytest.raises(ConfigError, match="DATABASE_URL"):
         config.load(write(tmp_path, ""), {"DATABASE_URL": url})
+
+
+def test_a_proxys_long_token_is_taken_as_the_api_key(tmp_path: Path) -> None:
+    # Through a proxy (VULTR_API_URL) the key may be the proxy's token: a JWT is often 1-2 KB.
+    jwt = "eyJhbGciOiJSUzI1NiJ9." + "eyJzdWIiOiJ2dWx0cnNjYWxlIn0" * 50 + ".c2lnbmF0dXJl-_"
+    cfg = config.load(write(tmp_path, ""), {"VULTR_API_KEY": jwt})
+    assert cfg.secrets.api_key.reveal() == jwt
+
+
+def test_an_api_key_of_many_kilobytes_is_refused_without_being_shown(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="VULTR_API_KEY is 5000 characters long") as info:
+        config.load(write(tmp_path, ""), {"VULTR_API_KEY": "K" * 5000})
+    assert "KKKKKK" not in info.value.message
