@@ -625,3 +625,24 @@ def test_an_api_key_of_many_kilobytes_is_refused_without_being_shown(tmp_path: P
     with pytest.raises(ConfigError, match="VULTR_API_KEY is 5000 characters long") as info:
         config.load(write(tmp_path, ""), {"VULTR_API_KEY": "K" * 5000})
     assert "KKKKKK" not in info.value.message
+
+
+def test_the_worker_env_cloud_init_writes_loads_on_an_instance_without_a_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Unknown VULTRSCALE_ variables are refused: one written by cloud-init that the config does
+    # not know would stop the worker on every instance (exit 2 at each restart).
+    from vultrscale import cloudinit
+    from vultrscale.sim.hosts import parse_env_file
+
+    scaler = config.load(
+        write(tmp_path, '[worker]\napp = "jobs:run"\nqueue = "emails"\ndrain_seconds = 45\n'),
+        {"WORKER_DATABASE_URL": f"postgresql://vultrscale_worker:{SECRET_PW}@10.1.0.5/jobs"},
+    )
+    env = parse_env_file(cloudinit.worker_env(scaler, "worker-7", show_secrets=True))
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    monkeypatch.chdir(instance)  # no vultrscale.toml there
+    worker = config.load(None, env).worker
+    assert (worker.app, worker.queue, worker.drain_seconds) == ("jobs:run", "emails", 45.0)
+    assert worker == scaler.worker
