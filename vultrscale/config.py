@@ -901,6 +901,11 @@ def _coerce(where: str, value: Any, default: Any) -> Any:
     if isinstance(default, float):
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
+        if where.endswith("_seconds") and isinstance(value, str):
+            # The worker's *_seconds keys take what their flags take (`--drain-seconds 2m`):
+            # "2m" in the .env was "expected a number" where the README says durations are
+            # written alike in the file, the environment and on the command line.
+            return parse_duration(value, where).total_seconds()
         raise ValueError(f"{where}: expected a number, got {shown(value)}")
     if isinstance(default, tuple):
         if isinstance(value, list) and all(isinstance(v, str) for v in value):

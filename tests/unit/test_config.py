@@ -646,3 +646,31 @@ def test_the_worker_env_cloud_init_writes_loads_on_an_instance_without_a_config_
     worker = config.load(None, env).worker
     assert (worker.app, worker.queue, worker.drain_seconds) == ("jobs:run", "emails", 45.0)
     assert worker == scaler.worker
+
+
+@pytest.mark.parametrize(
+    ("text", "env"),
+    [
+        ('[worker]\ndrain_seconds = "2m"\nlease_seconds = "90s"\noutage_seconds = "1.5m"\n', {}),
+        (
+            "",
+            {
+                "VULTRSCALE_WORKER_DRAIN_SECONDS": "2m",
+                "VULTRSCALE_WORKER_LEASE_SECONDS": "90s",
+                "VULTRSCALE_WORKER_OUTAGE_SECONDS": "90",
+            },
+        ),
+    ],
+    ids=["file", "environment"],
+)
+def test_the_workers_seconds_keys_take_durations_as_their_flags_do(
+    tmp_path: Path, text: str, env: dict[str, str]
+) -> None:
+    # `worker --drain-seconds 2m` is taken; the same value in the .env was "expected a number".
+    w = config.load(write(tmp_path, text), env).worker
+    assert (w.drain_seconds, w.lease_seconds, w.outage_seconds) == (120.0, 90.0, 90.0)
+
+
+def test_a_number_that_is_not_seconds_takes_no_duration(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="budget.monthly_ceiling_usd: expected a number"):
+        config.load(write(tmp_path, '[budget]\nmonthly_ceiling_usd = "5m"\n'), {})
