@@ -59,16 +59,19 @@ _SSH_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 QUEUE_NAME_FORM = "1-64 letters, digits, '_', '.', ':' or '-'"
 # Vultr region ids are short lowercase words ("ewr", "fra", "sjc"), plan ids lowercase words
-# joined by '-' ("vc2-1c-2gb", "voc-c-2c-4gb-50s-amd"); both go into URL paths and queries.
+# joined by '-' or '.' ("vc2-1c-2gb", "voc-c-2c-4gb-50s-amd", and the smallest plans
+# "vc2-1c-0.5gb", "vc2-1c-0.5gb-v6"); both go into URL paths and queries.
 _REGION = re.compile(r"[a-z][a-z0-9-]{1,15}")
-_PLAN = re.compile(r"[a-z0-9][a-z0-9-]{1,63}")
+_PLAN = re.compile(r"(?=.{2,64}\Z)[a-z0-9]+(?:[.-][a-z0-9]+)*", re.S)
+PLAN_FORM = "lowercase letters and digits joined by '-' or '.', such as \"vc2-1c-2gb\""
 # Vultr's ids for snapshots, VPCs and firewall groups are UUIDs (API notes: "string (UUID)";
 # the OpenAPI example "cb676a46-66fd-4dfb-b839-443f2e6c0b60"); they go into URL paths.
 VULTR_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 VULTR_ID_FORM = 'a Vultr id, a lowercase UUID such as "cb676a46-66fd-4dfb-b839-443f2e6c0b60"'
-# Vultr's keys are 36 letters and digits; a proxy's may differ, but a header value is visible
-# ASCII and a server refuses a header of many KB (a raw 431 for a 1 MB key).
-MAX_API_KEY = 512
+# Vultr's keys are 36 letters and digits; a proxy's token may be longer (a JWT is often 1-2 KB),
+# but a header value is visible ASCII and servers refuse headers past about 8 KB (a raw 431 for
+# a 1 MB key).
+MAX_API_KEY = 4096
 
 # Values quoted in messages are cut short: a 100 KB name is not echoed whole, and a deeply
 # nested TOML array is not walked by repr.
@@ -738,6 +741,11 @@ def _resolve(
     """The config from a file's ``data``, the environment (.env merged in) and the flags;
     ConfigError listing every problem."""
     problems: list[str] = []
+    # Every problem at once: a key whose value cannot be read (or that a misspelling left unset)
+    # takes its default for the checks below, and their findings about that key are left out:
+    # they would be about the default ("min_instances (10) is above max_instances (5)" when the
+    # cap set is 20 under a misspelled name).
+    failed: set[str] = set()
     # Bytes that are not UTF-8 reach os.environ as lone surrogates: no library takes them (libpq
     # and httpx raise UnicodeEncodeError). Said here by name, never by value (it may be a secret).
     undecodable = sorted(
@@ -746,6 +754,7 @@ def _resolve(
         if (n in _READ_AS_TEXT or n.startswith("VULTRSCALE_")) and not is_text(v)
     )
     problems.extend(f"{n} is not UTF-8 text (in the environment or .env)" for n in undecodable)
+    failed.update(k for n in undecodable if (k := _setting_key(n)))
     merged_env = {n: v for n, v in merged_env.items() if n not in undecodable}
     if "secrets" in data or any(k in data for k in ("api_key", "database_url")):
         problems.append(
@@ -762,9 +771,12 @@ def _resolve(
     layered: dict[str, dict[str, Any]] = {
         s: dict(data.get(s, {})) if isinstance(data.get(s), dict) else {} for s in _SECTIONS
     }
+    # The settings a misspelled variable or a section that is not a table was meant to set.
+    meant_keys: set[str] = set()
     for s in _SECTIONS:
         if s in data and not isinstance(data[s], dict):
             problems.append(f"[{s}] must be a table")
+            meant_keys.update(f"{s}.{f.name}" for f in dataclasses.fields(_SECTIONS[s]))
     for name, value in merged_env.items():
         if not name.startswith("VULTRSCALE_") or name in _ENV_NOT_SETTINGS:
             continue
@@ -773,16 +785,19 @@ def _resolve(
         if section in _SECTIONS and key:
             layered[section][key] = _FromEnv(value)
         else:  # a misspelled section was ignored: VULTRSCALE_POLICIES_MAX_INSTANCES=1
-            problems.append(_unknown_variable(name))
+            problem, meant = _unknown_variable(name)
+            problems.append(problem)
+            meant_keys.add(_setting_key(meant) or "")
     for dotted, value in flags.items():
         if value is None:
             continue
         section, _, key = dotted.partition(".")
         layered.setdefault(section, {})[key] = value
+    for dotted in meant_keys - {""}:
+        section, _, key = dotted.partition(".")
+        if key not in layered[section]:  # the key meant is at its default
+            failed.add(dotted)
 
-    # Every problem at once: a key whose value cannot be read takes its default for the checks
-    # below, and their findings about that key are left out (they would be about the default).
-    failed: set[str] = set()
     built: dict[str, Any] = {}
     for section, cls in _SECTIONS.items():
         built[section] = _build_section(section, cls, layered[section], problems, failed)
@@ -806,23 +821,49 @@ def _names_any(problem: str, keys: set[str]) -> bool:
     return any(re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", problem) for k in keys)
 
 
+def setting_key_problem(dotted: str) -> str | None:
+    """None if ``dotted`` names a setting (``policy.max_instances``), else what is wrong, with
+    the nearest setting."""
+    keys = [f"{s}.{f.name}" for s, cls in _SECTIONS.items() for f in dataclasses.fields(cls)]
+    if dotted in keys:
+        return None
+    close = difflib.get_close_matches(dotted, keys, n=1)
+    guess = f"; did you mean {close[0]}?" if close else ""
+    return f"{shown(dotted)} is not a setting (SECTION.KEY as in the config file){guess}"
+
+
+def _env_name(section: str, key: str) -> str:
+    """The variable that sets ``section.key``."""
+    return f"VULTRSCALE_{section.upper()}_{key.upper()}"
+
+
 def _setting_names() -> list[str]:
     return [
-        f"VULTRSCALE_{section.upper()}_{f.name.upper()}"
+        _env_name(section, f.name)
         for section, cls in _SECTIONS.items()
         for f in dataclasses.fields(cls)
     ]
 
 
-def _unknown_variable(name: str) -> str:
-    """The problem with a VULTRSCALE_ variable that names no section, with the nearest setting."""
+def _setting_key(name: str) -> str | None:
+    """The dotted key (``policy.max_instances``) the variable ``name`` sets, if it is a setting."""
+    if name in _ENV_NOT_SETTINGS or name not in _setting_names():
+        return None
+    section, _, key = name.removeprefix("VULTRSCALE_").lower().partition("_")
+    return f"{section}.{key}"
+
+
+def _unknown_variable(name: str) -> tuple[str, str]:
+    """The problem with a VULTRSCALE_ variable that names no setting, and the nearest variable
+    ("" if none is near)."""
     close = difflib.get_close_matches(name, [*_setting_names(), *_ENV_NOT_SETTINGS], n=1)
     guess = f"; did you mean {close[0]}?" if close else ""
     sections = ", ".join(s.upper() for s in _SECTIONS)
-    return (
+    problem = (
         f"{shown(name)[1:-1]} (in the environment or .env) is not a setting: settings are "
         f"VULTRSCALE_<SECTION>_<KEY> with a SECTION of {sections}{guess}"
     )
+    return problem, close[0] if close else ""
 
 
 # The variables read besides VULTRSCALE_*: the secrets and the API's address.
@@ -855,12 +896,17 @@ def _build_section(
         where = f"{section}.{key}"
         f = fields.get(key)
         if f is None:
-            known = ", ".join(fields)
             close = difflib.get_close_matches(key, list(fields), n=1)
+            if close and close[0] not in raw:  # the key meant is at its default
+                failed.add(f"{section}.{close[0]}")
+            known = ", ".join(fields)
             guess = f"did you mean {close[0]}? " if close else ""
-            problems.append(
-                f"{shown(where)[1:-1]}: unknown key ({guess}known in [{section}]: {known})"
-            )
+            named = f"{shown(where)[1:-1]}:"
+            if isinstance(value, _FromEnv):  # named as set: the file does not have it
+                variable = shown(_env_name(section, key))[1:-1]
+                named = f"{variable} (in the environment or .env): {named[:-1]} is an"
+                guess = f"did you mean {_env_name(section, close[0])}? " if close else ""
+            problems.append(f"{named} unknown key ({guess}known in [{section}]: {known})")
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         if isinstance(value, _FromEnv) and (
@@ -892,6 +938,11 @@ def _coerce(where: str, value: Any, default: Any) -> Any:
     if isinstance(default, float):
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
+        if where.endswith("_seconds") and isinstance(value, str):
+            # The worker's *_seconds keys take what their flags take (`--drain-seconds 2m`):
+            # "2m" in the .env was "expected a number" where the README says durations are
+            # written alike in the file, the environment and on the command line.
+            return parse_duration(value, where).total_seconds()
         raise ValueError(f"{where}: expected a number, got {shown(value)}")
     if isinstance(default, tuple):
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
@@ -980,8 +1031,8 @@ def validate(cfg: Config) -> list[str]:
         p.append('fleet.plan: required (a Vultr plan id such as "vc2-1c-2gb")')
     elif not _PLAN.fullmatch(f.plan):
         p.append(
-            f"fleet.plan: {shown(f.plan)} is not a Vultr plan id (lowercase letters, digits "
-            "and '-', such as \"vc2-1c-2gb\")"
+            f"fleet.plan: {shown(f.plan)} is not a Vultr plan id ({PLAN_FORM}; "
+            "https://api.vultr.com/v2/plans lists them)"
         )
     if not f.tag:
         p.append("fleet.tag: required: every instance the fleet owns carries it")

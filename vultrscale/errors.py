@@ -193,8 +193,9 @@ def parse_conninfo(text: str) -> dict[str, str] | None:
         return None
     # libpq reads "postgresql://u:p/w@h/db" as host "u", port "p", dbname "w@h/db": an
     # unencoded '/', '?' or '@' in a password moves it into fields that are printed.
+    # '[0-9]', not '\d': libpq reads ASCII digits only ('\u0665\u0664' passed, failed at connect).
     if any("@" in parsed.get(k, "") for k in ("host", "port", "dbname")) or not re.fullmatch(
-        r"[\d,]*", parsed.get("port", "")
+        r"[0-9,]*", parsed.get("port", "")
     ):
         return None
     return parsed

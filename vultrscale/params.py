@@ -93,17 +93,25 @@ def port_or_zero(value: object) -> int:
     return _whole(value, 0, 65535, "a TCP port from 1 to 65535, or 0 for a free one")
 
 
-def vultr_id(value: object) -> str:
-    """An ID flag naming a Vultr instance or snapshot: a UUID, as config's ids (it goes into
-    a URL path: "../account" or a trailing newline must not)."""
+def _vultr_id(value: object, where: str) -> str:
+    """A Vultr id: a UUID, as config's ids (it goes into a URL path: "../account" or a
+    trailing newline must not); ``where`` says where the user finds the id."""
     from vultrscale.config import VULTR_ID, VULTR_ID_FORM, shown
 
     text = str(value)
     if not VULTR_ID.fullmatch(text):
-        raise typer.BadParameter(
-            f"{shown(text)} is not {VULTR_ID_FORM} (`vultrscale instances` lists the ids)"
-        )
+        raise typer.BadParameter(f"{shown(text)} is not {VULTR_ID_FORM} ({where})")
     return text
+
+
+def instance_id(value: object) -> str:
+    """An ID flag naming a Vultr instance."""
+    return _vultr_id(value, "`vultrscale instances` lists the ids")
+
+
+def snapshot_id(value: object) -> str:
+    """An ID flag naming a snapshot being made (`vultrscale instances` does not list those)."""
+    return _vultr_id(value, "the id `vultrscale snapshot` printed after --no-wait or a timeout")
 
 
 def queue_name(value: object) -> str:

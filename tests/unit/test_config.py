@@ -553,3 +553,135 @@ def test_a_fleet_may_be_capped_at_ten_thousand_instances_and_no_more(tmp_path: P
     with pytest.raises(ConfigError, match=r"policy.max_instances: 10001 is out of range") as info:
         config.load(path, {})
     assert "allowed 0 to 10000" in str(info.value.problems)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        "vc2-1c-1gb",
+        "vc2-1c-0.5gb",  # Vultr's smallest plans have a '.' in their ids
+        "vc2-1c-0.5gb-v6",
+        "vhf-1c-1gb",
+        "voc-c-2c-4gb-50s-amd",
+        "vcg-a100-1c-6g-4vram",
+        "vbm-4c-32gb",
+    ],
+)
+def test_every_form_of_vultr_plan_id_is_taken(tmp_path: Path, plan: str) -> None:
+    assert config.load(write(tmp_path, f'[fleet]\nplan = "{plan}"\n'), {}).fleet.plan == plan
+
+
+@pytest.mark.parametrize("plan", ["vc2-1c-1gb\n", "../plans", "VC2-1C-1GB", ".vc2", "vc2 1c"])
+def test_a_plan_id_that_is_not_vultrs_form_is_refused(tmp_path: Path, plan: str) -> None:
+    with pytest.raises(ConfigError, match="fleet.plan: .* is not a Vultr plan id"):
+        config.load(write(tmp_path, "[fleet]\nplan = " + json.dumps(plan) + "\n"), {})
+
+
+@pytest.mark.parametrize(
+    ("text", "env"),
+    [
+        ("[policy]\nmin_instances = 10\nmax_instancs = 20\n", {}),
+        ("[policy]\nmin_instances = 10\n", {"VULTRSCALE_POLICY_MAX_INSTANCE": "20"}),
+        ("[policy]\nmin_instances = 10\n", {"VULTRSCALE_POLICIES_MAX_INSTANCES": "20"}),
+        ("policy = 20\n", {"VULTRSCALE_POLICY_MIN_INSTANCES": "10"}),
+    ],
+    ids=["misspelled-key", "misspelled-env-key", "misspelled-env-section", "section-not-a-table"],
+)
+def test_a_misspelled_setting_makes_no_finding_about_the_default_it_left(
+    tmp_path: Path, text: str, env: dict[str, str]
+) -> None:
+    # The cap the user meant is 20: "min_instances (10) is above max_instances (5)" would be
+    # about the default, and "raise the cap" would send them to a key they did set.
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text), env)
+    assert not any("is above policy.max_instances" in p for p in info.value.problems), (
+        info.value.problems
+    )
+    assert len(info.value.problems) == 1, info.value.problems
+
+
+def test_an_unknown_environment_key_is_named_as_the_variable_set(tmp_path: Path) -> None:
+    # Named only as "policy.max_instance", the user looks for it in a file that does not have it.
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, ""), {"VULTRSCALE_POLICY_MAX_INSTANCE": "3"})
+    assert "VULTRSCALE_POLICY_MAX_INSTANCE" in info.value.problems[0]
+    assert "did you mean VULTRSCALE_POLICY_MAX_INSTANCES?" in info.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "host=db.internal port=\u0665\u0664\u0663\u0662 dbname=jobs",
+        "postgresql://u@h:\u0665\u0664/db",
+    ],
+    ids=["key-value", "url"],
+)
+def test_a_database_port_in_digits_libpq_does_not_read_is_a_config_error(
+    tmp_path: Path, url: str
+) -> None:
+    # Arabic-Indic digits are digits to Python (int() reads them), not to libpq, which refused
+    # them only at connect: exit 1 on every pass.
+    with pytest.raises(ConfigError, match="DATABASE_URL"):
+        config.load(write(tmp_path, ""), {"DATABASE_URL": url})
+
+
+def test_a_proxys_long_token_is_taken_as_the_api_key(tmp_path: Path) -> None:
+    # Through a proxy (VULTR_API_URL) the key may be the proxy's token: a JWT is often 1-2 KB.
+    jwt = "eyJhbGciOiJSUzI1NiJ9." + "eyJzdWIiOiJ2dWx0cnNjYWxlIn0" * 50 + ".c2lnbmF0dXJl-_"
+    cfg = config.load(write(tmp_path, ""), {"VULTR_API_KEY": jwt})
+    assert cfg.secrets.api_key.reveal() == jwt
+
+
+def test_an_api_key_of_many_kilobytes_is_refused_without_being_shown(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="VULTR_API_KEY is 5000 characters long") as info:
+        config.load(write(tmp_path, ""), {"VULTR_API_KEY": "K" * 5000})
+    assert "KKKKKK" not in info.value.message
+
+
+def test_the_worker_env_cloud_init_writes_loads_on_an_instance_without_a_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Unknown VULTRSCALE_ variables are refused: one written by cloud-init that the config does
+    # not know would stop the worker on every instance (exit 2 at each restart).
+    from vultrscale import cloudinit
+    from vultrscale.sim.hosts import parse_env_file
+
+    scaler = config.load(
+        write(tmp_path, '[worker]\napp = "jobs:run"\nqueue = "emails"\ndrain_seconds = 45\n'),
+        {"WORKER_DATABASE_URL": f"postgresql://vultrscale_worker:{SECRET_PW}@10.1.0.5/jobs"},
+    )
+    env = parse_env_file(cloudinit.worker_env(scaler, "worker-7", show_secrets=True))
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    monkeypatch.chdir(instance)  # no vultrscale.toml there
+    worker = config.load(None, env).worker
+    assert (worker.app, worker.queue, worker.drain_seconds) == ("jobs:run", "emails", 45.0)
+    assert worker == scaler.worker
+
+
+@pytest.mark.parametrize(
+    ("text", "env"),
+    [
+        ('[worker]\ndrain_seconds = "2m"\nlease_seconds = "90s"\noutage_seconds = "1.5m"\n', {}),
+        (
+            "",
+            {
+                "VULTRSCALE_WORKER_DRAIN_SECONDS": "2m",
+                "VULTRSCALE_WORKER_LEASE_SECONDS": "90s",
+                "VULTRSCALE_WORKER_OUTAGE_SECONDS": "90",
+            },
+        ),
+    ],
+    ids=["file", "environment"],
+)
+def test_the_workers_seconds_keys_take_durations_as_their_flags_do(
+    tmp_path: Path, text: str, env: dict[str, str]
+) -> None:
+    # `worker --drain-seconds 2m` is taken; the same value in the .env was "expected a number".
+    w = config.load(write(tmp_path, text), env).worker
+    assert (w.drain_seconds, w.lease_seconds, w.outage_seconds) == (120.0, 90.0, 90.0)
+
+
+def test_a_number_that_is_not_seconds_takes_no_duration(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="budget.monthly_ceiling_usd: expected a number"):
+        config.load(write(tmp_path, '[budget]\nmonthly_ceiling_usd = "5m"\n'), {})

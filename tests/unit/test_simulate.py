@@ -538,6 +538,10 @@ def test_a_concurrency_sweep_gives_each_row_its_own_lower_bound(
         (["--sweep", "policy.max_instances"], "is not KEY=V1,V2"),
         (["--sweep", "policy.no_such_key=1,2"], "no_such_key"),
         (["--sweep", "policy.max_instances=1,many"], "max_instances"),
+        (["--sweep", "polcy.max_instances=1,2"], "Did you mean policy.max_instances?"),
+        (["--sweep", "policy.max_instance=1,2"], "Did you mean policy.max_instances?"),
+        (["--sweep", "policy.max_instances=" + ",".join(map(str, range(1, 12))),
+          "--sweep", "policy.max_step_up=" + ",".join(map(str, range(10)))], "more than 100"),
         (["--boot-time", "15m..10m"], "ends before it starts"),
         (["--boot-time", "soon"], "expected a duration"),
         (["--policies", "always-on,hpa"], "unknown policy: hpa"),
@@ -545,7 +549,8 @@ def test_a_concurrency_sweep_gives_each_row_its_own_lower_bound(
         (["--workload", "weekly"], "unknown workload 'weekly'"),
         (["--from-db"], "--from-db needs DATABASE_URL"),
     ],
-    ids=["sweep-no-values", "sweep-unknown-key", "sweep-bad-value", "boot-reversed",
+    ids=["sweep-no-values", "sweep-unknown-key", "sweep-bad-value", "sweep-misspelled-section",
+         "sweep-misspelled-key", "sweep-grid-too-large", "boot-reversed",
          "boot-not-a-duration", "unknown-policy", "no-policy", "unknown-shape",
          "from-db-without-url"],
 )  # fmt: skip
@@ -557,6 +562,8 @@ def test_bad_options_exit_2_before_any_replay(
     assert main(["simulate", "--days", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    if argv[0] == "--sweep":  # a --sweep key is the user's flag, not a variable
+        assert "environment" not in err
 
 
 @pytest.mark.parametrize("preset", ["procrastinate", "pgqueuer", "custom"])

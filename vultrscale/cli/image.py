@@ -38,7 +38,7 @@ def snapshot_cmd(
         str | None,
         typer.Option(
             "--from-instance",
-            parser=params.vultr_id,
+            parser=params.instance_id,
             metavar="ID",
             help="Instance to snapshot (its id).",
         ),
@@ -81,7 +81,7 @@ def snapshot_cmd(
         str | None,
         typer.Option(
             "--resume",
-            parser=params.vultr_id,
+            parser=params.snapshot_id,
             metavar="ID",
             help="Wait for a snapshot made earlier (--no-wait, a timeout), then record and prune.",
         ),
