@@ -262,3 +262,27 @@ def test_a_job_whose_failure_is_being_written_at_the_drain_deadline_is_not_given
     assert gave_back.is_set()
     assert jobs(conn) == {job_id: ("failed", 1)}
     assert w.summary.given_back == 0 and w.summary.failed == 1
+
+
+def test_a_stop_that_arrives_during_a_claim_turn_claims_nothing_more(
+    db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM's handler runs in the main thread between the round trips of one turn (psycopg
+    waits in C and runs Python's signal handlers on EINTR): the claim that follows in the same
+    turn must not be sent, or jobs start during the drain and are given back half done."""
+    (job_id,) = q.enqueue(conn, [{}])
+    ran: list[int] = []
+    w = Worker(_settings(5), db_url, lambda job: ran.append(job.id), say=lambda _: None)
+    flush = w.runner.flush_done
+
+    def stopped_meanwhile(c: psycopg.Connection) -> None:
+        flush(c)
+        w.request_stop()  # what on_signal does, on the thread that runs the turn
+
+    monkeypatch.setattr(w.runner, "flush_done", stopped_meanwhile)
+    t = threading.Thread(target=w.run, name="test-worker", daemon=True)
+    t.start()
+    t.join(15)
+    assert not t.is_alive()
+    assert (w.summary.taken, ran) == (0, [])
+    assert jobs(conn)[job_id] == ("ready", 0)
