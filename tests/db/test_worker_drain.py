@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.worker_procs import jobs, wait_for
 from vultrscale.db import queue as q
+from vultrscale.errors import RuntimeFailure
 from vultrscale.worker import Job, LeaseLost, PermanentError
 from vultrscale.worker.runtime import Worker, WorkerSettings
 
@@ -285,4 +286,42 @@ def test_a_stop_that_arrives_during_a_claim_turn_claims_nothing_more(
     t.join(15)
     assert not t.is_alive()
     assert (w.summary.taken, ran) == (0, [])
+    assert jobs(conn)[job_id] == ("ready", 0)
+
+
+def test_a_dead_heartbeat_thread_ends_the_worker_and_gives_its_job_back(
+    db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its leases would run out unrenewed while the handler works on: the main loop must see
+    the thread dead, give back what it holds and end the worker (exit 1), not go on."""
+    (job_id,) = q.enqueue(conn, [{}])
+    started = threading.Event()
+
+    def handle(job: Job) -> None:
+        started.set()
+        wait_for(lambda: job.lost, "the give-back", 20)
+
+    class Bug(BaseException):  # past the heartbeat's own `except Exception`
+        pass
+
+    def broken(held: list[Job]) -> tuple[set[int], bool]:
+        raise Bug("heartbeat bug")
+
+    w = Worker(_settings(5), db_url, handle, say=lambda _: None)
+    monkeypatch.setattr(w.heartbeat, "_renew", broken)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.run()
+        except RuntimeFailure as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=run, name="test-worker", daemon=True)
+    t.start()
+    wait_for(started.is_set, "the job to start", 10)
+    w.state.outage.poke.set()  # renew now rather than at lease/3
+    t.join(20)
+    assert not t.is_alive()
+    assert len(failed) == 1 and "vs-heartbeat died (Bug: heartbeat bug)" in str(failed[0])
     assert jobs(conn)[job_id] == ("ready", 0)
