@@ -383,3 +383,58 @@ def test_a_renewal_and_a_batch_completion_of_the_same_leases_never_deadlock(
     assert results["complete"] == {job_id for job_id, _ in held}
     states = conn.execute("SELECT DISTINCT state FROM jobs").fetchall()
     assert states == [("succeeded",)]
+
+
+_BATCHES: dict[str, Callable[[psycopg.Connection, list[tuple[int, uuid.UUID]]], set[int]]] = {
+    "renew": lambda c, held: q.renew(c, "w", held, 60),
+    "complete_many": lambda c, held: q.complete_many(c, "w", held),
+    "give_back_many": lambda c, held: q.give_back_many(c, "w", held),
+}
+
+
+@pytest.mark.parametrize("batch", sorted(_BATCHES))
+@pytest.mark.parametrize(
+    "change",
+    [
+        "DELETE FROM job_leases WHERE job_id = %s",
+        "UPDATE job_leases SET token = gen_random_uuid() WHERE job_id = %s",
+        "UPDATE job_leases SET worker_id = 'other' WHERE job_id = %s",
+        "UPDATE job_leases SET expires_at = now() - interval '1 second' WHERE job_id = %s",
+    ],
+    ids=["completed", "claimed-again", "other-worker", "expired"],
+)
+def test_a_batch_write_that_waited_for_a_lease_still_fences_it_by_worker_token_and_expiry(
+    db_url: str, conn: psycopg.Connection, batch: str, change: str
+) -> None:
+    """The batch locks its lease rows first (in job id order) and writes only the rows it
+    locked: a lease another session changed while the batch waited for it must be re-checked
+    on the row it finally locks, so the batch reports it lost and writes nothing to that job."""
+    q.enqueue(conn, [{}, {}, {}])
+    held = sorted((c.id, c.token) for c in q.claim(conn, "w", "default", 3, 60))
+    middle = held[1][0]
+    before = _job(conn, middle)
+    result: list[set[int]] = []
+
+    def run() -> None:
+        with psycopg.connect(db_url, autocommit=True) as c:
+            result.append(_BATCHES[batch](c, held))
+
+    with psycopg.connect(db_url) as blocker:
+        blocker.execute(change, (middle,))  # holds the row until the commit below
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                ).fetchone()
+                == (1,)
+            ),
+            "the batch to wait on the middle lease",
+            10,
+        )
+    t.join(30)
+    assert result == [{held[0][0], held[2][0]}]
+    after = _job(conn, middle)
+    assert (after["state"], after["attempts"]) == (before["state"], before["attempts"])

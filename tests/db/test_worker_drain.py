@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.worker_procs import jobs, wait_for
 from vultrscale.db import queue as q
+from vultrscale.errors import RuntimeFailure
 from vultrscale.worker import Job, LeaseLost, PermanentError
 from vultrscale.worker.runtime import Worker, WorkerSettings
 
@@ -262,3 +263,65 @@ def test_a_job_whose_failure_is_being_written_at_the_drain_deadline_is_not_given
     assert gave_back.is_set()
     assert jobs(conn) == {job_id: ("failed", 1)}
     assert w.summary.given_back == 0 and w.summary.failed == 1
+
+
+def test_a_stop_that_arrives_during_a_claim_turn_claims_nothing_more(
+    db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM's handler runs in the main thread between the round trips of one turn (psycopg
+    waits in C and runs Python's signal handlers on EINTR): the claim that follows in the same
+    turn must not be sent, or jobs start during the drain and are given back half done."""
+    (job_id,) = q.enqueue(conn, [{}])
+    ran: list[int] = []
+    w = Worker(_settings(5), db_url, lambda job: ran.append(job.id), say=lambda _: None)
+    flush = w.runner.flush_done
+
+    def stopped_meanwhile(c: psycopg.Connection) -> None:
+        flush(c)
+        w.request_stop()  # what on_signal does, on the thread that runs the turn
+
+    monkeypatch.setattr(w.runner, "flush_done", stopped_meanwhile)
+    t = threading.Thread(target=w.run, name="test-worker", daemon=True)
+    t.start()
+    t.join(15)
+    assert not t.is_alive()
+    assert (w.summary.taken, ran) == (0, [])
+    assert jobs(conn)[job_id] == ("ready", 0)
+
+
+def test_a_dead_heartbeat_thread_ends_the_worker_and_gives_its_job_back(
+    db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its leases would run out unrenewed while the handler works on: the main loop must see
+    the thread dead, give back what it holds and end the worker (exit 1), not go on."""
+    (job_id,) = q.enqueue(conn, [{}])
+    started = threading.Event()
+
+    def handle(job: Job) -> None:
+        started.set()
+        wait_for(lambda: job.lost, "the give-back", 20)
+
+    class Bug(BaseException):  # past the heartbeat's own `except Exception`
+        pass
+
+    def broken(held: list[Job]) -> tuple[set[int], bool]:
+        raise Bug("heartbeat bug")
+
+    w = Worker(_settings(5), db_url, handle, say=lambda _: None)
+    monkeypatch.setattr(w.heartbeat, "_renew", broken)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.run()
+        except RuntimeFailure as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=run, name="test-worker", daemon=True)
+    t.start()
+    wait_for(started.is_set, "the job to start", 10)
+    w.state.outage.poke.set()  # renew now rather than at lease/3
+    t.join(20)
+    assert not t.is_alive()
+    assert len(failed) == 1 and "vs-heartbeat died (Bug: heartbeat bug)" in str(failed[0])
+    assert jobs(conn)[job_id] == ("ready", 0)

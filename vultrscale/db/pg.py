@@ -39,10 +39,16 @@ HINT_STALLED = (
 
 
 def translate(
-    exc: psycopg.Error, doing: str, url: str = "", *, unreachable: str = HINT_UNREACHABLE
+    exc: psycopg.Error,
+    doing: str,
+    url: str = "",
+    *,
+    unreachable: str = HINT_UNREACHABLE,
+    other: str | None = None,
 ) -> DatabaseError:
     """The project's error for a psycopg error met while ``doing`` something; ``unreachable``
-    is the hint for a connection that failed or broke (the worker's names its leases)."""
+    is the hint for a connection that failed or broke, ``other`` for any other error
+    (DatabaseError's own when None). The worker passes its own for both, naming its leases."""
     line = first_line(exc, [url])
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return DatabaseError(
@@ -54,7 +60,7 @@ def translate(
         return DatabaseError(f"{doing}: {line}", hint=HINT_PRIVILEGE)
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseError(f"{doing}: {line}", hint=unreachable)
-    return DatabaseError(f"{doing}: {line}")
+    return DatabaseError(f"{doing}: {line}", hint=other)
 
 
 @contextmanager

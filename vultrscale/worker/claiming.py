@@ -81,7 +81,9 @@ class Claimer:
             reaped = queue.reap_expired(conn) if reap else 0
             free = st.free_slots()
             sent = time.monotonic()
-            if free > 0 and not st.marked_draining:
+            # A stop seen here came during this turn's round trips (SIGTERM's handler runs
+            # between them): its claim would start jobs the drain then gives back half done.
+            if free > 0 and not st.marked_draining and not st.stop.is_set():
                 claimed = queue.claim(conn, st.worker_id, s.queue, free, s.lease_seconds)
         st.take(claimed, sent)
         return claimed, free, reaped

@@ -88,6 +88,8 @@ def database_error(
             f"their lease expires (at most {lease_seconds:g} s); systemd restarts the worker."
         )
     if isinstance(exc, psycopg.Error):
-        return pg.translate(exc, doing, conninfo, unreachable=unreachable)
+        # Any other error (a failover to a read-only replica, say) ends the worker as a broken
+        # connection does: the same hint, not "run `vultrscale db init`".
+        return pg.translate(exc, doing, conninfo, unreachable=unreachable, other=unreachable)
     # Not the database's own error (a heartbeat silent without one): the connection's fault.
     return DatabaseError(f"{doing}: {first_line(exc, [conninfo])}", hint=unreachable)
