@@ -175,11 +175,15 @@ class MemoryLedger:
     events: list[PassEvent] = field(default_factory=list)  # read as the fleet_events rows
     snapshot: str | None = None
     held_elsewhere: bool = False
+    lock_extensions: list[float] = field(default_factory=list)  # extend_lock's, in order
     # (plan, region) -> (price, checked at): the plan checks every pass shares.
     plan_checks: dict[tuple[str, str], tuple[PlanPrice, datetime]] = field(default_factory=dict)
 
     def lock(self) -> bool:
         return not self.held_elsewhere
+
+    def extend_lock(self, seconds: float) -> None:
+        self.lock_extensions.append(seconds)
 
     def rows(self, since: datetime) -> list[LedgerRow]:
         out = [

@@ -62,6 +62,7 @@ from vultrscale.model import (
     frozen_from,
 )
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, QueueSignals, Store
+from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     AuthError,
@@ -465,7 +466,7 @@ def observe(
                 )
     probes: dict[str, ServiceState | str] = {}
     if probe and api_error is None:
-        probes = _probe_drains(cfg, parts.drain, rows.values(), listed)
+        probes = _probe_drains(cfg, parts.drain, ledger, rows.values(), listed)
     return Observed(
         now=now,
         rows=rows,
@@ -562,7 +563,11 @@ def target(cfg: Config, row: LedgerRow, v: VInstance | None) -> HostTarget | Non
 
 
 def _probe_drains(
-    cfg: Config, drain: DrainTransport, rows: Any, listed: Mapping[str, VInstance]
+    cfg: Config,
+    drain: DrainTransport,
+    ledger: FleetLedger,
+    rows: Any,
+    listed: Mapping[str, VInstance],
 ) -> dict[str, ServiceState | str]:
     """`systemctl is-active` on every draining instance that can be reached (read-only)."""
     out: dict[str, ServiceState | str] = {}
@@ -574,6 +579,7 @@ def _probe_drains(
             if t is not None:
                 targets.append(t)
     if targets:
+        ledger.extend_lock(fan_out_bound_s(len(targets)))
         for label, st in drain.is_active_many(targets).items():
             out[label] = st if isinstance(st, ServiceState) else str(st)
     return out
@@ -733,7 +739,7 @@ def apply(
                 result.note(row.label, why)
             else:
                 drain_targets.append(t)
-    _stop(parts.drain, drain_targets, result, started=True)
+    _stop(parts.drain, ledger, drain_targets, result, started=True)
     created = 0
     if plan.creates and obs.price is not None:
         created = _create(cfg, parts, ledger, plan.creates, obs.price, snapshot, now, result)
@@ -771,7 +777,7 @@ def _progress_drains(
             result.note(step.label, step.why)
         else:
             result.errors.append(f"{step.label}: {step.why}")
-    _stop(parts.drain, restop, result, started=False)
+    _stop(parts.drain, ledger, restop, result, started=False)
     for label, row in decision.rows.items():
         before = obs.rows.get(label)
         if before is not None and before.state is row.state is InstanceState.DELETING:
@@ -819,11 +825,19 @@ def _write_transitions(
 
 
 def _stop(
-    drain: DrainTransport, targets: list[HostTarget], result: PassResult, *, started: bool
+    drain: DrainTransport,
+    ledger: FleetLedger,
+    targets: list[HostTarget],
+    result: PassResult,
+    *,
+    started: bool,
 ) -> None:
     """`systemctl stop --no-block` on each target; a host that refuses is that host's error."""
     if not targets:
         return
+    # SSH is not under the pass's deadline: say how long it may take, or a pass draining
+    # many hosts at once would be reported stuck (and its session named to be killed).
+    ledger.extend_lock(fan_out_bound_s(len(targets)))
     for label, err in drain.stop_many(targets).items():
         if err is not None:
             result.errors.append(f"{label}: systemctl stop failed: {err}")

@@ -17,12 +17,14 @@ from vultrscale.db import pg
 from vultrscale.db.ledger import (
     PgLedger,
     PgStore,
+    extend_pass_lock,
     lock_holder,
     lock_key,
     take_pass_lock,
     try_lock,
 )
 from vultrscale.errors import DatabaseError, PassStuck
+from vultrscale.ssh import fan_out_bound_s
 
 MONTH = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -193,3 +195,32 @@ def test_a_pass_shows_its_deadline_while_it_holds_the_lock_and_not_after(
             "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
         ).fetchone()
     assert row is not None and not row[0].startswith("vultrscale pass")  # the kept one, reset
+
+
+def test_a_pass_draining_many_hosts_past_its_deadline_is_not_taken_for_stuck(
+    store: PgStore, cfg: Config, db_url: str
+) -> None:
+    # Before: the holder showed only its 30 s deadline, so a healthy pass still in the SSH of
+    # a 100-host scale-in (SSH is not under the deadline) was reported stuck after 90 s, exit 1
+    # and its session named for pg_terminate_backend.
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        _hold(holder, cfg.fleet.name, ago_s=150, deadline_s=30)
+        PgLedger(holder, cfg.fleet.name).extend_lock(fan_out_bound_s(100))
+        with store.session(cfg) as (ledger, _signals):
+            assert not ledger.lock()
+        with psycopg.connect(db_url, autocommit=True) as other:
+            shown = lock_holder(other, cfg.fleet.name)
+    assert shown is not None and shown.deadline_s is not None
+    assert shown.deadline_s >= 150 + fan_out_bound_s(100)
+
+
+def test_extending_the_lock_never_shortens_it_and_needs_the_lock(cfg: Config, db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        extend_pass_lock(conn, 500)  # holds no lock: its own application_name is left alone
+        row = conn.execute("SELECT current_setting('application_name')").fetchone()
+        assert row is not None and not row[0].startswith("vultrscale pass")
+        _hold(conn, cfg.fleet.name, ago_s=10, deadline_s=300)
+        extend_pass_lock(conn, 5)
+        with psycopg.connect(db_url, autocommit=True) as other:
+            shown = lock_holder(other, cfg.fleet.name)
+    assert shown is not None and shown.deadline_s == 300
