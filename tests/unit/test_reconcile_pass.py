@@ -988,7 +988,6 @@ def test_a_pass_announces_how_long_its_ssh_may_take_before_it_waits_on_it(
     fleet.drain_now(a)
     fleet.clock.advance(30)  # still active: probed, then the stop is sent again
     watched = _WatchedDrain(fleet.ledger)
-    fleet.ledger.lock_extensions.clear()
     fleet.run(dataclasses.replace(fleet.parts, drain=watched))
     bound = ssh.fan_out_bound_s(1)
     assert watched.calls == [("is-active", 1, [bound]), ("stop", 1, [bound, bound])]
