@@ -224,3 +224,17 @@ def test_extending_the_lock_never_shortens_it_and_needs_the_lock(cfg: Config, db
         with psycopg.connect(db_url, autocommit=True) as other:
             shown = lock_holder(other, cfg.fleet.name)
     assert shown is not None and shown.deadline_s == 300
+
+
+def test_a_lock_held_in_another_database_of_the_server_is_not_this_fleets(
+    store: PgStore, cfg: Config, db_url: str, pg_url: str
+) -> None:
+    # Before: pg_locks is the whole server's, and the holder was looked up by key alone: a
+    # fleet of the same name in another database (staging beside production, another
+    # checkout's tests) was taken for this one's holder, its age judged and its pid named.
+    with psycopg.connect(pg_url, autocommit=True) as elsewhere:
+        _hold(elsewhere, cfg.fleet.name, ago_s=600, deadline_s=30)
+        with psycopg.connect(db_url, autocommit=True) as here:
+            assert lock_holder(here, cfg.fleet.name) is None
+        with store.session(cfg) as (ledger, _signals):
+            assert ledger.lock()  # the lock of this database is free

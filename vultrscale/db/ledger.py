@@ -122,6 +122,9 @@ def lock_holder(conn: psycopg.Connection[Any], fleet: str) -> LockHolder | None:
         "ELSE coalesce(a.xact_start, a.query_start) END)::float8 "
         "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
         "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+        # pg_locks is the whole server's; an advisory key is per database (another database
+        # may run a fleet of the same name: staging beside production).
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
         "AND l.classid = %s::oid AND l.objid = %s::oid",
         (_LOCK_NAMESPACE, lock_key(fleet)),
     ).fetchone()
