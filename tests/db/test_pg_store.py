@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from vultrscale.clock import Deadline
 from vultrscale.config import Config
 from vultrscale.db import pg
 from vultrscale.db.ledger import (
@@ -238,3 +239,22 @@ def test_a_lock_held_in_another_database_of_the_server_is_not_this_fleets(
             assert lock_holder(here, cfg.fleet.name) is None
         with store.session(cfg) as (ledger, _signals):
             assert ledger.lock()  # the lock of this database is free
+
+
+def test_each_pass_of_a_loop_gets_its_own_deadline_not_the_last_ones_expired_one(
+    cfg: Config, db_url: str
+) -> None:
+    now = [1000.0]
+    deadline = Deadline(30.0, monotonic=lambda: now[0])
+    store = PgStore(db_url, keep=True, deadline=deadline)
+    try:
+        with store.session(cfg) as (ledger, _signals):
+            assert ledger.lock()
+            now[0] += 45.0  # the first pass ran out of its time
+            assert (deadline.remaining() or 0) < 0
+        assert deadline.remaining() is None  # between passes: no pass runs
+        with store.session(cfg) as (ledger, _signals):
+            assert ledger.lock()
+            assert deadline.remaining() == 30.0
+    finally:
+        store.close()
