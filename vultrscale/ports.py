@@ -75,8 +75,9 @@ class FleetLedger(Protocol):
 
     def extend_lock(self, seconds: float) -> None:
         """Tell other sessions that this pass, holding the lock, may still wait ``seconds``
-        from now (SSH to many hosts, which the pass's deadline does not bound), so that they
-        do not take it for stuck; nothing when this session does not hold the lock."""
+        from now (SSH to many hosts, which the pass's deadline does not bound), and its time
+        for Vultr after that, so that they do not take it for stuck; nothing when this session
+        does not hold the lock."""
         ...
 
     def rows(self, since: datetime) -> list[LedgerRow]:

@@ -498,8 +498,9 @@ class PgLedger:
         )
 
     def extend_lock(self, seconds: float) -> None:
+        # And its deadline again: the time it has for Vultr does not run while it waits on SSH.
         with self._t("showing how long the pass may still take"):
-            extend_pass_lock(self.conn, seconds)
+            extend_pass_lock(self.conn, seconds + self.deadline_s)
 
     def rows(self, since: datetime) -> list[LedgerRow]:
         with self._t("reading the instances"):
