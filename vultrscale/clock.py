@@ -95,6 +95,18 @@ class Deadline:
         finally:
             self._until = None
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Stop the deadline's clock for the block: SSH to the hosts, which has bounds of its
+        own (and which the pass shows its lock's holder to need), must not eat the time the
+        pass has for Vultr, or one hung host would leave every pass no time to create."""
+        began = self._monotonic()
+        try:
+            yield
+        finally:
+            if self._until is not None:
+                self._until += self._monotonic() - began
+
     def remaining(self) -> float | None:
         """Seconds left (negative once passed); None while no pass runs."""
         until = self._until

@@ -175,11 +175,16 @@ class MemoryLedger:
     events: list[PassEvent] = field(default_factory=list)  # read as the fleet_events rows
     snapshot: str | None = None
     held_elsewhere: bool = False
+    lock_extensions: list[float] = field(default_factory=list)  # this pass's extend_lock's
     # (plan, region) -> (price, checked at): the plan checks every pass shares.
     plan_checks: dict[tuple[str, str], tuple[PlanPrice, datetime]] = field(default_factory=dict)
 
     def lock(self) -> bool:
+        self.lock_extensions.clear()  # one pass's: a long simulation keeps no history
         return not self.held_elsewhere
+
+    def extend_lock(self, seconds: float) -> None:
+        self.lock_extensions.append(seconds)
 
     def rows(self, since: datetime) -> list[LedgerRow]:
         out = [

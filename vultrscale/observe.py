@@ -22,6 +22,7 @@ from vultrscale.decision import Readings, priced, target
 from vultrscale.errors import DatabaseError, UsageError
 from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, Parts, QueueSignals
+from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import AuthError, NotFound, VultrError
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def observe(
             api_error = f"Vultr API: {exc}"
     probes: dict[str, ServiceState | str] = {}
     if probe and api_error is None:
-        probes = _probe_drains(cfg, parts.drain, rows.values(), listed)
+        probes = _probe_drains(cfg, parts.drain, ledger, rows.values(), listed)
     return Readings(
         now=now,
         rows=rows,
@@ -214,7 +215,11 @@ def _looked_up(
 
 
 def _probe_drains(
-    cfg: Config, drain: DrainTransport, rows: Any, listed: Mapping[str, VInstance]
+    cfg: Config,
+    drain: DrainTransport,
+    ledger: FleetLedger,
+    rows: Any,
+    listed: Mapping[str, VInstance],
 ) -> dict[str, ServiceState | str]:
     """`systemctl is-active` on every draining instance that can be reached (read-only)."""
     out: dict[str, ServiceState | str] = {}
@@ -226,6 +231,8 @@ def _probe_drains(
             if t is not None:
                 targets.append(t)
     if targets:
+        # SSH is not under the pass's deadline: say how long it may take (see reconcile._stop).
+        ledger.extend_lock(fan_out_bound_s(len(targets)))
         for label, st in drain.is_active_many(targets).items():
             out[label] = st if isinstance(st, ServiceState) else str(st)
     return out

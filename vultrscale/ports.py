@@ -77,6 +77,13 @@ class FleetLedger(Protocol):
         Raises ``PassStuck`` when that pass has held it past its deadline and margin."""
         ...
 
+    def extend_lock(self, seconds: float) -> None:
+        """Tell other sessions that this pass, holding the lock, may still wait ``seconds``
+        from now (SSH to many hosts, which the pass's deadline does not bound), and its time
+        for Vultr after that, so that they do not take it for stuck; nothing when this session
+        does not hold the lock."""
+        ...
+
     def rows(self, since: datetime) -> list[LedgerRow]:
         """Every row not gone, plus the rows gone at or after ``since``."""
         ...

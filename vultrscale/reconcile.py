@@ -71,6 +71,7 @@ from vultrscale.model import (
 from vultrscale.observe import observe
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, PriceCheck, QueueSignals
 from vultrscale.ports import Parts as Parts  # re-exported: the pass's callers build them
+from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     AuthError,
@@ -405,7 +406,7 @@ def apply(
             case MarkDraining(label):
                 ledger.mark_draining(label, now)
             case Stop(targets, first):
-                _stop(parts.drain, targets, result, first=first)
+                _stop(parts.drain, ledger, targets, result, first=first)
             case Create():
                 created += _create(cfg, parts, ledger, step, snapshot, now, result)
             case SaveFleetState(before, last_scale_down, idle_since):
@@ -424,9 +425,19 @@ def apply(
 
 
 def _stop(
-    drain: DrainTransport, targets: Sequence[HostTarget], result: PassResult, *, first: bool
+    drain: DrainTransport,
+    ledger: FleetLedger,
+    targets: Sequence[HostTarget],
+    result: PassResult,
+    *,
+    first: bool,
 ) -> None:
     """`systemctl stop --no-block` on each target; a host that refuses is that host's error."""
+    if not targets:
+        return
+    # SSH is not under the pass's deadline: say how long it may take, or a pass draining
+    # many hosts at once would be reported stuck (and its session named to be killed).
+    ledger.extend_lock(fan_out_bound_s(len(targets)))
     for label, err in drain.stop_many(list(targets)).items():
         if err is not None:
             result.errors.append(f"{label}: systemctl stop failed: {err}")

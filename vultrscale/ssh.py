@@ -228,6 +228,29 @@ def _where(target: HostTarget) -> str:
     return f"{target.label} ({target.user}@{target.address}:{target.port})"
 
 
+CONNECT_TIMEOUT_S = 10.0  # each of: the TCP connect, the banner, the key exchange, the auth
+COMMAND_TIMEOUT_S = 20.0  # one command, from opening its channel to its exit status
+MAX_PARALLEL = 32
+
+
+def fan_out_bound_s(
+    hosts: int,
+    *,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
+    command_timeout: float = COMMAND_TIMEOUT_S,
+    max_parallel: int = MAX_PARALLEL,
+) -> float:
+    """The longest ``stop_many`` or ``is_active_many`` on ``hosts`` targets can take when every
+    host uses up every timeout: a connect (four waits), the command, and the one fresh try a
+    dead connection gets, in rounds of ``max_parallel``. A pass announces it before it waits
+    (``FleetLedger.extend_lock``), so a healthy pass draining many hosts is not taken for a
+    stuck one."""
+    if hosts <= 0:
+        return 0.0
+    rounds = -(-hosts // max(1, max_parallel))
+    return rounds * 2 * (4 * connect_timeout + command_timeout)
+
+
 class SSHDrain:
     """Stop and poll worker services over SSH with pinned host keys.
 
@@ -239,9 +262,9 @@ class SSHDrain:
         self,
         key_path: str,
         *,
-        connect_timeout: float = 10.0,
-        command_timeout: float = 20.0,
-        max_parallel: int = 32,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        command_timeout: float = COMMAND_TIMEOUT_S,
+        max_parallel: int = MAX_PARALLEL,
     ) -> None:
         self._key = load_private_key(key_path)
         self.connect_timeout = connect_timeout

@@ -7,9 +7,11 @@ Also the two secrets every fleet command needs, read from the config (the enviro
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vultrscale.clock import Deadline
     from vultrscale.config import Config
     from vultrscale.model import Plan
     from vultrscale.ports import Parts
@@ -68,22 +70,38 @@ class _LazyDrain:
     """The SSH drain transport, built on first use so a pass with no drain never imports
     paramiko nor reads the key; closed after every pass (connections live within one pass)."""
 
-    def __init__(self, key_path: str) -> None:
+    def __init__(
+        self,
+        key_path: str,
+        deadline: Deadline | None = None,
+        make: Callable[[str], Any] | None = None,
+    ) -> None:
         self.key_path = key_path
+        self.deadline = deadline  # the pass's, paused while the hosts are asked
+        self._make = make
         self._drain: Any = None
 
     def _get(self) -> Any:
         if self._drain is None:
-            from vultrscale.ssh import SSHDrain
+            if self._make is None:
+                from vultrscale.ssh import SSHDrain
 
-            self._drain = SSHDrain(self.key_path)
+                self._make = SSHDrain
+            self._drain = self._make(self.key_path)
         return self._drain
 
+    def _paused(self) -> AbstractContextManager[None]:
+        return self.deadline.paused() if self.deadline is not None else nullcontext()
+
     def stop_many(self, targets: list[Any]) -> Any:
-        return self._get().stop_many(targets)
+        drain = self._get()
+        with self._paused():
+            return drain.stop_many(targets)
 
     def is_active_many(self, targets: list[Any]) -> Any:
-        return self._get().is_active_many(targets)
+        drain = self._get()
+        with self._paused():
+            return drain.is_active_many(targets)
 
     def close(self) -> None:
         if self._drain is not None:
@@ -132,7 +150,7 @@ def build_parts(cfg: Config) -> Parts:
     return Parts(
         cloud=client,
         store=PgStore(db_url, keep=True, deadline=deadline),
-        drain=_LazyDrain(cfg.fleet.ssh_key),
+        drain=_LazyDrain(cfg.fleet.ssh_key, deadline),
         clock=SystemClock(),
         keygen=keygen,
         render_user_data=user_data_renderer(cfg),

@@ -12,17 +12,20 @@ from typing import Any
 import psycopg
 import pytest
 
+from vultrscale.clock import Deadline
 from vultrscale.config import Config
 from vultrscale.db import pg
 from vultrscale.db.ledger import (
     PgLedger,
     PgStore,
+    extend_pass_lock,
     lock_holder,
     lock_key,
     take_pass_lock,
     try_lock,
 )
 from vultrscale.errors import DatabaseError, PassStuck
+from vultrscale.ssh import fan_out_bound_s
 
 MONTH = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -193,3 +196,65 @@ def test_a_pass_shows_its_deadline_while_it_holds_the_lock_and_not_after(
             "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
         ).fetchone()
     assert row is not None and not row[0].startswith("vultrscale pass")  # the kept one, reset
+
+
+def test_a_pass_draining_many_hosts_past_its_deadline_is_not_taken_for_stuck(
+    store: PgStore, cfg: Config, db_url: str
+) -> None:
+    # Before: the holder showed only its 30 s deadline, so a healthy pass still in the SSH of
+    # a 100-host scale-in (SSH is not under the deadline) was reported stuck after 90 s, exit 1
+    # and its session named for pg_terminate_backend.
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        _hold(holder, cfg.fleet.name, ago_s=150, deadline_s=30)
+        PgLedger(holder, cfg.fleet.name).extend_lock(fan_out_bound_s(100))
+        with store.session(cfg) as (ledger, _signals):
+            assert not ledger.lock()
+        with psycopg.connect(db_url, autocommit=True) as other:
+            shown = lock_holder(other, cfg.fleet.name)
+    assert shown is not None and shown.deadline_s is not None
+    assert shown.deadline_s >= 150 + fan_out_bound_s(100)
+
+
+def test_extending_the_lock_never_shortens_it_and_needs_the_lock(cfg: Config, db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        extend_pass_lock(conn, 500)  # holds no lock: its own application_name is left alone
+        row = conn.execute("SELECT current_setting('application_name')").fetchone()
+        assert row is not None and not row[0].startswith("vultrscale pass")
+        _hold(conn, cfg.fleet.name, ago_s=10, deadline_s=300)
+        extend_pass_lock(conn, 5)
+        with psycopg.connect(db_url, autocommit=True) as other:
+            shown = lock_holder(other, cfg.fleet.name)
+    assert shown is not None and shown.deadline_s == 300
+
+
+def test_a_lock_held_in_another_database_of_the_server_is_not_this_fleets(
+    store: PgStore, cfg: Config, db_url: str, pg_url: str
+) -> None:
+    # Before: pg_locks is the whole server's, and the holder was looked up by key alone: a
+    # fleet of the same name in another database (staging beside production, another
+    # checkout's tests) was taken for this one's holder, its age judged and its pid named.
+    with psycopg.connect(pg_url, autocommit=True) as elsewhere:
+        _hold(elsewhere, cfg.fleet.name, ago_s=600, deadline_s=30)
+        with psycopg.connect(db_url, autocommit=True) as here:
+            assert lock_holder(here, cfg.fleet.name) is None
+        with store.session(cfg) as (ledger, _signals):
+            assert ledger.lock()  # the lock of this database is free
+
+
+def test_each_pass_of_a_loop_gets_its_own_deadline_not_the_last_ones_expired_one(
+    cfg: Config, db_url: str
+) -> None:
+    now = [1000.0]
+    deadline = Deadline(30.0, monotonic=lambda: now[0])
+    store = PgStore(db_url, keep=True, deadline=deadline)
+    try:
+        with store.session(cfg) as (ledger, _signals):
+            assert ledger.lock()
+            now[0] += 45.0  # the first pass ran out of its time
+            assert (deadline.remaining() or 0) < 0
+        assert deadline.remaining() is None  # between passes: no pass runs
+        with store.session(cfg) as (ledger, _signals):
+            assert ledger.lock()
+            assert deadline.remaining() == 30.0
+    finally:
+        store.close()

@@ -13,7 +13,7 @@ import pytest
 from vultrscale import budget, metrics, ssh
 from vultrscale import config as config_mod
 from vultrscale.clock import FakeClock
-from vultrscale.errors import EXIT_USAGE, HostKeyMismatch, UsageError
+from vultrscale.errors import EXIT_USAGE, HostKeyMismatch, SSHError, UsageError
 from vultrscale.memory import (
     SNAPSHOT,
     MemoryCloud,
@@ -23,7 +23,14 @@ from vultrscale.memory import (
     MemoryStore,
     memory_parts,
 )
-from vultrscale.model import Instance, InstanceState, ServiceState, Signals, WorkerView
+from vultrscale.model import (
+    HostTarget,
+    Instance,
+    InstanceState,
+    ServiceState,
+    Signals,
+    WorkerView,
+)
 from vultrscale.ports import PassCache
 from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_forever, run_pass
 from vultrscale.vultr.errors import ApiUnreachable, AuthError
@@ -966,3 +973,43 @@ def test_a_pass_interrupted_by_ctrl_c_is_recorded_as_interrupted_not_ok(fleet: F
     event = fleet.ledger.events[-1]
     assert event["exit_code"] == 130
     assert event["errors"] == ["interrupted (SIGINT) before the pass finished"]
+
+
+class _WatchedDrain(MemoryDrain):
+    """Records, at each SSH fan-out, the lock extensions the pass had announced by then."""
+
+    def __init__(self, ledger: MemoryLedger) -> None:
+        super().__init__()
+        self.ledger = ledger
+        self.calls: list[tuple[str, int, list[float]]] = []
+
+    def stop_many(self, targets: list[HostTarget]) -> dict[str, SSHError | None]:
+        self.calls.append(("stop", len(targets), list(self.ledger.lock_extensions)))
+        return super().stop_many(targets)
+
+    def is_active_many(self, targets: list[HostTarget]) -> dict[str, ServiceState | SSHError]:
+        self.calls.append(("is-active", len(targets), list(self.ledger.lock_extensions)))
+        return super().is_active_many(targets)
+
+
+def test_a_pass_announces_how_long_its_ssh_may_take_before_it_waits_on_it(
+    tmp_path: Path,
+) -> None:
+    # Before: a pass showed only its 30 s Vultr deadline while SSH (not under it) went on, so
+    # a healthy pass draining many hosts was reported stuck by the next one after 90 s.
+    fleet = Fleet(tmp_path, policy={"min_instances": 2, "max_instances": 2})
+    a, _b = fleet.bring_up(8)
+    fleet.drain_now(a)
+    fleet.clock.advance(30)  # still active: probed, then the stop is sent again
+    watched = _WatchedDrain(fleet.ledger)
+    fleet.run(dataclasses.replace(fleet.parts, drain=watched))
+    bound = ssh.fan_out_bound_s(1)
+    assert watched.calls == [("is-active", 1, [bound]), ("stop", 1, [bound, bound])]
+
+
+def test_the_bound_of_an_ssh_fan_out_grows_with_its_rounds_of_hosts() -> None:
+    one_round = ssh.fan_out_bound_s(1)
+    assert one_round >= ssh.CONNECT_TIMEOUT_S + ssh.COMMAND_TIMEOUT_S
+    assert ssh.fan_out_bound_s(ssh.MAX_PARALLEL) == one_round
+    assert ssh.fan_out_bound_s(100) == 4 * one_round  # 32 at a time
+    assert ssh.fan_out_bound_s(0) == 0

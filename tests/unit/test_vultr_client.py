@@ -883,3 +883,24 @@ def test_without_a_pass_a_call_ends_within_its_own_limit(api: respx.MockRouter, 
         client.account()
     assert fake.monotonic() - began <= CALL_BUDGET_S
     assert f"the call's {CALL_BUDGET_S:g}s limit" in info.value.message
+
+
+def test_the_sockets_of_the_api_and_of_an_environment_proxy_are_all_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The total deadline rests on httpx's and httpcore's private parts (no public way exists
+    # in httpx 0.28): an upgrade that renames them must fail here, not silently drop the bound.
+    import httpcore
+
+    from vultrscale.vultr import client as client_mod
+
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    with VultrClient(KEY, "https://api.vultr.com") as client:
+        transports = [client._http._transport, *client._http._mounts.values()]
+        pools = [getattr(t, "_pool", None) for t in transports if t is not None]
+    assert len(pools) == 2 and isinstance(pools[1], httpcore.HTTPProxy)
+    for pool in pools:
+        assert isinstance(pool, httpcore.ConnectionPool)
+        assert isinstance(pool._network_backend, client_mod._LimitedBackend)

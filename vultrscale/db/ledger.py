@@ -7,6 +7,7 @@ lease liveness is always judged by the database's ``now()`` in the signals query
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -53,9 +54,10 @@ def try_lock(conn: psycopg.Connection[Any], fleet: str) -> bool:
     return bool(row and row[0])
 
 
-# What a pass may still do after its deadline has ended its Vultr calls: SSH steps (each
-# bounded by its connect and command timeouts) and its few database statements. A holder past
-# its deadline and this margin is stuck (a process frozen, a hang the deadline does not cover).
+# What a pass may still do past the time it shows (its deadline, moved by ``extend_lock``
+# before each SSH fan-out by that fan-out's bound): its few database statements and the
+# scheduler's delays. A holder past that and this margin is stuck (a process frozen, a hang
+# no bound covers).
 LOCK_MARGIN_S = 60.0
 # While it holds the lock, a pass shows other sessions when it took it and its deadline, in
 # pg_stat_activity.application_name (ASCII, under 64 bytes), so a pass that finds the lock
@@ -74,6 +76,24 @@ def take_pass_lock(conn: psycopg.Connection[Any], fleet: str, deadline_s: float)
         (_LOCK_NAMESPACE, lock_key(fleet), _HOLDER.format(deadline=deadline_s)),
     ).fetchone()
     return bool(row and row[0] is not None)
+
+
+def extend_pass_lock(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """Move the deadline this session shows as the lock's holder to ``seconds`` from now, if
+    that is later (it never shortens it); nothing if the session holds no pass lock."""
+    row = conn.execute(
+        "SELECT current_setting('application_name'), extract(epoch FROM now())::float8"
+    ).fetchone()
+    m = _HOLDER_RE.fullmatch(row[0] or "") if row else None
+    if row is None or m is None:
+        return
+    since = int(m[2])
+    wanted = math.ceil(row[1] - since + seconds)
+    if wanted > float(m[1]):
+        conn.execute(
+            "SELECT set_config('application_name', %s, false)",
+            (_HOLDER.format(deadline=wanted) + str(since),),
+        )
 
 
 def release_pass_lock(conn: psycopg.Connection[Any]) -> None:
@@ -99,6 +119,9 @@ def lock_holder(conn: psycopg.Connection[Any], fleet: str) -> LockHolder | None:
         "ELSE coalesce(a.xact_start, a.query_start) END)::float8 "
         "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
         "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+        # pg_locks is the whole server's; an advisory key is per database (another database
+        # may run a fleet of the same name: staging beside production).
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
         "AND l.classid = %s::oid AND l.objid = %s::oid",
         (_LOCK_NAMESPACE, lock_key(fleet)),
     ).fetchone()
@@ -473,6 +496,11 @@ class PgLedger:
             "stop that process, or end the session with "
             f"SELECT pg_terminate_backend({holder.pid}); the next pass takes over.",
         )
+
+    def extend_lock(self, seconds: float) -> None:
+        # And its deadline again: the time it has for Vultr does not run while it waits on SSH.
+        with self._t("showing how long the pass may still take"):
+            extend_pass_lock(self.conn, seconds + self.deadline_s)
 
     def rows(self, since: datetime) -> list[LedgerRow]:
         with self._t("reading the instances"):

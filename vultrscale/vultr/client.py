@@ -193,6 +193,8 @@ class _OutOfTime(tenacity.stop.stop_base):
         self.wait = 0.0  # the wait that was asked for when it stopped
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        # tenacity >= 8.3 computes the wait before it asks stop (8.2 had no upcoming_sleep:
+        # every retry raised AttributeError), hence the floor of the pin in pyproject.toml.
         self.wait = retry_state.upcoming_sleep
         return self._monotonic() + self.wait > self._last_start
 
