@@ -117,7 +117,26 @@ def test_a_pass_stuck_behind_a_lock_fails_within_the_bound_and_frees_the_fleet_l
         assert caught.value.hint == pg.HINT_STALLED
         with psycopg.connect(db_url, autocommit=True) as other:
             assert try_lock(other, cfg.fleet.name)  # the pass's lock went with its session
+            # Freed by a statement: the close alone frees it only when the server gets to it.
+            other.execute("SELECT pg_advisory_unlock_all()")
         blocker.rollback()
     with store.session(cfg) as (ledger, _signals):
         assert ledger.lock() and ledger.rows(since=MONTH) == []
+    store.close()
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["one-shot", "kept"])
+def test_the_fleet_lock_is_free_the_moment_a_session_ends(
+    db_url: str, cfg: Config, keep: bool
+) -> None:
+    """The next pass (cron's, the loop's, a test's) must not find the lock of one that has
+    returned. Closing a connection only asks its server process to end; the lock went with it
+    some milliseconds later, and a pass run right after found "lock held" and did nothing."""
+    store = PgStore(db_url, keep=keep)
+    with psycopg.connect(db_url, autocommit=True) as other:
+        for attempt in range(30):
+            with store.session(cfg) as (ledger, _signals):
+                assert ledger.lock()
+            assert try_lock(other, cfg.fleet.name), f"still held after session {attempt + 1}"
+            other.execute("SELECT pg_advisory_unlock_all()")
     store.close()
