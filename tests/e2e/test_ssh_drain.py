@@ -245,7 +245,10 @@ def test_a_silent_host_is_unreachable_within_the_connect_timeout(
         s.bind((f"127.0.0.{60 + i}", 0))
         s.listen(8)
         silent.append(s)
-    refused_port = sshd_hosts.free_port("127.0.0.62")
+    # Bound and never listened on: refused, and no other process can take the port meanwhile.
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.62", 0))
+    refused_port = refusing.getsockname()[1]
     targets = [
         HostTarget(f"silent-{i}", f"127.0.0.{60 + i}", s.getsockname()[1], "vsdrain",
                    good.host_key, "worker")
@@ -269,7 +272,7 @@ def test_a_silent_host_is_unreachable_within_the_connect_timeout(
         assert isinstance(results[good.label], ServiceState)
         assert elapsed < 1.9, f"silent hosts were waited for one after another ({elapsed:.2f}s)"
     finally:
-        for s in silent:
+        for s in [*silent, refusing]:
             s.close()
 
 
