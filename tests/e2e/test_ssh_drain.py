@@ -250,11 +250,11 @@ def test_a_silent_host_is_unreachable_within_the_connect_timeout(
     refusing.bind(("127.0.0.62", 0))
     refused_port = refusing.getsockname()[1]
     targets = [
-        HostTarget(f"silent-{i}", f"127.0.0.{60 + i}", s.getsockname()[1], "vsdrain",
+        HostTarget(f"silent-{i}", f"127.0.0.{60 + i}", s.getsockname()[1], hosts.user,
                    good.host_key, "worker")
         for i, s in enumerate(silent)
     ]  # fmt: skip
-    refused = HostTarget("refused", "127.0.0.62", refused_port, "vsdrain", good.host_key, "worker")
+    refused = HostTarget("refused", "127.0.0.62", refused_port, hosts.user, good.host_key, "worker")
     try:
         with SSHDrain(str(client_key), connect_timeout=1.0, command_timeout=5) as drain:
             started = time.monotonic()
