@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import gc
 import multiprocessing
 import os
@@ -185,6 +186,28 @@ def rss_kb() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def malloc_kb() -> tuple[int, int] | None:
+    """glibc's heap: (bytes in use, bytes held free) in KB; None where there is no mallinfo2.
+    In use growing is memory kept; only free growing is the heap's high-water mark."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    return (info.uordblks + info.hblkhd) // 1024, info.fordblks // 1024
+
+
 def heap_kb(snapshot: tracemalloc.Snapshot) -> int:
     return sum(s.size for s in snapshot.statistics("filename")) // 1024
 
@@ -207,6 +230,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=100, help="lifecycles before the baseline")
     ap.add_argument("--max-seconds", type=float, default=900, help="wall-time bound")
     ap.add_argument("--verbose", action="store_true", help="print every pass's plan and results")
+    ap.add_argument(
+        "--no-print", action="store_true", help="do not format the passes (as the CLI prints them)"
+    )
     ap.add_argument(
         "--tracemalloc", action="store_true", help="also trace the heap (slower; top growth)"
     )
@@ -269,7 +295,7 @@ def _loop(
     rows: list[tuple[int, int, int | None]] = []  # (lifecycles, rss KB, heap KB)
     base_snap: list[tracemalloc.Snapshot] = []
     if args.tracemalloc:
-        tracemalloc.start(12)
+        tracemalloc.start(1)  # one frame: by line, and fast enough
 
     def measure() -> None:
         gc.collect()
@@ -280,23 +306,32 @@ def _loop(
             if hosts.stopped >= args.warmup and not base_snap:
                 base_snap.append(snap)
         rows.append((hosts.stopped, rss_kb(), heap))
+        peak = state.pop("peak", 0)
+        c = malloc_kb()
         print(
             f"lifecycles {hosts.stopped:5d}  passes {state['passes']:6d}  "
             f"rss {rows[-1][1] / 1024:7.1f} MB"
+            + (f"  malloc in use {c[0] / 1024:6.2f} MB, free {c[1] / 1024:6.2f} MB" if c else "")
             + (f"  heap {heap / 1024:7.2f} MB" if heap is not None else "")
+            + (f"  a pass's peak {peak / 1024:7.1f} KB" if heap is not None else "")
             + f"  wall {time.monotonic() - began:6.1f} s",
             flush=True,
         )
 
     def on_result(result: PassResult) -> None:
         state["passes"] += 1
+        if args.tracemalloc:  # what one pass held at most beyond what stays
+            current, peak = tracemalloc.get_traced_memory()
+            state["peak"] = max(state.get("peak", 0), peak - current)
+            tracemalloc.reset_peak()
         if result.exit_code != 0:
             state["failed"] += 1
             print(f"pass {state['passes']}: exit {result.exit_code}: {result.errors}", flush=True)
         metrics.observe(result)
         metrics.write_textfile(metrics_file)
-        with contextlib.redirect_stdout(sys.stdout if args.verbose else devnull):
-            print_pass(result)
+        if not args.no_print:
+            with contextlib.redirect_stdout(sys.stdout if args.verbose else devnull):
+                print_pass(result)
         # The world moves: the queue fills when the fleet is gone, instances boot.
         sim.send(("active", None))
         active = sim.recv()
