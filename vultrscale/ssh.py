@@ -335,10 +335,12 @@ class SSHDrain:
     # --- connections ---------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close every cached connection."""
+        """Close every cached connection and forget every host (the pass's end): a drain kept
+        across passes (the demo's) holds nothing of instances long deleted."""
         with self._lock:
             clients = list(self._clients.values())
             self._clients.clear()
+            self._target_locks.clear()
         for client in clients:
             client.close()
 

@@ -258,3 +258,20 @@ def test_each_pass_of_a_loop_gets_its_own_deadline_not_the_last_ones_expired_one
             assert deadline.remaining() == 30.0
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["one-shot", "kept"])
+def test_the_fleet_lock_is_free_the_moment_a_session_ends(
+    db_url: str, cfg: Config, keep: bool
+) -> None:
+    """The next pass (cron's, the loop's, a test's) must not find the lock of one that has
+    returned. Closing a connection only asks its server process to end; the lock went with it
+    some milliseconds later, and a pass run right after found "lock held" and did nothing."""
+    store = PgStore(db_url, keep=keep)
+    with psycopg.connect(db_url, autocommit=True) as other:
+        for attempt in range(30):
+            with store.session(cfg) as (ledger, _signals):
+                assert ledger.lock()
+            assert try_lock(other, cfg.fleet.name), f"still held after session {attempt + 1}"
+            other.execute("SELECT pg_advisory_unlock_all()")
+    store.close()

@@ -30,10 +30,13 @@ class World:
     busy: socket.socket
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _refusing_socket() -> socket.socket:
+    """A port bound and never listened on: connections to it are refused, and no other
+    process (another test run on this machine) can take it while the world lives. A port
+    found free and let go could be handed to someone's server a moment later."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def simulator_with_snapshot(api_key: str, seed: int) -> tuple[Simulator, ServerHandle, str]:
@@ -77,6 +80,7 @@ def cli_world(
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
+    closed = _refusing_socket()
     try:
         with (
             throwaway.scratch_database(pg_admin_url, template=template) as db,
@@ -88,9 +92,10 @@ def cli_world(
                 db.replace("postgres@", f"postgres:{db_password}@"),
                 empty_db,
                 config,
-                _free_port(),
+                int(closed.getsockname()[1]),
                 busy,
             )
     finally:
         busy.close()
+        closed.close()
         server.stop()

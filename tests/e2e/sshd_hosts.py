@@ -39,6 +39,9 @@ from vultrscale.model import HostTarget
 from vultrscale.ssh import generate_host_key
 
 SSHD = "/usr/sbin/sshd"
+# The login user's name, with this process's id: test runs on the same machine (several
+# worktrees, CI) each get their own authorized_keys and sudo rule. One shared user had its key
+# replaced by another run's, and this run's logins were refused half-way through.
 TEST_USER = "vsdrain"
 
 # The systemctl stand-in. Its state lives in $VS_SERVICE_DIR (kept by sudo via env_keep).
@@ -223,7 +226,12 @@ def free_port(address: str) -> int:
         return int(s.getsockname()[1])
 
 
-def ensure_user(name: str = TEST_USER) -> pwd.struct_passwd:
+def run_user() -> str:
+    """This test run's own login user (see TEST_USER)."""
+    return f"{TEST_USER}{os.getpid()}"
+
+
+def ensure_user(name: str) -> pwd.struct_passwd:
     """A non-root login user with ~/.ssh, unlocked for key login (sshd refuses ``!``)."""
     try:
         pw = pwd.getpwnam(name)
@@ -319,13 +327,16 @@ class Hosts:
         wait_for(lambda: host.state() == "active", 20, f"{host.label} to become active")
 
     def stop(self) -> None:
-        """Stop every sshd and service process and remove the sudoers drop-in."""
+        """Stop every sshd and service process, remove the sudoers drop-in and the run's own
+        login user."""
         try:
             self._stop_processes()
         finally:
             if self.sudoers is not None:
                 self.sudoers.unlink(missing_ok=True)
             shutil.rmtree(self.root, ignore_errors=True)
+            if self.user == run_user():
+                subprocess.run(["userdel", "-r", self.user], capture_output=True, check=False)
 
     def _stop_processes(self) -> None:
         for host in self.hosts:
@@ -365,12 +376,14 @@ def start_hosts(
     *,
     service: str = "worker",
     first_address: int = 2,
-    user: str = TEST_USER,
+    user: str | None = None,
     max_startups: int = 100,
 ) -> Hosts:
-    """Start ``count`` sshd hosts on 127.0.0.<first_address...>; the caller must ``stop()``."""
+    """Start ``count`` sshd hosts on 127.0.0.<first_address...>, logged into as ``user``
+    (default: this run's own, removed by ``stop()``); the caller must ``stop()``."""
     if os.geteuid() != 0:
         raise RuntimeError("the sshd hosts need root (useradd, sshd, sudoers)")
+    user = user or run_user()
     pw = ensure_user(user)
     root = Path(tempfile.mkdtemp(prefix="vultrscale-sshd-"))
     root.chmod(0o755)  # the login user must reach the stand-in and its service dirs

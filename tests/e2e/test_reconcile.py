@@ -157,6 +157,8 @@ def test_two_passes_at_once_only_one_acts(world: World) -> None:
         blocked = world.run(cfg)
         assert blocked.lock_held and blocked.exit_code == 0
         assert world.sim.count("POST", "/v2/instances") == 0
+        # Freed by a statement: the close alone frees it only when the server gets to it.
+        holder.execute("SELECT pg_advisory_unlock_all()")
     # Truly concurrent: the first pass is held inside its act step (just before its POST)
     # until the second has run to the end; the second must find the lock taken.
     inside, second_done = threading.Event(), threading.Event()

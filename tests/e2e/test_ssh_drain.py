@@ -245,13 +245,16 @@ def test_a_silent_host_is_unreachable_within_the_connect_timeout(
         s.bind((f"127.0.0.{60 + i}", 0))
         s.listen(8)
         silent.append(s)
-    refused_port = sshd_hosts.free_port("127.0.0.62")
+    # Bound and never listened on: refused, and no other process can take the port meanwhile.
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.62", 0))
+    refused_port = refusing.getsockname()[1]
     targets = [
-        HostTarget(f"silent-{i}", f"127.0.0.{60 + i}", s.getsockname()[1], "vsdrain",
+        HostTarget(f"silent-{i}", f"127.0.0.{60 + i}", s.getsockname()[1], hosts.user,
                    good.host_key, "worker")
         for i, s in enumerate(silent)
     ]  # fmt: skip
-    refused = HostTarget("refused", "127.0.0.62", refused_port, "vsdrain", good.host_key, "worker")
+    refused = HostTarget("refused", "127.0.0.62", refused_port, hosts.user, good.host_key, "worker")
     try:
         with SSHDrain(str(client_key), connect_timeout=1.0, command_timeout=5) as drain:
             started = time.monotonic()
@@ -269,27 +272,30 @@ def test_a_silent_host_is_unreachable_within_the_connect_timeout(
         assert isinstance(results[good.label], ServiceState)
         assert elapsed < 1.9, f"silent hosts were waited for one after another ({elapsed:.2f}s)"
     finally:
-        for s in silent:
+        for s in [*silent, refusing]:
             s.close()
 
 
 def test_a_command_that_hangs_times_out_and_the_next_pass_reconnects(
     hosts: sshd_hosts.Hosts, client_key: Path
 ) -> None:
-    host = hosts.hosts[1]
-    hang = host.service_dir / "hang"
-    hang.touch()
-    try:
-        with SSHDrain(str(client_key), connect_timeout=5, command_timeout=1.0) as drain:
-            started = time.monotonic()
-            with pytest.raises(SSHError, match="gave no answer within 1s"):
-                drain.is_active(host.target())
-            assert time.monotonic() - started < 3
-            hang.unlink()
-            # The timed-out connection was dropped; the next command connects afresh.
-            assert drain.is_active(host.target()) is ServiceState.INACTIVE
-    finally:
-        hang.unlink(missing_ok=True)
+    # A host of its own, and the hung command waited for: released, it still runs and logs
+    # its line, and on the shared host that line landed in the next test's log.
+    with sshd_hosts.extra_host(hosts, "127.0.0.48") as host:
+        hang = host.service_dir / "hang"
+        hang.touch()
+        try:
+            with SSHDrain(str(client_key), connect_timeout=5, command_timeout=1.0) as drain:
+                started = time.monotonic()
+                with pytest.raises(SSHError, match="gave no answer within 1s"):
+                    drain.is_active(host.target())
+                assert time.monotonic() - started < 3
+                hang.unlink()
+                # The timed-out connection was dropped; the next command connects afresh.
+                assert drain.is_active(host.target()) is ServiceState.INACTIVE
+        finally:
+            hang.unlink(missing_ok=True)
+            wait_for(lambda: len(host.commands()) == 2, 10, "the hung command to end")
 
 
 @pytest.mark.parametrize(
@@ -300,20 +306,21 @@ def test_a_command_that_hangs_times_out_and_the_next_pass_reconnects(
 def test_an_injected_service_name_is_rejected_before_anything_is_sent(
     hosts: sshd_hosts.Hosts, drain: SSHDrain, service: str
 ) -> None:
-    host, first = hosts.hosts[1], hosts.hosts[0]
-    drain.close()
-    logins, first_logins, commands = _accepted(host), _accepted(first), host.commands()
-    bad = host.target(service=service)
-    with pytest.raises(UsageError, match="refusing service name"):
-        drain.stop(bad)
-    with pytest.raises(UsageError, match="refusing service name"):
-        drain.is_active(bad)
-    # One bad target stops the whole parallel pass before any host is contacted.
-    with pytest.raises(UsageError):
-        drain.stop_many([first.target(), bad])
-    assert _accepted(host) == logins
-    assert _accepted(first) == first_logins
-    assert host.commands() == commands
+    # Fresh hosts: nothing another test ran can show up in their logs.
+    with (
+        sshd_hosts.extra_host(hosts, "127.0.0.49") as host,
+        sshd_hosts.extra_host(hosts, "127.0.0.50") as first,
+    ):
+        bad = host.target(service=service)
+        with pytest.raises(UsageError, match="refusing service name"):
+            drain.stop(bad)
+        with pytest.raises(UsageError, match="refusing service name"):
+            drain.is_active(bad)
+        # One bad target stops the whole parallel pass before any host is contacted.
+        with pytest.raises(UsageError):
+            drain.stop_many([first.target(), bad])
+        assert _accepted(host) == _accepted(first) == 0
+        assert host.commands() == first.commands() == []
 
 
 def test_a_key_the_host_does_not_authorize_is_an_ssh_error_with_a_hint(

@@ -156,3 +156,22 @@ def test_closing_a_channel_whose_transport_is_gone_raises_nothing() -> None:
     channel = Dropped()
     _close_quietly(channel)  # type: ignore[arg-type]
     assert channel.closed == 1
+
+
+def test_a_closed_drain_keeps_nothing_of_the_hosts_it_served(client_key: Path) -> None:
+    # `vultrscale demo` keeps one drain for its whole loop (closed after every pass): a lock per
+    # host it had ever served stayed behind, one more for every instance the fleet went through.
+    refusing = socket.socket()  # bound, never listening: each host is refused at once
+    refusing.bind(("127.0.0.1", 0))
+    _private, public = generate_host_key()
+    port = refusing.getsockname()[1]
+    try:
+        with SSHDrain(str(client_key), connect_timeout=2) as drain:
+            for n in range(3):
+                targets = [_target(port, public, f"w-{n}-{i}") for i in range(5)]
+                results = drain.is_active_many(targets)
+                assert all(isinstance(r, HostUnreachable) for r in results.values())
+                drain.close()  # as the pass does at its end
+                assert drain._clients == {} and drain._target_locks == {}
+    finally:
+        refusing.close()

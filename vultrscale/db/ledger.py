@@ -652,15 +652,25 @@ class PgStore:
         )
 
     def _release(self, conn: psycopg.Connection[Any]) -> None:
-        """Keep ``conn`` for the next session if asked and clean: idle, its locks released.
-        Anything else closes it (closing releases the session's lock too)."""
-        idle = not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        if self.keep and idle:
+        """Free the session's locks, then keep ``conn`` for the next session if asked and it
+        was idle; anything else is closed.
+
+        The locks are freed by a statement, not left to the close: closing only asks the
+        server process to end, and it dropped the lock some milliseconds after the pass had
+        returned, so a pass run right after (the loop's, or cron's on a busy server) found
+        "lock held" and did nothing."""
+        status, states = conn.info.transaction_status, psycopg.pq.TransactionStatus
+        # Not mid-statement (ACTIVE) and not broken (UNKNOWN): closing is all that is left.
+        usable = not conn.closed and status in (states.IDLE, states.INTRANS, states.INERROR)
+        clean = usable and status == states.IDLE
+        if usable:
             try:
-                release_pass_lock(conn)
+                if status != states.IDLE:
+                    conn.rollback()  # a pass that died inside a transaction
+                release_pass_lock(conn)  # its locks, and its application_name back
             except psycopg.Error:
-                pass
-            else:
-                self._kept = conn
-                return
+                clean = False
+        if self.keep and clean:
+            self._kept = conn
+            return
         conn.close()

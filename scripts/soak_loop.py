@@ -1,0 +1,415 @@
+#!/usr/bin/env python3
+"""Soak `reconcile --loop`: does the scaler's memory grow with the fleet's history?
+
+Runs the loop's own code (``reconcile.run_forever``) pass after pass with the parts
+`reconcile --loop --metrics-file` builds (the Vultr client over loopback HTTP, one kept
+Postgres connection, real host keys and cloud-init user-data, the metrics written after every
+pass, each pass printed as the CLI prints it), against:
+
+- the Vultr simulator in a child process on loopback (so its own state, which keeps every
+  deleted instance's bill and a request log, is not in this process's memory), on a fake
+  clock that moves in lockstep with the loop's: a lifecycle takes no wall time waiting;
+- a real Postgres: a scratch database on DATABASE_URL's server, else on a throwaway server;
+- a workload that fills and empties the queue: ``--per-cycle`` instances are created, boot,
+  their workers report in and finish the jobs, the queue stays empty, and the loop drains
+  (`systemctl stop` answered in memory: the SSH side is a stand-in, see below) and deletes
+  them; then it fills again.
+
+It prints this process's RSS (and, with --tracemalloc, the Python heap and the lines whose
+allocations grew most) every --report lifecycles, and at the end the growth per lifecycle
+after the warm-up. Bounded: it stops after --lifecycles lifecycles or --max-seconds of wall
+time, whichever comes first. Loopback only.
+
+The SSH drain is an in-memory stand-in (no sshd): in the CLI the SSH transport is built for a
+pass and closed after it (connections live within one pass), so it keeps nothing across passes.
+
+Usage: python scripts/soak_loop.py [--lifecycles 500] [--per-cycle 4] [--report 50]
+                                   [--warmup 100] [--tracemalloc] [--max-seconds 900]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import multiprocessing
+import os
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from datetime import UTC, datetime, timedelta
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from vultrscale import config as config_mod
+from vultrscale import metrics as metrics_mod
+from vultrscale.cli.views import print_pass
+from vultrscale.db import queue, schema, throwaway
+from vultrscale.db.ledger import PgStore
+from vultrscale.model import HostTarget, ServiceState
+from vultrscale.reconcile import Parts, PassResult, run_forever
+from vultrscale.ssh import generate_host_key
+from vultrscale.vultr.client import VultrClient
+from vultrscale.wiring import user_data_renderer
+
+KEY = "soak-key-0123456789abcdef0123456789abcdef"
+PLAN = "vc2-1c-2gb"
+START = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
+INTERVAL = timedelta(seconds=30)
+
+
+# --- the simulator, in a child process on a clock the loop moves ------------------------------
+
+
+def _serve(conn: Connection) -> None:
+    """The child: the simulator on loopback with a fake clock; commands come over ``conn``."""
+    from vultrscale.clock import FakeClock
+    from vultrscale.sim.app import Simulator, Timings
+    from vultrscale.sim.server import start_server
+
+    clock = FakeClock(START)
+    sim = Simulator(
+        KEY,
+        clock=clock,
+        seed=11,
+        rate_limit=None,
+        timings=Timings(boot_pending=30, boot_ready=30, visible_after=0, snapshot_complete=1),
+    )
+    server = start_server(sim, tick_interval=3600)  # lifecycles move when the clock does
+    sim.create_instance(region="ewr", plan=PLAN, os_id=2136, label="base")
+    conn.send(server.url)
+    while True:
+        what, arg = conn.recv()
+        if what == "advance":
+            clock.advance(arg)
+            sim.tick()
+            conn.send(None)
+        elif what == "active":  # labels of tagged instances that are up
+            conn.send(
+                [
+                    i["label"]
+                    for i in sim.instances.values()
+                    if "vultrscale-workers" in i["tags"] and i["status"] == "active"
+                ]
+            )
+        else:
+            server.stop()
+            conn.send(None)
+            return
+
+
+class Lockstep:
+    """The loop's clock: a fake one whose every step moves the simulator's clock too."""
+
+    def __init__(self, sim: Connection) -> None:
+        self._sim = sim
+        self._now = START
+        self._mono = 1000.0
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        self._now += timedelta(seconds=seconds)
+        self._mono += seconds
+        self._sim.send(("advance", seconds))
+        self._sim.recv()
+
+
+# --- the hosts: workers that report in, finish their jobs and stop when told -----------------
+
+
+class Hosts:
+    """The instances' side. Implements the DrainTransport port; keeps a label only while its
+    instance lives (it is forgotten once its worker has stopped), so it does not grow."""
+
+    def __init__(self, db_url: str) -> None:
+        self.db = psycopg.connect(db_url, autocommit=True)
+        self.up: set[str] = set()
+        self.stopping: set[str] = set()
+        self.gone: set[str] = set()  # stopped, until Vultr no longer lists them
+        self.stopped = 0
+
+    def work(self, active: list[str]) -> None:
+        """Workers on newly active instances report in; every running one finishes what it
+        can claim (a job takes no time here)."""
+        for label in active:
+            if label not in self.up and label not in self.gone:
+                self.up.add(label)
+                queue.register_worker(self.db, label, label)
+        for label in self.up - self.stopping:
+            jobs = queue.claim(self.db, label, "default", 4, 600)
+            queue.complete_many(self.db, label, [(j.id, j.token) for j in jobs])
+
+    def stop_many(self, targets: list[HostTarget]) -> dict[str, Any]:
+        for t in targets:
+            self.stopping.add(t.label)
+        return {t.label: None for t in targets}
+
+    def is_active_many(self, targets: list[HostTarget]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for t in targets:
+            if t.label in self.stopping:
+                queue.mark_stopped(self.db, t.label)
+                self.stopping.discard(t.label)
+                self.up.discard(t.label)
+                self.gone.add(t.label)
+                self.stopped += 1
+                out[t.label] = ServiceState.INACTIVE
+            else:
+                up = t.label in self.up
+                out[t.label] = ServiceState.ACTIVE if up else ServiceState.INACTIVE
+        return out
+
+    def close(self) -> None:  # the pass's end; the transport keeps nothing across passes
+        pass
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+
+def rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def malloc_kb() -> tuple[int, int] | None:
+    """glibc's heap: (bytes in use, bytes held free) in KB; None where there is no mallinfo2.
+    In use growing is memory kept; only free growing is the heap's high-water mark."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    return (info.uordblks + info.hblkhd) // 1024, info.fordblks // 1024
+
+
+def heap_kb(snapshot: tracemalloc.Snapshot) -> int:
+    return sum(s.size for s in snapshot.statistics("filename")) // 1024
+
+
+def traced() -> tracemalloc.Snapshot:
+    # The harness's own frames are not the scaler's memory.
+    return tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, __file__, all_frames=True), tracemalloc.Filter(False, "<*")]
+    )
+
+
+# --- the soak -----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--lifecycles", type=int, default=500, help="instances created and deleted")
+    ap.add_argument("--per-cycle", type=int, default=4, help="instances per fill of the queue")
+    ap.add_argument("--report", type=int, default=50, help="print memory every N lifecycles")
+    ap.add_argument("--warmup", type=int, default=100, help="lifecycles before the baseline")
+    ap.add_argument("--max-seconds", type=float, default=900, help="wall-time bound")
+    ap.add_argument("--verbose", action="store_true", help="print every pass's plan and results")
+    ap.add_argument(
+        "--no-print", action="store_true", help="do not format the passes (as the CLI prints them)"
+    )
+    ap.add_argument(
+        "--tracemalloc", action="store_true", help="also trace the heap (slower; top growth)"
+    )
+    args = ap.parse_args()
+    if args.lifecycles < 1 or args.per_cycle < 1 or args.report < 1 or args.warmup < 0:
+        ap.error("--lifecycles, --per-cycle and --report must be positive, --warmup >= 0")
+    with (
+        throwaway.given_or_throwaway(os.environ.get("DATABASE_URL")) as admin,
+        throwaway.scratch_database(admin, prefix="vs_soak_") as db_url,
+    ):
+        schema.migrate(db_url)
+        return soak(args, db_url)
+
+
+def soak(args: argparse.Namespace, db_url: str) -> int:
+    mine, theirs = multiprocessing.get_context("fork").Pipe()
+    child = multiprocessing.get_context("fork").Process(target=_serve, args=(theirs,))
+    child.start()
+    tmp = Path(tempfile.mkdtemp(prefix="vs-soak-"))
+    try:
+        url = mine.recv()
+        clock = Lockstep(mine)
+        client = VultrClient(KEY, url, sleep=clock.sleep, timeout=10)
+        base = [i for i in client.list_instances() if i.label == "base"][0]
+        snap = client.create_snapshot(base.id, "soak")
+        clock.sleep(2)
+        cfg = _config(tmp, db_url, snap.id, args.per_cycle)
+        _, scaler_public = generate_host_key()
+        hosts = Hosts(db_url)
+        parts = Parts(
+            cloud=client,
+            store=PgStore(db_url, keep=True),
+            drain=hosts,  # type: ignore[arg-type]
+            clock=clock,
+            keygen=generate_host_key,
+            render_user_data=user_data_renderer(cfg, scaler_public),
+            overlap_reads=True,
+        )
+        return _loop(args, cfg, parts, hosts, mine, tmp)
+    finally:
+        with contextlib.suppress(Exception):
+            mine.send(("stop", None))
+            mine.recv()
+        child.join(10)
+
+
+def _loop(
+    args: argparse.Namespace,
+    cfg: config_mod.Config,
+    parts: Parts,
+    hosts: Hosts,
+    sim: Connection,
+    tmp: Path,
+) -> int:
+    metrics = metrics_mod.Metrics(cfg.fleet.name)
+    metrics_file = str(tmp / "vultrscale.prom")
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - open for the whole soak
+    began = time.monotonic()
+    state: dict[str, Any] = {"passes": 0, "failed": 0, "filled": False, "next_report": 0}
+    rows: list[tuple[int, int, int | None]] = []  # (lifecycles, rss KB, heap KB)
+    base_snap: list[tracemalloc.Snapshot] = []
+    if args.tracemalloc:
+        tracemalloc.start(1)  # one frame: by line, and fast enough
+
+    def measure() -> None:
+        gc.collect()
+        heap = None
+        if args.tracemalloc:
+            snap = traced()
+            heap = heap_kb(snap)
+            if hosts.stopped >= args.warmup and not base_snap:
+                base_snap.append(snap)
+        rows.append((hosts.stopped, rss_kb(), heap))
+        peak = state.pop("peak", 0)
+        c = malloc_kb()
+        print(
+            f"lifecycles {hosts.stopped:5d}  passes {state['passes']:6d}  "
+            f"rss {rows[-1][1] / 1024:7.1f} MB"
+            + (f"  malloc in use {c[0] / 1024:6.2f} MB, free {c[1] / 1024:6.2f} MB" if c else "")
+            + (f"  heap {heap / 1024:7.2f} MB" if heap is not None else "")
+            + (f"  a pass's peak {peak / 1024:7.1f} KB" if heap is not None else "")
+            + f"  wall {time.monotonic() - began:6.1f} s",
+            flush=True,
+        )
+
+    def on_result(result: PassResult) -> None:
+        state["passes"] += 1
+        if args.tracemalloc:  # what one pass held at most beyond what stays
+            current, peak = tracemalloc.get_traced_memory()
+            state["peak"] = max(state.get("peak", 0), peak - current)
+            tracemalloc.reset_peak()
+        if result.exit_code != 0:
+            state["failed"] += 1
+            print(f"pass {state['passes']}: exit {result.exit_code}: {result.errors}", flush=True)
+        metrics.observe(result)
+        metrics.write_textfile(metrics_file)
+        if not args.no_print:
+            with contextlib.redirect_stdout(sys.stdout if args.verbose else devnull):
+                print_pass(result)
+        # The world moves: the queue fills when the fleet is gone, instances boot.
+        sim.send(("active", None))
+        active = sim.recv()
+        hosts.gone &= set(active)  # deleted: forgotten
+        if not active and not hosts.up and not state["filled"]:
+            queue.enqueue(hosts.db, [{} for _ in range(4 * args.per_cycle)])
+            state["filled"] = True
+        elif active:
+            state["filled"] = False
+        hosts.work(active)
+        if hosts.stopped >= state["next_report"]:
+            state["next_report"] = hosts.stopped + args.report
+            measure()
+        if hosts.stopped >= args.lifecycles or time.monotonic() - began > args.max_seconds:
+            stop.set()
+
+    stop = threading.Event()
+    try:
+        run_forever(cfg, parts, interval=INTERVAL, stop=stop, on_result=on_result)
+    finally:
+        parts.close()
+        hosts.db.close()
+    measure()
+    return _summary(args, rows, base_snap, state)
+
+
+def _summary(
+    args: argparse.Namespace,
+    rows: list[tuple[int, int, int | None]],
+    base_snap: list[tracemalloc.Snapshot],
+    state: dict[str, Any],
+) -> int:
+    after = [r for r in rows if r[0] >= args.warmup]
+    print(f"passes {state['passes']}, failed {state['failed']}")
+    if len(after) < 2 or after[-1][0] == after[0][0]:
+        print("too few lifecycles after the warm-up for a figure")
+        return 1
+    first, last = after[0], after[-1]
+    n = last[0] - first[0]
+    print(
+        f"after warm-up ({first[0]} lifecycles): rss {first[1] / 1024:.1f} MB -> "
+        f"{last[1] / 1024:.1f} MB at {last[0]}: {(last[1] - first[1]) / n:+.2f} KB per lifecycle"
+    )
+    if first[2] is not None and last[2] is not None:
+        print(
+            f"heap {first[2] / 1024:.2f} -> {last[2] / 1024:.2f} MB: "
+            f"{(last[2] - first[2]) / n:+.2f} KB per lifecycle"
+        )
+    if base_snap:
+        gc.collect()
+        print("top growth since the warm-up (tracemalloc, by line):")
+        for stat in traced().compare_to(base_snap[0], "lineno")[:12]:
+            print(f"  {stat}")
+    return 0
+
+
+def _config(tmp: Path, db_url: str, snapshot_id: str, per_cycle: int) -> config_mod.Config:
+    path = tmp / "vultrscale.toml"
+    path.write_text(
+        f"""[fleet]
+snapshot_id = "{snapshot_id}"
+plan = "{PLAN}"
+region = "ewr"
+
+[policy]
+max_instances = {per_cycle}
+billing_hour_aware = false
+scale_up_cooldown = "30s"
+scale_down_cooldown = "60s"
+idle_before_scale_down = "60s"
+
+[budget]
+monthly_ceiling_usd = 100000.0
+"""
+    )
+    env = {"VULTR_API_KEY": KEY, "DATABASE_URL": db_url, "WORKER_DATABASE_URL": db_url}
+    return config_mod.load(path, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
