@@ -26,11 +26,9 @@ CFG = Config()
 PRICE = compare.plan_price(CFG)
 
 
-@pytest.fixture(autouse=True)
-def _one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sweep replays its rows on one process per core: here on this one (the unit tier
-    starts no process; tests/e2e/test_simulate_parallel.py checks the pool gives the same)."""
-    monkeypatch.setattr("vultrscale.simulate.command.os.cpu_count", lambda: 1)
+# A sweep replays its rows on one process per core: here on this one (the unit tier starts no
+# process).
+pytestmark = pytest.mark.usefixtures("one_process")
 
 
 def _trace(jobs: list[tuple[float, float]], span: float | None = None) -> workload.Trace:

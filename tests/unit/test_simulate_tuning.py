@@ -23,6 +23,9 @@ CFG = Config()
 PRICE = compare.plan_price(CFG)
 DAY = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json"]
 FLOOR_2 = '[{cron="* 8-17 * * mon-fri",min_instances=2}]'
+# A sweep replays its rows on one process per core: here on this one (the unit tier starts no
+# process).
+pytestmark = pytest.mark.usefixtures("one_process")
 
 
 def _trace(jobs: list[tuple[float, float]], span: float | None = None) -> workload.Trace:
