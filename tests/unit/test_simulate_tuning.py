@@ -203,6 +203,19 @@ def test_the_frontier_is_the_rows_no_other_row_beats_on_cost_and_wait() -> None:
     assert on == {"cheap-slow", "dear-quick", "middle", "twin"}
 
 
+def test_rows_billed_the_same_hours_cost_the_same_on_the_frontier() -> None:
+    """A bill is a sum of per-instance bills: 152 hours summed in another order came to
+    2.2647999999999953 for one row and 2.264799999999997 for hindsight on the bursty week, and
+    the slower row stood on the frontier (and above hindsight in the table) as "cheaper"."""
+    hour = 0.0149
+    slow = _result("slow", sum([hour] * 152), 882.0)
+    quick = _result("quick", sum([hour * 2] * 76), 222.0)
+    assert slow.cost_usd != quick.cost_usd  # the float sums differ, the bills do not
+    assert {[slow, quick][i].policy for i in compare.frontier([slow, quick])} == {"quick"}
+    cmp = compare._comparison(_trace([(0.0, 60.0)]), [slow, quick], CFG, SETUP, PRICE)
+    assert [r.policy for r in cmp.results] == ["quick", "slow"]  # the quicker of equal cost
+
+
 def test_json_rows_carry_the_frontier_the_limits_and_unrounded_hours(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
