@@ -189,8 +189,8 @@ def footer(cmp: Comparison) -> list[str]:
     if hind is not None:
         lines.append(
             f"hindsight: ${hind.cost_usd:.2f}, what a perfect forecast of this workload runs "
-            "(each clock hour's work, started one boot ahead, same cap and price); xHS is each "
-            "row's cost over it"
+            "(each clock hour's work and each burst, started one boot ahead, same cap and "
+            "price); xHS is each row's cost over it"
         )
     lines += [
         "bound by: the limits that held back a scale-up the row wanted (cap = max_instances, "
