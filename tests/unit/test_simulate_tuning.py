@@ -298,6 +298,21 @@ def test_hindsight_has_a_mid_hour_burst_s_instances_up_as_it_lands() -> None:
     assert max(waits) == (40 // (cap * CFG.worker.concurrency) - 1) * 300.0
 
 
+def test_hindsight_never_stops_an_instance_under_a_job_it_knows_runs_on() -> None:
+    """Two long jobs among a burst land on two instances; the next hour needs one. Stopping
+    the less busy of those at the end of its paid hour gave its long job back to run again
+    from the start (61 runs given back on the steady week): a forecast knows when each job
+    ends and keeps that instance on."""
+    burst = 7200.0
+    jobs = [(burst, 3500.0)] * 2 + [(burst, 60.0)] * 7
+    trace = _trace(jobs, span=4 * 3600.0)
+    pol = compare._policies(["hindsight"], CFG, trace, PRICE, SETUP)[0]
+    world, _ = compare.play(pol, trace, CFG, SETUP)
+    assert world.c.given_back == 0 and world.c.killed == 0
+    long_ones = [j for j, d in enumerate(trace.durations) if d == 3500.0]
+    assert [world.finished_at[j] for j in long_ones] == [burst + 3500.0] * 2
+
+
 # --- a world that fails like Vultr ----------------------------------------------------------
 
 
