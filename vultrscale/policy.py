@@ -414,10 +414,13 @@ class _Sizing:
                 if check.by_monthly <= check.by_month_end
                 else ("(b) this month's bill")
             )
-            self.clamps.append(
-                f"budget: rule {rule} within ${check.ceiling:.2f} limits {goal} -> {allowed} "
-                f"({check.reasons[0] if rule.startswith('(a)') else check.reasons[1]})"
-            )
+            # Named only where it lowers the goal (as the cap's leaving clamp): "limits 5 -> 5"
+            # says a larger ceiling would help where only the cap holds the fleet.
+            if allowed < goal:
+                self.clamps.append(
+                    f"budget: rule {rule} within ${check.ceiling:.2f} limits {goal} -> {allowed} "
+                    f"({check.reasons[0] if rule.startswith('(a)') else check.reasons[1]})"
+                )
             goal = allowed
         if goal <= n_now:
             return 0

@@ -12,7 +12,7 @@ import pytest
 
 from tests.e2e.worker_procs import wait_for
 from vultrscale.cli import main
-from vultrscale.db import history
+from vultrscale.db import history, schema
 from vultrscale.db import queue as q
 from vultrscale.simulate import workload
 from vultrscale.worker import Job
@@ -197,3 +197,39 @@ def test_from_db_learns_the_boot_time_from_the_fleets_ledger(
     # the one job waited for a pass (30 s at most) and a boot drawn from what was learned
     assert 100.0 <= doc["results"][0]["wait_max"] <= 330.0
     assert any("replayed as 100s..300s" in n for n in notes)
+
+
+def test_v6_upgrades_a_v5_queue_with_jobs_and_an_old_worker_still_claims(pg_url: str) -> None:
+    """An upgrade keeps every row (their start unknown: NULL), a worker of the version before
+    (its claim does not write started_at) still claims and finishes on v6, and --from-db counts
+    what it ran among the jobs without a start."""
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(
+            "CREATE TABLE vultrscale_schema ("
+            " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, sql in schema.MIGRATIONS:
+            if version <= 5:
+                c.execute(sql.encode())
+                c.execute("INSERT INTO vultrscale_schema (version) VALUES (%s)", (version,))
+        q.enqueue(c, [{"k": i} for i in range(3)])
+        c.execute(
+            "UPDATE jobs SET state = 'succeeded', finished_at = now() WHERE payload->>'k' = '0'"
+        )
+    assert schema.migrate(pg_url) == schema.LATEST
+    assert schema.migrate(pg_url) == schema.LATEST  # again: nothing to do
+    old_claim = q._CLAIM.replace(", started_at = now()", "")
+    assert old_claim != q._CLAIM
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM jobs WHERE started_at IS NULL").fetchone() == (3,)
+        params = {"queue": "default", "worker": "old", "limit": 1, "lease": 30}
+        (old_id, _, _, old_token) = c.execute(old_claim, params).fetchone()  # type: ignore[misc]
+        assert q.complete(c, old_id, "old", old_token)
+        (new,) = q.claim(c, "new", "default", 1, 30)
+        assert q.complete(c, new.id, "new", new.token)
+        started = dict(c.execute("SELECT id, started_at IS NOT NULL FROM jobs").fetchall())
+    assert started[old_id] is False and started[new.id] is True
+    trace = workload.from_history(
+        history.finished_jobs(pg_url, timedelta(hours=1)), since=timedelta(hours=1)
+    )
+    assert len(trace) == 3 and "2 of them from before the queue recorded a start" in trace.note

@@ -65,3 +65,10 @@ def _no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     if tried:  # caught and swallowed by the code under test: still a process it tried to start
         pytest.fail(f"this unit test tried to start a process ({', '.join(tried)})")
+
+
+@pytest.fixture
+def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vultrscale simulate` replays a sweep's rows on one process per core: here on this one
+    (tests/e2e/test_simulate_parallel.py checks the pool gives the same rows)."""
+    monkeypatch.setattr("vultrscale.simulate.command.os.cpu_count", lambda: 1)

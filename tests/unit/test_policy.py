@@ -1025,3 +1025,16 @@ def test_next_floor_change_is_the_first_minute_the_floor_flips(
     assert policy.floor_matches(floor, flip - timedelta(minutes=1)) == policy.floor_matches(
         floor, now
     )
+
+
+def test_the_budget_is_named_only_where_it_lowered_the_scale_up() -> None:
+    """Five running and one draining under a cap of 5 and a $50 ceiling (five $10 instances):
+    the cap holds the fleet at 5 and the budget lowers nothing (5 -> 5). A clamp "budget ...
+    limits 5 -> 5" made simulate's frontier report name the budget among the limits that bound
+    the row, although a larger ceiling changes nothing while the cap stays."""
+    running = [vm(f"r{i}", 30) for i in range(5)]
+    o = observe(*running, vm("d1", 50, state=S.DRAINING), ready=40)
+    plan = decide(o, cfg(ceiling=50.0), NOW)
+    assert plan.creates == 0
+    assert any(c.startswith("cap:") for c in plan.clamps)
+    assert not any(c.startswith("budget:") for c in plan.clamps), plan.clamps

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import json
 import sys
+import warnings
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,11 +27,9 @@ CFG = Config()
 PRICE = compare.plan_price(CFG)
 
 
-@pytest.fixture(autouse=True)
-def _one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sweep replays its rows on one process per core: here on this one (the unit tier
-    starts no process; tests/e2e/test_simulate_parallel.py checks the pool gives the same)."""
-    monkeypatch.setattr("vultrscale.simulate.command.os.cpu_count", lambda: 1)
+# A sweep replays its rows on one process per core: here on this one (the unit tier starts no
+# process).
+pytestmark = pytest.mark.usefixtures("one_process")
 
 
 def _trace(jobs: list[tuple[float, float]], span: float | None = None) -> workload.Trace:
@@ -648,6 +647,19 @@ def test_a_plot_in_a_directory_that_is_not_there_exits_2_before_any_replay(
     assert main(["simulate", "--days", "1", "--plot", str(tmp_path / "no" / "week.png")]) == 2
     err = capsys.readouterr().err
     assert "is not a directory this user can write in" in err and "Fix:" in err
+
+
+def test_a_plot_of_baselines_only_draws_the_cheapest_one_over_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With neither the current setting nor hindsight replayed, the fleet panel was empty
+    (matplotlib: "No artists with labels found to put in legend")."""
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "20", "--policies", "keda,naive",
+            "--plot", str(tmp_path / "fleet.png")]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(argv) == 0
+    assert "plot written to" in capsys.readouterr().out
 
 
 def test_a_plot_name_without_extension_reports_the_png_it_wrote(

@@ -23,6 +23,9 @@ CFG = Config()
 PRICE = compare.plan_price(CFG)
 DAY = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json"]
 FLOOR_2 = '[{cron="* 8-17 * * mon-fri",min_instances=2}]'
+# A sweep replays its rows on one process per core: here on this one (the unit tier starts no
+# process).
+pytestmark = pytest.mark.usefixtures("one_process")
 
 
 def _trace(jobs: list[tuple[float, float]], span: float | None = None) -> workload.Trace:
@@ -200,6 +203,19 @@ def test_the_frontier_is_the_rows_no_other_row_beats_on_cost_and_wait() -> None:
     assert on == {"cheap-slow", "dear-quick", "middle", "twin"}
 
 
+def test_rows_billed_the_same_hours_cost_the_same_on_the_frontier() -> None:
+    """A bill is a sum of per-instance bills: 152 hours summed in another order came to
+    2.2647999999999953 for one row and 2.264799999999997 for hindsight on the bursty week, and
+    the slower row stood on the frontier (and above hindsight in the table) as "cheaper"."""
+    hour = 0.0149
+    slow = _result("slow", sum([hour] * 152), 882.0)
+    quick = _result("quick", sum([hour * 2] * 76), 222.0)
+    assert slow.cost_usd != quick.cost_usd  # the float sums differ, the bills do not
+    assert {[slow, quick][i].policy for i in compare.frontier([slow, quick])} == {"quick"}
+    cmp = compare._comparison(_trace([(0.0, 60.0)]), [slow, quick], CFG, SETUP, PRICE)
+    assert [r.policy for r in cmp.results] == ["quick", "slow"]  # the quicker of equal cost
+
+
 def test_json_rows_carry_the_frontier_the_limits_and_unrounded_hours(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -238,7 +254,9 @@ def test_the_table_fits_100_columns_and_wide_shows_every_column(
     out = capsys.readouterr().out
     table = out.split("\nworkload:")[0]
     assert max(len(line) for line in table.splitlines()) <= 100
-    assert "bound by" in table and "xHS" in table and " > " in table
+    assert "bound by" in table and "xHS" in table
+    # The current setting is marked, whether on the frontier ("*>") or not (" >").
+    assert sum(line[1:3] == "> " for line in table.splitlines()) == 1
     assert main([*argv, "--wide"]) == 0
     wide = capsys.readouterr().out.split("\nworkload:")[0]
     assert "refused/429/dead" in wide and f"policy.floor={FLOOR_2}" in wide
@@ -261,6 +279,38 @@ def test_hindsight_starts_its_instance_one_boot_ahead_of_the_hour() -> None:
     assert all(world.finished_at[j] == 7200.0 + 60 * j + 60.0 for j in range(4))  # no wait
     assert len(world.instances) == 1 and first.gone_at is not None
     assert first.gone_at - first.created < 3600.0  # drained inside its one paid hour
+
+
+def test_hindsight_has_a_mid_hour_burst_s_instances_up_as_it_lands() -> None:
+    """A perfect forecast knows when a burst lands, not only how much work its hour holds: the
+    hour's work (40 x 300 s) fits one instance-hour, but the burst needs the whole cap at once.
+    Hindsight starts those instances one boot ahead of the burst; sized by the hour alone and
+    topped up from the queue it saw, it met every burst a boot late (p50 wait 10.5 min at 12-min
+    boots on the bursty week, and it cost more than the default policy)."""
+    burst = 7200.0 + 1800.0
+    trace = _trace([(burst, 300.0)] * 40, span=4 * 3600.0)
+    pol = compare._policies(["hindsight"], CFG, trace, PRICE, SETUP)[0]
+    world, _ = compare.play(pol, trace, CFG, SETUP)
+    cap = CFG.policy.max_instances
+    assert sum(1 for i in world.instances if i.worker_at <= burst) == cap
+    # 40 jobs on cap x 4 slots of 300 s each: the last round starts (40 / 20 - 1) x 300 s late.
+    waits = [world.finished_at[j] - burst - 300.0 for j in range(40)]  # type: ignore[operator]
+    assert max(waits) == (40 // (cap * CFG.worker.concurrency) - 1) * 300.0
+
+
+def test_hindsight_never_stops_an_instance_under_a_job_it_knows_runs_on() -> None:
+    """Two long jobs among a burst land on two instances; the next hour needs one. Stopping
+    the less busy of those at the end of its paid hour gave its long job back to run again
+    from the start (61 runs given back on the steady week): a forecast knows when each job
+    ends and keeps that instance on."""
+    burst = 7200.0
+    jobs = [(burst, 3500.0)] * 2 + [(burst, 60.0)] * 7
+    trace = _trace(jobs, span=4 * 3600.0)
+    pol = compare._policies(["hindsight"], CFG, trace, PRICE, SETUP)[0]
+    world, _ = compare.play(pol, trace, CFG, SETUP)
+    assert world.c.given_back == 0 and world.c.killed == 0
+    long_ones = [j for j, d in enumerate(trace.durations) if d == 3500.0]
+    assert [world.finished_at[j] for j in long_ones] == [burst + 3500.0] * 2
 
 
 # --- a world that fails like Vultr ----------------------------------------------------------

@@ -26,3 +26,13 @@ def test_the_worker_keeps_the_specific_hints_for_missing_tables_and_privileges()
     assert missing.hint == pg.HINT_NO_TABLES
     denied = database.database_error(psycopg.errors.InsufficientPrivilege("no"), URL, 60)
     assert denied.hint == pg.HINT_PRIVILEGE
+
+
+def test_a_worker_newer_than_the_schema_is_told_to_run_db_init() -> None:
+    """Workers rolled out before `vultrscale db init` upgraded the schema (v6 added
+    jobs.started_at, which the claim writes): every claim fails. The hint said "Check that
+    Postgres is reachable", and systemd restarted the worker into the same failure."""
+    exc = psycopg.errors.UndefinedColumn('column "started_at" of relation "jobs" does not exist')
+    err = database.database_error(exc, URL, 60)
+    assert "older than this vultrscale" in err.message
+    assert err.hint == pg.HINT_OLD_SCHEMA and "vultrscale db init" in err.hint

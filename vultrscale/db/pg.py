@@ -31,6 +31,10 @@ PASS_STALL_S = 30.0
 
 HINT_UNREACHABLE = "Check DATABASE_URL (host, port, user, database) and that Postgres is running."
 HINT_NO_TABLES = "Run `vultrscale db init` against this DATABASE_URL first."
+HINT_OLD_SCHEMA = (
+    "Run `vultrscale db init` against this DATABASE_URL: it upgrades the schema (and the "
+    "workers' grants) to this version's; upgrade it before rolling out new workers."
+)
 HINT_PRIVILEGE = "Check that this database user may read and write the vultrscale tables."
 HINT_STALLED = (
     "A statement ran out of time: another session may hold a lock on the vultrscale tables (look "
@@ -53,6 +57,11 @@ def translate(
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return DatabaseError(
             f"{doing}: the vultrscale tables are missing ({line})", hint=HINT_NO_TABLES
+        )
+    if isinstance(exc, psycopg.errors.UndefinedColumn):  # a column a later version added
+        return DatabaseError(
+            f"{doing}: the vultrscale schema is older than this vultrscale ({line})",
+            hint=HINT_OLD_SCHEMA,
         )
     if isinstance(exc, psycopg.errors.QueryCanceled):  # statement_timeout (PASS_STALL_S)
         return DatabaseError(f"{doing}: {line}", hint=HINT_STALLED)

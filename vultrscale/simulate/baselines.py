@@ -12,9 +12,13 @@ Each is what its name says, kept as simple as its real counterpart is:
   jobs they run (not-ready first, then the newest, as a ReplicaSet does); no drain.
 - ``hindsight``: knows the whole workload. For each clock hour it runs the instances that
   hour's work needs (the job time arriving in the hour over an instance-hour of slots, rounded
-  up, and never fewer than the work already queued needs), each started one boot time ahead,
-  within ``max_instances``; an instance not needed the next hour is drained just before its
-  paid hour ends. It answers "what would a perfect forecast cost here".
+  up), each started one boot time ahead, within ``max_instances``; and never fewer than the
+  work queued or running needs, nor than the jobs queued, running, or arriving within one boot
+  time still need when an instance created now is up, so a burst inside an hour finds its
+  instances up as it lands (sized by the hour alone, it met every burst a boot late). An
+  instance not needed the next hour is drained just before its paid hour ends, unless a job
+  on it runs on (it knows when each ends). It answers "what would a perfect forecast cost
+  here".
 
 In a world that fails (``[simulate]`` faults) a baseline meets the same faults: a pass inside a
 429 burst does nothing, a create inside a stock-out is refused.
@@ -22,6 +26,7 @@ In a world that fails (``[simulate]`` faults) a baseline meets the same faults: 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 
@@ -166,9 +171,24 @@ class Hindsight(Baseline):
         super().__init__(max_instances, jobs_per_instance)
         self.lead = lead  # one boot time: how far ahead of its hour an instance is started
         self.need: list[int] = []
+        # The jobs it foresees, by arrival: when each arrives, and when it would end if it
+        # started at once.
+        self.arrivals: list[float] = []
+        self.ends: list[float] = []
 
     def start(self, world: World) -> None:
         self.need = hourly_need(world.arrival, world.duration, self.per)
+        order = sorted(range(len(world.arrival)), key=lambda j: world.arrival[j])
+        self.arrivals = [world.arrival[j] for j in order]
+        self.ends = [world.arrival[j] + world.duration[j] for j in order]
+
+    def _foreseen(self, now: float) -> int:
+        """Jobs arriving after ``now`` that would still run one boot time later, when an
+        instance created now is up, had each started as it arrived."""
+        up = now + self.lead
+        lo = bisect.bisect_right(self.arrivals, now)
+        hi = bisect.bisect_right(self.arrivals, up)
+        return sum(1 for k in range(lo, hi) if self.ends[k] > up)
 
     def quiet_until(self, world: World) -> float:
         """Idle until one boot time before the next hour with work."""
@@ -185,7 +205,17 @@ class Hindsight(Baseline):
         now = world.now
         # The hour whose instances should be up (or booting) now: one boot time ahead.
         hour = math.floor((now + self.lead) / 3600.0)
-        backlog = math.ceil((world.ready_count + world.in_flight) / self.per)
+        # Never fewer than the work queued or running now needs, nor than the jobs it knows
+        # will be there when an instance created now is up: those queued, those running still
+        # then, and those arriving within one boot time that run still then (the hour's
+        # average alone leaves a burst inside the hour to be met a boot late, as a reactive
+        # scaler meets it; every arrival within the boot time, or every job running now, would
+        # size a steady stream of short jobs many times over).
+        up = now + self.lead
+        running_then = sum(1 for i in world.live.values() for end in i.running.values() if end > up)
+        ahead = world.ready_count + world.limbo + running_then + self._foreseen(now)
+        now_need = math.ceil((world.ready_count + world.in_flight) / self.per)
+        backlog = max(now_need, math.ceil(ahead / self.per))
         live = list(world.live.values())
         for inst in live:  # drained: delete it, inside its paid hour
             if inst.stop_at is not None and not inst.worker_up(now):
@@ -200,12 +230,17 @@ class Hindsight(Baseline):
             if world.try_create(self.label()) is None:
                 break
         # Near the end of each paid hour: keep it only if the next hour needs it.
-        keep_next = max(self._need(hour + 1), backlog)
+        keep_next = max(self._need(hour + 1), now_need)
         ending = [
             i
             for i in serving
             if 3600.0 - (now - i.created) % 3600.0 <= HINDSIGHT_MARGIN and now > i.created
         ]
         extra = len(serving) - keep_next
-        for inst in sorted(ending, key=lambda i: len(i.running))[: max(0, extra)]:
+        # Only an instance whose jobs all end within the drain (it knows when they end): one
+        # stopped mid-job gives the job back to run again from the start, later.
+        done = [
+            i for i in ending if max(i.running.values(), default=now) <= now + world.drain_seconds
+        ]
+        for inst in sorted(done, key=lambda i: len(i.running))[: max(0, extra)]:
             world.stop(inst.label)

@@ -101,7 +101,7 @@ class Comparison:
             for r in self.results
             if r.on_frontier and not r.baseline and r.wait_p95 <= cur.wait_p95
         ]
-        return min(better, key=lambda r: (r.cost_usd, r.wait_p95), default=cur)
+        return min(better, key=lambda r: (cost_key(r), r.wait_p95), default=cur)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -419,6 +419,13 @@ def compare(
     return _comparison(trace, results, cfg, setup, price, grace, tuple(notes))
 
 
+def cost_key(r: PolicyResult) -> float:
+    """A row's cost as rows are compared: to a millionth of a dollar. A bill is a sum of
+    per-instance bills, and two rows billed the same hours can differ in the last bits of
+    their sums (2.2647999999999953 against 2.264799999999997): a tie, not a cheaper row."""
+    return round(r.cost_usd, 6)
+
+
 def frontier(results: Sequence[PolicyResult]) -> set[int]:
     """Indexes of the rows no other row beats on both cost and p95 wait (no worse on either,
     better on one). A row that lost jobs is neither on it nor counted against others: its
@@ -428,9 +435,9 @@ def frontier(results: Sequence[PolicyResult]) -> set[int]:
     for i in ok:
         a = results[i]
         if not any(
-            results[j].cost_usd <= a.cost_usd
+            cost_key(results[j]) <= cost_key(a)
             and results[j].wait_p95 <= a.wait_p95
-            and (results[j].cost_usd < a.cost_usd or results[j].wait_p95 < a.wait_p95)
+            and (cost_key(results[j]) < cost_key(a) or results[j].wait_p95 < a.wait_p95)
             for j in ok
         ):
             out.add(i)
@@ -446,7 +453,7 @@ def _comparison(
     grace: float | None = None,
     notes: tuple[str, ...] = (),
 ) -> Comparison:
-    ranked = sorted(results, key=lambda r: (r.lost > 0, r.cost_usd, r.wait_p95))
+    ranked = sorted(results, key=lambda r: (r.lost > 0, cost_key(r), r.wait_p95))
     on = frontier(ranked)
     hind = next((r.cost_usd for r in ranked if r.policy == "hindsight"), None)
     ranked = [

@@ -189,8 +189,8 @@ def footer(cmp: Comparison) -> list[str]:
     if hind is not None:
         lines.append(
             f"hindsight: ${hind.cost_usd:.2f}, what a perfect forecast of this workload runs "
-            "(each clock hour's work, started one boot ahead, same cap and price); xHS is each "
-            "row's cost over it"
+            "(each clock hour's work and each burst, started one boot ahead, same cap and "
+            "price); xHS is each row's cost over it"
         )
     lines += [
         "bound by: the limits that held back a scale-up the row wanted (cap = max_instances, "
@@ -348,6 +348,11 @@ def plot(cmp: Comparison, path: Path) -> None:
             step = min(quicker, key=lambda r: r.cost_usd)
             shown.insert(0, (step, f"next quicker: {row_name(step)}", "#8e44ad"))
     shown.append((cmp.hindsight, "hindsight", "#e67e22"))
+    if not any(line is not None and line.samples for line, _, _ in shown) and rows:
+        # Baselines only (no current setting, no hindsight): the cheapest that lost nothing,
+        # rather than an empty panel.
+        pick = next((r for r in rows if r.lost == 0), rows[0])
+        shown = [(pick, row_name(pick), "#8e44ad")]
     queue_drawn = False
     for line, name, colour in shown:
         if line is None or not line.samples:
