@@ -489,8 +489,15 @@ def next_change(cfg: Config, decision: Decision) -> datetime | None:
     left in the month) or month. Earlier is always safe (one more pass that finds nothing);
     never later. None: nothing but a new observation can change it. Asked apart from
     ``decide`` (by ``simulate``, to skip the passes that would change nothing): the search for
-    a floor's next start or end is not every pass's cost."""
+    a floor's next start or end is not every pass's cost.
+
+    A decision on readings with an error (the API or the queue unreadable, a price refused)
+    promises no time: ``decision.now``. What could not be read may read otherwise at the next
+    pass (a 429 burst ends), and a pass held by the error acts then; a replay that took the
+    held pass's next change as its next pass slept through a floor's start until the hour."""
     now, pol = decision.now, cfg.policy
+    if decision.errors:
+        return now
     observation, plan, rows = decision.observation, decision.plan, decision.rows
     times: list[datetime] = []
     floor = policy.next_floor_change(pol, now)

@@ -16,9 +16,9 @@ from vultrscale import config as config_mod
 from vultrscale.cli import main
 from vultrscale.config import Config, FloorConfig
 from vultrscale.errors import UsageError
-from vultrscale.simulate import baselines, compare, workload
+from vultrscale.simulate import baselines, compare, engine, workload
 from vultrscale.simulate.fleet import Vultrscale
-from vultrscale.simulate.world import MAX_ATTEMPTS, World
+from vultrscale.simulate.world import MAX_ATTEMPTS, Faults, World
 
 BOOT = 600.0  # a fixed 10-minute boot makes the hand arithmetic exact
 SETUP = compare.Setup(interval=30.0, boot_time=(BOOT, BOOT), seed=0)
@@ -744,3 +744,50 @@ def test_history_replays_the_run_time_where_the_queue_recorded_a_start() -> None
     )
     assert t.durations == (30.0, 40.0)
     assert "1 of them from before the queue recorded a start" in t.note
+
+
+# --- skipping passes changes no outcome ----------------------------------------------------
+
+
+class EveryPass(Vultrscale):
+    """The vultrscale policy with no pass skipped at all: the reference for skipping."""
+
+    def quiet_until(self, world: World) -> float:
+        return 0.0
+
+    def unchanged(self, world: World) -> bool:
+        return False
+
+
+def _replay(
+    pol: Vultrscale, trace: workload.Trace, cfg: Config, faults: Faults, until: float
+) -> tuple[World, engine.RunStats]:
+    world = World(
+        trace,
+        jobs_per_instance=cfg.worker.concurrency,
+        drain_seconds=cfg.worker.drain_seconds,
+        lease_seconds=cfg.worker.lease_seconds,
+        boot_time=(120.0, 120.0),
+        seed=0,
+        faults=faults,
+    )
+    return world, engine.run(world, pol, interval=30.0, until=until)
+
+
+def test_a_429_burst_at_the_start_of_a_floor_skips_no_pass_on_an_idle_fleet() -> None:
+    # The floor starts at 10:00 UTC on an idle, empty fleet; a 429 burst covers 10:00-10:02.
+    # The 10:00 pass cannot list the fleet and holds (on_signal_error=hold): it carries
+    # nothing out, but the burst ends at 10:02 and the 10:02 pass brings the floor up, as
+    # every pass of the real loop would. Skipping must not sleep through to the next hour.
+    floor = FloorConfig(cron="* 10-13 * * *", timezone="UTC", min_instances=1)
+    cfg = replace(CFG, policy=replace(CFG.policy, floor=(floor,), billing_hour_aware=False))
+    epoch = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+    trace = workload.Trace("empty", (), (), span=3 * 3600.0, epoch=epoch)
+    faults = Faults(throttles=((3600.0 - 5.0, 3600.0 + 120.0),))
+    worlds = [
+        _replay(pol, trace, cfg, faults, 3 * 3600.0)[0]
+        for pol in (EveryPass(cfg, PRICE, epoch), Vultrscale(cfg, PRICE, epoch))
+    ]
+    every, skipping = ([i.created for i in w.instances] for w in worlds)
+    assert every == [3600.0 + 120.0]  # the first pass after the burst
+    assert skipping == every
