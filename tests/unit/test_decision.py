@@ -436,3 +436,40 @@ def test_next_change_is_no_later_than_a_deadline_that_is_reached_at_this_very_pa
     assert now.steps != later.steps  # the table is about such a moment
     when = decision_mod.next_change(CFG, now)
     assert when is not None and when <= reads.now + _TICK
+
+
+# --- the replace guard -----------------------------------------------------------------------
+
+
+def _quiet_worker_past_boot_timeout(signals: Signals | None, live: int) -> Readings:
+    # It ran; its worker went quiet (back to booting) long past boot_timeout, yet the workers
+    # table still shows ``live`` leases of it.
+    since = START - CFG.policy.boot_timeout - timedelta(minutes=1)
+    row = LedgerRow.new(
+        "w-1", CFG.fleet.name, S.BOOTING, since - timedelta(hours=1), instance_id="i-1",
+        posted_at=since - timedelta(hours=1), running_at=since - timedelta(minutes=30),
+        state_since=since, main_ip="10.0.0.1",
+    )  # fmt: skip
+    v = VInstance("i-1", "w-1", "active", "running", "ok", "10.0.0.1", region="ewr")
+    reads = _readings(row, v, START, {})
+    worker = WorkerView("w-1", since, False, live, False)
+    return dataclasses.replace(reads, signals=signals, workers={"w-1": worker})
+
+
+@pytest.mark.parametrize(
+    ("signals", "live", "deleted"),
+    [
+        (Signals(ready=1, in_flight=0), 0, True),
+        (Signals(ready=1, in_flight=1), 1, False),
+        (None, 0, False),
+    ],
+    ids=["no-lease-replaced", "live-lease-kept", "queue-unreadable-kept"],
+)
+def test_an_instance_stuck_in_boot_is_deleted_for_a_replacement_only_with_no_live_lease(
+    signals: Signals | None, live: int, deleted: bool
+) -> None:
+    reads = _quiet_worker_past_boot_timeout(signals, live)
+    if signals is None:
+        reads = dataclasses.replace(reads, signal_error="queue signals: connection refused")
+    d = decision_mod.decide(reads, CFG)
+    assert any(isinstance(s, StartDelete) for s in d.steps) is deleted
