@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from vultrscale import budget, lifecycle, policy
@@ -480,6 +480,9 @@ def _plan_steps(
 
 # --- when the decision could change ------------------------------------------------------------
 
+# The first instant past a moment (datetime's resolution): where a rule compares ``>``.
+_PAST = timedelta(microseconds=1)
+
 
 def next_change(cfg: Config, decision: Decision) -> datetime | None:
     """The first moment after ``decision.now`` at which the same observation could be decided
@@ -489,8 +492,15 @@ def next_change(cfg: Config, decision: Decision) -> datetime | None:
     left in the month) or month. Earlier is always safe (one more pass that finds nothing);
     never later. None: nothing but a new observation can change it. Asked apart from
     ``decide`` (by ``simulate``, to skip the passes that would change nothing): the search for
-    a floor's next start or end is not every pass's cost."""
+    a floor's next start or end is not every pass's cost.
+
+    A decision on readings with an error (the API or the queue unreadable, a price refused)
+    promises no time: ``decision.now``. What could not be read may read otherwise at the next
+    pass (a 429 burst ends), and a pass held by the error acts then; a replay that took the
+    held pass's next change as its next pass slept through a floor's start until the hour."""
     now, pol = decision.now, cfg.policy
+    if decision.errors:
+        return now
     observation, plan, rows = decision.observation, decision.plan, decision.rows
     times: list[datetime] = []
     floor = policy.next_floor_change(pol, now)
@@ -505,16 +515,18 @@ def next_change(cfg: Config, decision: Decision) -> datetime | None:
         times.append(observation.last_scale_down + pol.scale_down_cooldown)
     if plan.idle_since is not None:
         times.append(plan.idle_since + pol.idle_before_scale_down)
-    deadline = cfg.drain.timeout + lifecycle.DRAIN_MARGIN
+    # A drain's deadline and grace, a boot timeout and an intent's grace are passed only after
+    # them (``waited > deadline``): a pass at the very moment waits, the next instant acts.
+    deadline = cfg.drain.timeout + lifecycle.DRAIN_MARGIN + _PAST
     for row in rows.values():
         if row.state is InstanceState.DRAINING:
             began = row.draining_at or row.state_since
-            times += [began + deadline, began + cfg.drain.unreachable_grace]
+            times += [began + deadline, began + cfg.drain.unreachable_grace + _PAST]
         elif row.state in (InstanceState.PENDING, InstanceState.BOOTING):
-            times.append((row.boot_since or row.created_at) + pol.boot_timeout)
+            times.append((row.boot_since or row.created_at) + pol.boot_timeout + _PAST)
             times.append((row.posted_at or row.created_at) + lifecycle.POST_VISIBILITY_GRACE)
         elif row.state is InstanceState.CREATING:
-            times.append(row.created_at + lifecycle.CREATE_VISIBILITY_GRACE)
+            times.append(row.created_at + lifecycle.CREATE_VISIBILITY_GRACE + _PAST)
     if rows or plan.clamps:
         # Bills, the budget's hours left in the month and paid hours move with the UTC hour.
         times.append(budget.utc(now).replace(minute=0, second=0, microsecond=0) + budget.HOUR)

@@ -186,3 +186,60 @@ def test_an_adopted_row_has_no_post_of_ours_and_an_intent_found_booting_has_one(
     intent = LedgerRow.new("w", "workers", InstanceState.CREATING, T0)
     assert intent.moved(InstanceState.BOOTING, found).posted_at == found
     assert intent.moved(InstanceState.BOOTING, found).boot_since == T0
+
+
+# --- one rule for both ledgers ---------------------------------------------------------------
+
+_H = timedelta(hours=1)
+# (what happens, in order): ("adopt", instance id, label, hours in) or ("gone", label, hours in)
+_HISTORIES = {
+    "a-label-used-again": [
+        ("adopt", "hand-1", "w", 0), ("gone", "w", 2), ("adopt", "hand-2", "w", 3)
+    ],
+    "taken-for-gone-then-listed-again": [
+        ("adopt", "hand-1", "w", 0), ("gone", "w", 2), ("adopt", "hand-1", "w-renamed", 3)
+    ],
+    "listed-again-under-a-label-a-later-one-took": [
+        ("adopt", "hand-1", "w", 0), ("gone", "w", 1), ("adopt", "hand-2", "w", 2),
+        ("adopt", "hand-1", "w", 3),
+    ],
+    "listed-again-under-a-label-a-later-gone-one-has": [
+        ("adopt", "hand-1", "w", 0), ("gone", "w", 1), ("adopt", "hand-2", "w", 2),
+        ("gone", "w", 3), ("adopt", "hand-1", "w", 4),
+    ],
+}  # fmt: skip
+
+
+def _rows_after(ledger_port: object, history: list[tuple]) -> list[tuple]:
+    for step in history:
+        if step[0] == "adopt":
+            _, iid, label, hours = step
+            ledger_port.adopt(  # type: ignore[attr-defined]
+                label=label,
+                instance_id=iid,
+                state=InstanceState.RUNNING,
+                plan="vc2-1c-2gb",
+                region="ewr",
+                created_at=T0,
+                now=T0 + hours * _H,
+                hourly_rate=0.015,
+                monthly_cost=10.0,
+            )
+        else:
+            _, label, hours = step
+            ledger_port.transition(label, InstanceState.GONE, T0 + hours * _H)  # type: ignore[attr-defined]
+    rows = ledger_port.rows(since=budget.month_bounds(T0)[0])  # type: ignore[attr-defined]
+    return sorted(
+        (r.label, r.instance_id, r.state, r.created_at, r.state_since, r.running_at, r.gone_at)
+        for r in rows
+    )
+
+
+@pytest.mark.parametrize("history", list(_HISTORIES.values()), ids=list(_HISTORIES))
+def test_the_postgres_and_the_in_memory_ledger_adopt_alike(db_url: str, history: list) -> None:
+    from vultrscale.memory import MemoryLedger
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        pg = ledger.PgLedger(conn, "workers")
+        in_pg = _rows_after(pg, history)
+    assert in_pg == _rows_after(MemoryLedger("workers"), history)

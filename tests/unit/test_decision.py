@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from vultrscale import decision as decision_mod
-from vultrscale import reconcile
+from vultrscale import lifecycle, reconcile
 from vultrscale.clock import FakeClock
 from vultrscale.config import Config, FloorConfig, Secret
 from vultrscale.decision import (
@@ -28,6 +28,7 @@ from vultrscale.decision import (
     MarkDraining,
     Move,
     Note,
+    Readings,
     RetryDelete,
     SaveFleetState,
     StartDelete,
@@ -43,7 +44,15 @@ from vultrscale.memory import (
     MemorySignals,
     memory_parts,
 )
-from vultrscale.model import InstanceState, ServiceState, Signals, WorkerView
+from vultrscale.model import (
+    FleetState,
+    InstanceState,
+    LedgerRow,
+    PlanPrice,
+    ServiceState,
+    Signals,
+    WorkerView,
+)
 from vultrscale.vultr.models import VInstance
 
 START = datetime(2026, 5, 11, 9, 0, tzinfo=UTC)
@@ -367,3 +376,100 @@ def test_no_demand_band_while_the_queue_is_idle_or_an_instance_boots(
     f = _running_fleet(5, 8, monkeypatch)
     f.signals.signals = Signals(ready=0, in_flight=0)
     assert decision_mod.demand_band(f.cfg, f.run(monkeypatch)[0]) is None
+
+
+# --- next_change: never later than the first change ------------------------------------------
+
+_TICK = timedelta(microseconds=1)
+
+
+def _readings(row: LedgerRow, v: VInstance, now: datetime, probes: dict[str, Any]) -> Readings:
+    return Readings(
+        now=now,
+        rows={row.label: row},
+        gone=(),
+        listed={row.label: v},
+        workers={},
+        signals=Signals(ready=1, in_flight=0),  # one job: the one instance is needed
+        price=PlanPrice("vc2-1c-2gb", 10.0, 0.015),
+        state=FleetState(),
+        probes=probes,
+    )
+
+
+def _draining_unreachable() -> Readings:
+    # No pinned host key: its worker cannot be asked. The deadline (drain.timeout + margin,
+    # 5m30s) comes before the unreachable grace (10m): past it, a drain with no lease is deleted.
+    began = START - CFG.drain.timeout - lifecycle.DRAIN_MARGIN
+    row = LedgerRow.new(
+        "w-1", CFG.fleet.name, S.DRAINING, began - timedelta(minutes=20),
+        instance_id="i-1", draining_at=began, state_since=began, main_ip="10.0.0.1",
+    )  # fmt: skip
+    v = VInstance("i-1", "w-1", "active", "running", "ok", "10.0.0.1", region="ewr")
+    return _readings(row, v, START, {"w-1": lifecycle.NO_TARGET})
+
+
+def _stuck_in_boot() -> Readings:
+    # Pending since its POST exactly boot_timeout ago: replaced once it is past it.
+    posted = START - CFG.policy.boot_timeout
+    row = LedgerRow.new(
+        "w-1", CFG.fleet.name, S.PENDING, posted, instance_id="i-1", posted_at=posted
+    )
+    v = VInstance("i-1", "w-1", "pending", "stopped", "none", region="ewr")
+    return _readings(row, v, START, {})
+
+
+@pytest.mark.parametrize(
+    "readings",
+    [_draining_unreachable, _stuck_in_boot],
+    ids=["drain-deadline-reached-now", "boot-timeout-reached-now"],
+)
+def test_next_change_is_no_later_than_a_deadline_that_is_reached_at_this_very_pass(
+    readings: Callable[[], Readings],
+) -> None:
+    # A deadline is passed only after it (drain: waited > deadline; boot: age > boot_timeout):
+    # a pass at the deadline itself waits, and the one a moment later acts. The core must not
+    # say the next change is later than that moment.
+    reads = readings()
+    now = decision_mod.decide(reads, CFG)
+    later = decision_mod.decide(dataclasses.replace(reads, now=reads.now + _TICK), CFG)
+    assert now.steps != later.steps  # the table is about such a moment
+    when = decision_mod.next_change(CFG, now)
+    assert when is not None and when <= reads.now + _TICK
+
+
+# --- the replace guard -----------------------------------------------------------------------
+
+
+def _quiet_worker_past_boot_timeout(signals: Signals | None, live: int) -> Readings:
+    # It ran; its worker went quiet (back to booting) long past boot_timeout, yet the workers
+    # table still shows ``live`` leases of it.
+    since = START - CFG.policy.boot_timeout - timedelta(minutes=1)
+    row = LedgerRow.new(
+        "w-1", CFG.fleet.name, S.BOOTING, since - timedelta(hours=1), instance_id="i-1",
+        posted_at=since - timedelta(hours=1), running_at=since - timedelta(minutes=30),
+        state_since=since, main_ip="10.0.0.1",
+    )  # fmt: skip
+    v = VInstance("i-1", "w-1", "active", "running", "ok", "10.0.0.1", region="ewr")
+    reads = _readings(row, v, START, {})
+    worker = WorkerView("w-1", since, False, live, False)
+    return dataclasses.replace(reads, signals=signals, workers={"w-1": worker})
+
+
+@pytest.mark.parametrize(
+    ("signals", "live", "deleted"),
+    [
+        (Signals(ready=1, in_flight=0), 0, True),
+        (Signals(ready=1, in_flight=1), 1, False),
+        (None, 0, False),
+    ],
+    ids=["no-lease-replaced", "live-lease-kept", "queue-unreadable-kept"],
+)
+def test_an_instance_stuck_in_boot_is_deleted_for_a_replacement_only_with_no_live_lease(
+    signals: Signals | None, live: int, deleted: bool
+) -> None:
+    reads = _quiet_worker_past_boot_timeout(signals, live)
+    if signals is None:
+        reads = dataclasses.replace(reads, signal_error="queue signals: connection refused")
+    d = decision_mod.decide(reads, CFG)
+    assert any(isinstance(s, StartDelete) for s in d.steps) is deleted

@@ -1013,3 +1013,21 @@ def test_the_bound_of_an_ssh_fan_out_grows_with_its_rounds_of_hosts() -> None:
     assert ssh.fan_out_bound_s(ssh.MAX_PARALLEL) == one_round
     assert ssh.fan_out_bound_s(100) == 4 * one_round  # 32 at a time
     assert ssh.fan_out_bound_s(0) == 0
+
+
+def test_a_plan_priced_past_the_ceiling_stops_creates_but_drains_and_deletes_go_on(
+    fleet: Fleet,
+) -> None:
+    a, b = fleet.bring_up(8)
+    fleet.drain_now(a)
+    fleet.drain.services[a] = ServiceState.INACTIVE  # drained: its delete is due
+    fleet.queue(40)  # the queue asks for more
+    plan = fleet.cloud.plans["vc2-1c-2gb"]
+    fleet.cloud.plans[plan.id] = dataclasses.replace(plan, monthly_cost=500.0, hourly_cost=0.75)
+    fleet.clock.advance(PRICE_TTL.total_seconds() + 1)  # the plan is checked again
+    created = len(fleet.cloud.instances)
+    result = fleet.run(dataclasses.replace(fleet.parts, cache=PassCache()))
+    assert result.exit_code == EXIT_USAGE
+    assert any("nothing is created" in e for e in result.errors)
+    assert a not in fleet.states() and fleet.states()[b] == "running"
+    assert len(fleet.cloud.instances) == created - 1  # deleted, and nothing new

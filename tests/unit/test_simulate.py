@@ -17,9 +17,9 @@ from vultrscale import config as config_mod
 from vultrscale.cli import main
 from vultrscale.config import Config, FloorConfig
 from vultrscale.errors import UsageError
-from vultrscale.simulate import baselines, compare, workload
+from vultrscale.simulate import baselines, compare, engine, workload
 from vultrscale.simulate.fleet import Vultrscale
-from vultrscale.simulate.world import MAX_ATTEMPTS, World
+from vultrscale.simulate.world import MAX_ATTEMPTS, Faults, World
 
 BOOT = 600.0  # a fixed 10-minute boot makes the hand arithmetic exact
 SETUP = compare.Setup(interval=30.0, boot_time=(BOOT, BOOT), seed=0)
@@ -682,24 +682,63 @@ def test_parse_boot_time() -> None:
     assert isinstance(baselines.Keda(5, 4), baselines.Baseline)
 
 
+_BERLIN_HOURS = FloorConfig(cron="* 8-17 * * mon-fri", timezone="Europe/Berlin", min_instances=2)
+
+
 @pytest.mark.parametrize(
-    "policy_changes",
-    [{}, {"max_instances": 3, "billing_hour_aware": False, "idle_before_scale_down": timedelta()}],
-    ids=["defaults", "small-cap-no-billing-hour"],
+    ("policy_changes", "world_changes"),
+    [
+        ({}, {}),
+        (
+            {
+                "max_instances": 3,
+                "billing_hour_aware": False,
+                "idle_before_scale_down": timedelta(),
+            },
+            {},
+        ),
+        (  # floors (business hours; the first ten minutes of each hour), cool-downs, paced
+            {
+                "floor": (_BERLIN_HOURS, FloorConfig(cron="0-9 * * * *", timezone="UTC")),
+                "scale_up_cooldown": timedelta(minutes=5),
+                "scale_down_cooldown": timedelta(minutes=30),
+                "idle_before_scale_down": timedelta(minutes=10),
+                "max_step_up": 1,
+            },
+            {},
+        ),
+        (  # the world fails: 429 bursts, stock-outs, boots that never finish
+            {"floor": (_BERLIN_HOURS,), "boot_timeout": timedelta(minutes=5)},
+            {
+                "throttle_every": timedelta(hours=1),
+                "throttle_for": timedelta(minutes=5),
+                "stockout_every": timedelta(hours=2),
+                "stockout_for": timedelta(minutes=30),
+                "dead_boot_share": 0.2,
+                "boot_time": "30s..8m",
+            },
+        ),
+    ],
+    ids=["defaults", "small-cap-no-billing-hour", "floors-cool-downs", "faults"],
 )
-def test_skipping_saturated_passes_changes_no_outcome(policy_changes: dict) -> None:
-    cfg = replace(CFG, policy=replace(CFG.policy, **policy_changes))
-    trace = workload.shape("bursty-day", days=2, seed=5, jobs_per_day=6000)
+def test_skipping_passes_changes_no_outcome(policy_changes: dict, world_changes: dict) -> None:
+    # The reference runs every pass; the replay skips where the core says nothing changes,
+    # both on an idle, empty fleet (next_change) and on a steady busy one (demand_band).
+    cfg = replace(
+        CFG,
+        policy=replace(CFG.policy, **policy_changes),
+        simulate=replace(CFG.simulate, **world_changes),
+        drain=replace(CFG.drain, timeout=timedelta(minutes=2)),  # long jobs pass deadlines
+    )
+    trace = workload.shape("bursty-day", days=1, seed=5, jobs_per_day=6000)
     setup = compare.Setup(seed=5)
-    every = compare.run_one(
-        Vultrscale(cfg, PRICE, trace.epoch, skip_saturated=False), trace, cfg, setup, PRICE
-    ).to_json()
+    every = compare.run_one(EveryPass(cfg, PRICE, trace.epoch), trace, cfg, setup, PRICE)
     skipping = compare.run_one(Vultrscale(cfg, PRICE, trace.epoch), trace, cfg, setup, PRICE)
-    assert skipping.passes < every["passes"] * 0.8  # the point of it
-    doc = skipping.to_json()
+    assert skipping.passes < every.passes * 0.8  # the point of it
+    doc, ref = skipping.to_json(), every.to_json()
     for key in ("passes", "passes_skipped"):
-        doc.pop(key), every.pop(key)
-    assert doc == every
+        doc.pop(key), ref.pop(key)
+    assert doc == ref
 
 
 @pytest.mark.parametrize("price", ["nan", "inf", "0", "-3"])
@@ -756,3 +795,50 @@ def test_history_replays_the_run_time_where_the_queue_recorded_a_start() -> None
     )
     assert t.durations == (30.0, 40.0)
     assert "1 of them from before the queue recorded a start" in t.note
+
+
+# --- skipping passes changes no outcome ----------------------------------------------------
+
+
+class EveryPass(Vultrscale):
+    """The vultrscale policy with no pass skipped at all: the reference for skipping."""
+
+    def quiet_until(self, world: World) -> float:
+        return 0.0
+
+    def unchanged(self, world: World) -> bool:
+        return False
+
+
+def _replay(
+    pol: Vultrscale, trace: workload.Trace, cfg: Config, faults: Faults, until: float
+) -> tuple[World, engine.RunStats]:
+    world = World(
+        trace,
+        jobs_per_instance=cfg.worker.concurrency,
+        drain_seconds=cfg.worker.drain_seconds,
+        lease_seconds=cfg.worker.lease_seconds,
+        boot_time=(120.0, 120.0),
+        seed=0,
+        faults=faults,
+    )
+    return world, engine.run(world, pol, interval=30.0, until=until)
+
+
+def test_a_429_burst_at_the_start_of_a_floor_skips_no_pass_on_an_idle_fleet() -> None:
+    # The floor starts at 10:00 UTC on an idle, empty fleet; a 429 burst covers 10:00-10:02.
+    # The 10:00 pass cannot list the fleet and holds (on_signal_error=hold): it carries
+    # nothing out, but the burst ends at 10:02 and the 10:02 pass brings the floor up, as
+    # every pass of the real loop would. Skipping must not sleep through to the next hour.
+    floor = FloorConfig(cron="* 10-13 * * *", timezone="UTC", min_instances=1)
+    cfg = replace(CFG, policy=replace(CFG.policy, floor=(floor,), billing_hour_aware=False))
+    epoch = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+    trace = workload.Trace("empty", (), (), span=3 * 3600.0, epoch=epoch)
+    faults = Faults(throttles=((3600.0 - 5.0, 3600.0 + 120.0),))
+    worlds = [
+        _replay(pol, trace, cfg, faults, 3 * 3600.0)[0]
+        for pol in (EveryPass(cfg, PRICE, epoch), Vultrscale(cfg, PRICE, epoch))
+    ]
+    every, skipping = ([i.created for i in w.instances] for w in worlds)
+    assert every == [3600.0 + 120.0]  # the first pass after the burst
+    assert skipping == every

@@ -90,6 +90,7 @@ def run(
             continue
         if policy.unchanged(world):
             stats.skipped += 1
+            world.skipped_passes(k, k + 1, interval)
         else:
             policy.tick(world)
             world.dispatch()
@@ -108,10 +109,12 @@ def run(
                 last = math.floor(until / interval)
                 if wake == math.inf:
                     stats.skipped += max(0, last - k + 1)
+                    world.skipped_passes(k, last + 1, interval)
                     next_pass = math.inf
                 else:
                     skip_to = math.ceil(wake / interval)
                     stats.skipped += min(skip_to, last + 1) - k
+                    world.skipped_passes(k, min(skip_to, last + 1), interval)
                     k = skip_to
                     next_pass = k * interval
                 if sample_every:

@@ -243,6 +243,16 @@ class World:
             return True
         return False
 
+    def skipped_passes(self, first: int, stop: int, interval: float) -> None:
+        """Passes ``first`` to ``stop - 1`` of the grid (at ``k * interval``) were skipped:
+        each one inside a 429 burst would have had its first API call refused and stopped
+        there (counted as a pass that ran would be), so the count does not hang on skipping."""
+        for start, end in self.faults.throttles:
+            lo = max(first, math.ceil(start / interval))
+            hi = min(stop, math.ceil(end / interval))
+            if hi > lo:
+                self.c.throttled += hi - lo
+
     def stocked_out(self) -> bool:
         """Inside a stock-out: a create now is refused (and counted)."""
         if self.faults.stockouts and _inside(
