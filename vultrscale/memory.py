@@ -33,6 +33,7 @@ from vultrscale.model import (
     FleetState,
     HostTarget,
     InstanceState,
+    LedgerReads,
     LedgerRow,
     PassEvent,
     PlanPrice,
@@ -205,6 +206,9 @@ class MemoryLedger:
 
     def fleet_state(self) -> FleetState:
         return self.state
+
+    def reads(self, since: datetime, seen_within: timedelta) -> LedgerReads:
+        return LedgerReads(self.rows(since), self.workers(seen_within), self.fleet_state())
 
     def recorded_snapshot(self) -> str | None:
         return self.snapshot

@@ -161,6 +161,17 @@ class FleetState:
 
 
 @dataclass(frozen=True)
+class LedgerReads:
+    """What a pass reads of the ledger, read together (one round trip to Postgres): the
+    fleet's rows (not gone, and gone since the month began), its instances' workers and the
+    fleet's state."""
+
+    rows: list[LedgerRow]
+    workers: dict[str, WorkerView]
+    state: FleetState
+
+
+@dataclass(frozen=True)
 class Instance:
     """One instance as the pass sees it: the ledger row joined with Vultr's view and leases."""
 

@@ -52,13 +52,14 @@ def observe(
         signal_error = f"queue signals: {exc}"
     rows: dict[str, LedgerRow] = {}
     gone: list[LedgerRow] = []
-    for r in ledger.rows(since=budget.month_bounds(now)[0]):
+    # The rows, the workers and the fleet state in one round trip to Postgres.
+    ledger_reads = ledger.reads(budget.month_bounds(now)[0], lifecycle.WORKER_SEEN_WITHIN)
+    for r in ledger_reads.rows:
         if r.state is InstanceState.GONE:
             gone.append(r)
         else:
             rows[r.label] = r
-    workers = ledger.workers(lifecycle.WORKER_SEEN_WITHIN)
-    state = ledger.fleet_state()
+    workers, state = ledger_reads.workers, ledger_reads.state
     listed: dict[str, VInstance] = {}
     try:
         listed = lifecycle.by_label(listing(), rows)

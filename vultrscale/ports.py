@@ -26,6 +26,7 @@ from vultrscale.model import (
     FleetState,
     HostTarget,
     InstanceState,
+    LedgerReads,
     LedgerRow,
     PassEvent,
     Plan,
@@ -96,6 +97,11 @@ class FleetLedger(Protocol):
         ...
 
     def fleet_state(self) -> FleetState: ...
+    def reads(self, since: datetime, seen_within: timedelta) -> LedgerReads:
+        """``rows(since)``, ``workers(seen_within)`` and ``fleet_state()`` together: what a
+        pass observes of the ledger, in one round trip to the real one."""
+        ...
+
     def recorded_snapshot(self) -> str | None: ...
     def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
         """The plan's price as a check made within ``ttl`` before ``now`` found it (offered in

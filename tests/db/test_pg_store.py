@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -14,7 +14,7 @@ import pytest
 
 from vultrscale.clock import Deadline
 from vultrscale.config import Config
-from vultrscale.db import pg
+from vultrscale.db import pg, queue
 from vultrscale.db.ledger import (
     PgLedger,
     PgStore,
@@ -25,9 +25,11 @@ from vultrscale.db.ledger import (
     try_lock,
 )
 from vultrscale.errors import DatabaseError, PassStuck
+from vultrscale.model import LedgerReads
 from vultrscale.ssh import fan_out_bound_s
 
 MONTH = datetime(2026, 3, 1, tzinfo=UTC)
+WORKERS_SEEN = timedelta(seconds=90)
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ def test_a_pass_stuck_behind_a_lock_fails_within_the_bound_and_frees_the_fleet_l
         blocker.execute("LOCK TABLE fleet_instances IN ACCESS EXCLUSIVE MODE")
         with pytest.raises(DatabaseError) as caught, store.session(cfg) as (ledger, _signals):
             assert ledger.lock()
-            ledger.rows(since=MONTH)
+            ledger.reads(MONTH, WORKERS_SEEN)  # the pass's read: in pipeline mode
         assert "statement timeout" in caught.value.message
         assert caught.value.hint == pg.HINT_STALLED
         with psycopg.connect(db_url, autocommit=True) as other:
@@ -133,8 +135,36 @@ def test_a_pass_stuck_behind_a_lock_fails_within_the_bound_and_frees_the_fleet_l
             other.execute("SELECT pg_advisory_unlock_all()")
         blocker.rollback()
     with store.session(cfg) as (ledger, _signals):
-        assert ledger.lock() and ledger.rows(since=MONTH) == []
+        assert ledger.lock() and ledger.reads(MONTH, WORKERS_SEEN).rows == []
     store.close()
+
+
+def test_a_pass_reads_the_rows_workers_and_fleet_state_together_as_one_by_one(
+    store: PgStore, cfg: Config
+) -> None:
+    at = datetime(2026, 3, 2, tzinfo=UTC)
+    with store.session(cfg) as (ledger, _signals):
+        assert isinstance(ledger, PgLedger)
+        for label in ("w-1", "w-2"):
+            ledger.insert_intent(
+                label=label,
+                plan="vc2-1c-1gb",
+                region="ewr",
+                hourly_rate=0.007,
+                monthly_cost=5.0,
+                host_key="",
+                now=at,
+            )
+        queue.register_worker(ledger.conn, "w-1:1", "w-1")
+        ledger.save_fleet_state(at, last_scale_up=at, last_scale_down=None, idle_since=None)
+        together = ledger.reads(MONTH, WORKERS_SEEN)
+        assert [r.label for r in together.rows] == ["w-1", "w-2"]
+        assert set(together.workers) == {"w-1"} and together.state.last_scale_up == at
+        assert together == LedgerReads(
+            ledger.rows(MONTH), ledger.workers(WORKERS_SEEN), ledger.fleet_state()
+        )
+    with store.session(cfg) as (ledger, _signals):  # the kept connection left idle, usable
+        assert ledger.lock() and ledger.reads(MONTH, WORKERS_SEEN) == together
 
 
 # --- a lock held too long ----------------------------------------------------------------------
