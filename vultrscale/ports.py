@@ -26,13 +26,13 @@ from vultrscale.model import (
     FleetState,
     HostTarget,
     InstanceState,
-    LedgerReads,
     LedgerRow,
     PassEvent,
     Plan,
     PlanPrice,
     ServiceState,
     Signals,
+    StoredReads,
     WorkerView,
 )
 
@@ -97,9 +97,10 @@ class FleetLedger(Protocol):
         ...
 
     def fleet_state(self) -> FleetState: ...
-    def reads(self, since: datetime, seen_within: timedelta) -> LedgerReads:
-        """``rows(since)``, ``workers(seen_within)`` and ``fleet_state()`` together: what a
-        pass observes of the ledger, in one round trip to the real one."""
+    def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
+        """``rows(since)``, ``workers(seen_within)``, ``fleet_state()`` and ``signals.read()``
+        together: what a pass observes of Postgres, in one round trip to the real one (with the
+        vultrscale preset). Signals that cannot be read are the value's ``signal_error``."""
         ...
 
     def recorded_snapshot(self) -> str | None: ...
@@ -184,6 +185,23 @@ class Store(Protocol):
     def close(self) -> None:
         """Release what the store keeps between sessions; the pass's owner calls it."""
         ...
+
+
+def read_apart(
+    ledger: FleetLedger, since: datetime, seen_within: timedelta, signals: QueueSignals
+) -> StoredReads:
+    """``FleetLedger.reads`` one read at a time: for a ledger and signals that cannot be read
+    together (in memory; another preset's or a caller's signal reader)."""
+    from vultrscale.errors import DatabaseError
+
+    read, error = None, None
+    try:
+        read = signals.read()
+    except DatabaseError as exc:
+        error = exc
+    return StoredReads(
+        ledger.rows(since), ledger.workers(seen_within), ledger.fleet_state(), read, error
+    )
 
 
 class DrainTransport(Protocol):

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,22 +23,22 @@ from vultrscale.config import format_duration
 from vultrscale.db import pg, plan_checks
 from vultrscale.db.locks import lock_key as lock_key  # re-exported: the pass lock's key
 from vultrscale.db.snapshots import recorded_snapshot
-from vultrscale.errors import PassStuck
+from vultrscale.errors import DatabaseError, PassStuck
 from vultrscale.lifecycle import LabelHolder, adoption
 from vultrscale.model import (
     STATE_STAMPS,
     FleetState,
     InstanceState,
-    LedgerReads,
     LedgerRow,
     PassEvent,
     PlanPrice,
     Signals,
+    StoredReads,
     WorkerView,
     posts_intent,
     retired_label,
 )
-from vultrscale.ports import Session
+from vultrscale.ports import QueueSignals, Session
 
 if TYPE_CHECKING:
     from vultrscale.config import Config, QueueConfig
@@ -175,22 +175,55 @@ def _ledger_rows(cur: psycopg.Cursor[Any]) -> list[LedgerRow]:
 
 
 def reads(
-    conn: psycopg.Connection[Any], fleet: str, *, since: datetime, seen_within: timedelta
-) -> LedgerReads:
-    """``rows``, ``workers_by_label`` and ``fleet_state`` of the fleet in one round trip: the
-    three statements go out together (psycopg's pipeline mode), and the answers are read once
-    the block's end has sent its Sync (a fetch inside it would wait for its answer first)."""
+    conn: psycopg.Connection[Any],
+    fleet: str,
+    *,
+    since: datetime,
+    seen_within: timedelta,
+    queue: QueueConfig | None = None,
+) -> StoredReads:
+    """``rows``, ``workers_by_label`` and ``fleet_state`` of the fleet, and with ``queue`` (the
+    vultrscale preset) the queue's signals, in one round trip: the statements go out together
+    (psycopg's pipeline mode), and the answers are read once the block's end has sent its Sync
+    (a fetch inside it would wait for its answer first). Signals that cannot be read are the
+    value's ``signal_error``; without them (another preset) its ``signals`` are None."""
+    from vultrscale.db.signals import send_signals
+
     with (
         conn.cursor(binary=True) as in_rows,
         conn.cursor() as in_workers,
         conn.cursor() as in_state,
     ):
-        with conn.pipeline():
-            in_rows.execute(_ROWS, (fleet, since, since))
-            in_workers.execute(_workers_query(None), _workers_params(fleet, seen_within, None))
-            in_state.execute(_FLEET_STATE, (fleet,))
-        return LedgerReads(
-            _ledger_rows(in_rows), _workers(in_workers), _fleet_state(in_state.fetchone())
+        sent = None
+        try:
+            with conn.pipeline():
+                # The signals first: their BEGIN must open the transaction, not follow
+                # statements of the same Sync (which share an implicit one).
+                sent = send_signals(conn, queue) if queue is not None else None
+                in_rows.execute(_ROWS, (fleet, since, since))
+                in_workers.execute(_workers_query(None), _workers_params(fleet, seen_within, None))
+                in_state.execute(_FLEET_STATE, (fleet,))
+        except psycopg.Error as exc:
+            if sent is None or sent.answered:
+                raise  # the ledger's own error
+            # The signal read failed, and the server skipped what followed it: its
+            # transaction is rolled back and the ledger read again (a second round trip, on
+            # this path only). The pass goes on without signals, as it always has.
+            conn.rollback()
+            ledger = reads(conn, fleet, since=since, seen_within=seen_within)
+            return replace(ledger, signal_error=sent.error(exc))
+        signals, signal_error = None, None
+        if sent is not None:
+            try:
+                signals = sent.result()
+            except DatabaseError as exc:
+                signal_error = exc
+        return StoredReads(
+            _ledger_rows(in_rows),
+            _workers(in_workers),
+            _fleet_state(in_state.fetchone()),
+            signals,
+            signal_error,
         )
 
 
@@ -562,9 +595,20 @@ class PgLedger:
         with self._t("reading the fleet state"):
             return fleet_state(self.conn, self.fleet)
 
-    def reads(self, since: datetime, seen_within: timedelta) -> LedgerReads:
+    def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
+        # The signals go in the same round trip when they are this connection's own reader.
+        together = (
+            isinstance(signals, PgSignals) and signals.conn is self.conn and signals.reader is None
+        )
+        queue = signals.queue if isinstance(signals, PgSignals) and together else None
         with self._t("reading the instances, workers and fleet state"):
-            return reads(self.conn, self.fleet, since=since, seen_within=seen_within)
+            got = reads(self.conn, self.fleet, since=since, seen_within=seen_within, queue=queue)
+        if got.signals is not None or got.signal_error is not None:
+            return got
+        try:  # another preset's statements depend on earlier answers: read on their own
+            return replace(got, signals=signals.read())
+        except DatabaseError as exc:
+            return replace(got, signal_error=exc)
 
     def recorded_snapshot(self) -> str | None:
         return recorded_snapshot(self.conn, self.fleet)
