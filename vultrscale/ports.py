@@ -190,8 +190,8 @@ class Store(Protocol):
 def read_apart(
     ledger: FleetLedger, since: datetime, seen_within: timedelta, signals: QueueSignals
 ) -> StoredReads:
-    """``FleetLedger.reads`` one read at a time: for a ledger and signals that cannot be read
-    together (in memory; another preset's or a caller's signal reader)."""
+    """``FleetLedger.reads`` one read at a time, the signals first: for a ledger with no round
+    trips to save (``memory.MemoryLedger``)."""
     from vultrscale.errors import DatabaseError
 
     read, error = None, None

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -182,6 +183,26 @@ def _same(a: StoredReads, b: StoredReads) -> bool:
     age = b.signals.oldest_ready_seconds
     assert abs(a.signals.oldest_ready_seconds - age) < 60
     return replace(a, signals=replace(a.signals, oldest_ready_seconds=age)) == b
+
+
+def test_a_pass_reads_the_ledger_and_the_signals_in_one_round_trip(
+    store: PgStore, cfg: Config, tmp_path: Path
+) -> None:
+    """Counted in libpq's own trace of the protocol: the client's messages, then the server's,
+    once. Read one by one they took seven (BEGIN, SET, the signals, COMMIT, rows, workers,
+    state): each a wait on a busy database server."""
+    with store.session(cfg) as (ledger, signals):
+        _two_instances_one_worker(ledger, datetime(2026, 3, 2, tzinfo=UTC))
+        assert isinstance(ledger, PgLedger)
+        with (tmp_path / "trace").open("w+") as trace:
+            ledger.conn.pgconn.trace(trace.fileno())
+            got = ledger.reads(MONTH, WORKERS_SEEN, signals)
+            ledger.conn.pgconn.untrace()
+            trace.seek(0)
+            sides = [line.split("\t")[1] for line in trace if line.count("\t") >= 2]
+    assert got.signals is not None and len(got.rows) == 2
+    assert sides and {"F", "B"} == set(sides)
+    assert sum(1 for a, b in zip(sides, sides[1:], strict=False) if (a, b) == ("F", "B")) == 1
 
 
 def test_signals_that_cannot_be_read_leave_the_ledger_read_and_the_connection_usable(
