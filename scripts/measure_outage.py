@@ -139,7 +139,7 @@ def main() -> int:
     server = throwaway.start()
     fleet: Fleet | None = None
     try:
-        url = server.url_for("postgres")
+        url = server.url
         schema.migrate(url)
         with psycopg.connect(url, autocommit=True) as conn:
             q.enqueue(conn, [{}] * args.jobs)

@@ -38,9 +38,10 @@ from vultrscale.model import (
     PlanPrice,
     ServiceState,
     Signals,
+    StoredReads,
     WorkerView,
 )
-from vultrscale.ports import Session
+from vultrscale.ports import QueueSignals, Session, read_apart
 from vultrscale.vultr.errors import InstanceLocked, NotFound
 from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
@@ -205,6 +206,9 @@ class MemoryLedger:
 
     def fleet_state(self) -> FleetState:
         return self.state
+
+    def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
+        return read_apart(self, since, seen_within, signals)
 
     def recorded_snapshot(self) -> str | None:
         return self.snapshot

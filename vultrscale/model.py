@@ -10,7 +10,10 @@ import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from vultrscale.errors import DatabaseError
 
 _T = TypeVar("_T")
 
@@ -158,6 +161,19 @@ class FleetState:
     last_scale_up: datetime | None = None
     last_scale_down: datetime | None = None
     idle_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class StoredReads:
+    """What a pass reads of Postgres, read together (one round trip with the vultrscale
+    preset): the fleet's rows (not gone, and gone since the month began), its instances'
+    workers, the fleet's state, and the queue's signals or why they could not be read."""
+
+    rows: list[LedgerRow]
+    workers: dict[str, WorkerView]
+    state: FleetState
+    signals: Signals | None = None
+    signal_error: DatabaseError | None = None
 
 
 @dataclass(frozen=True)

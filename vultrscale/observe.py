@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from vultrscale import budget, lifecycle
 from vultrscale.config import Config
 from vultrscale.decision import Readings, priced, target
-from vultrscale.errors import DatabaseError, UsageError
+from vultrscale.errors import UsageError
 from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, Parts, QueueSignals
 from vultrscale.ssh import fan_out_bound_s
@@ -45,20 +45,19 @@ def observe(
     ``api_error``: the price could not be read, so the cloud is not asked again; ``refused``:
     the plan or its price refused, nothing may be created (the decision's to weigh)."""
     listing = _listing(parts, cfg.fleet.tag, skip=api_error is not None)
-    signals, signal_error = None, None
-    try:
-        signals = signals_port.read()
-    except DatabaseError as exc:
-        signal_error = f"queue signals: {exc}"
+    # The rows, the workers, the fleet state and the queue's signals: one round trip to Postgres.
+    stored = ledger.reads(budget.month_bounds(now)[0], lifecycle.WORKER_SEEN_WITHIN, signals_port)
+    signals, signal_error = stored.signals, None
+    if stored.signal_error is not None:
+        signal_error = f"queue signals: {stored.signal_error}"
     rows: dict[str, LedgerRow] = {}
     gone: list[LedgerRow] = []
-    for r in ledger.rows(since=budget.month_bounds(now)[0]):
+    for r in stored.rows:
         if r.state is InstanceState.GONE:
             gone.append(r)
         else:
             rows[r.label] = r
-    workers = ledger.workers(lifecycle.WORKER_SEEN_WITHIN)
-    state = ledger.fleet_state()
+    workers, state = stored.workers, stored.state
     listed: dict[str, VInstance] = {}
     try:
         listed = lifecycle.by_label(listing(), rows)

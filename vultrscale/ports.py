@@ -32,6 +32,7 @@ from vultrscale.model import (
     PlanPrice,
     ServiceState,
     Signals,
+    StoredReads,
     WorkerView,
 )
 
@@ -96,6 +97,12 @@ class FleetLedger(Protocol):
         ...
 
     def fleet_state(self) -> FleetState: ...
+    def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
+        """``rows(since)``, ``workers(seen_within)``, ``fleet_state()`` and ``signals.read()``
+        together: what a pass observes of Postgres, in one round trip to the real one (with the
+        vultrscale preset). Signals that cannot be read are the value's ``signal_error``."""
+        ...
+
     def recorded_snapshot(self) -> str | None: ...
     def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
         """The plan's price as a check made within ``ttl`` before ``now`` found it (offered in
@@ -178,6 +185,23 @@ class Store(Protocol):
     def close(self) -> None:
         """Release what the store keeps between sessions; the pass's owner calls it."""
         ...
+
+
+def read_apart(
+    ledger: FleetLedger, since: datetime, seen_within: timedelta, signals: QueueSignals
+) -> StoredReads:
+    """``FleetLedger.reads`` one read at a time, the signals first: for a ledger with no round
+    trips to save (``memory.MemoryLedger``)."""
+    from vultrscale.errors import DatabaseError
+
+    read, error = None, None
+    try:
+        read = signals.read()
+    except DatabaseError as exc:
+        error = exc
+    return StoredReads(
+        ledger.rows(since), ledger.workers(seen_within), ledger.fleet_state(), read, error
+    )
 
 
 class DrainTransport(Protocol):

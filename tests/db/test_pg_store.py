@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,7 +16,8 @@ import pytest
 
 from vultrscale.clock import Deadline
 from vultrscale.config import Config
-from vultrscale.db import pg
+from vultrscale.db import pg, queue
+from vultrscale.db import signals as signals_mod
 from vultrscale.db.ledger import (
     PgLedger,
     PgStore,
@@ -25,9 +28,11 @@ from vultrscale.db.ledger import (
     try_lock,
 )
 from vultrscale.errors import DatabaseError, PassStuck
+from vultrscale.model import StoredReads
 from vultrscale.ssh import fan_out_bound_s
 
 MONTH = datetime(2026, 3, 1, tzinfo=UTC)
+WORKERS_SEEN = timedelta(seconds=90)
 
 
 @pytest.fixture
@@ -123,7 +128,7 @@ def test_a_pass_stuck_behind_a_lock_fails_within_the_bound_and_frees_the_fleet_l
         blocker.execute("LOCK TABLE fleet_instances IN ACCESS EXCLUSIVE MODE")
         with pytest.raises(DatabaseError) as caught, store.session(cfg) as (ledger, _signals):
             assert ledger.lock()
-            ledger.rows(since=MONTH)
+            ledger.reads(MONTH, WORKERS_SEEN, _signals)  # the pass's read: in pipeline mode
         assert "statement timeout" in caught.value.message
         assert caught.value.hint == pg.HINT_STALLED
         with psycopg.connect(db_url, autocommit=True) as other:
@@ -133,8 +138,95 @@ def test_a_pass_stuck_behind_a_lock_fails_within_the_bound_and_frees_the_fleet_l
             other.execute("SELECT pg_advisory_unlock_all()")
         blocker.rollback()
     with store.session(cfg) as (ledger, _signals):
-        assert ledger.lock() and ledger.rows(since=MONTH) == []
+        assert ledger.lock() and ledger.reads(MONTH, WORKERS_SEEN, _signals).rows == []
     store.close()
+
+
+def _two_instances_one_worker(ledger: Any, at: datetime) -> None:
+    assert isinstance(ledger, PgLedger)
+    for label in ("w-1", "w-2"):
+        ledger.insert_intent(
+            label=label,
+            plan="vc2-1c-1gb",
+            region="ewr",
+            hourly_rate=0.007,
+            monthly_cost=5.0,
+            host_key="",
+            now=at,
+        )
+    queue.register_worker(ledger.conn, "w-1:1", "w-1")
+    queue.enqueue(ledger.conn, [{}] * 3)
+    ledger.save_fleet_state(at, last_scale_up=at, last_scale_down=None, idle_since=None)
+
+
+def test_a_pass_reads_the_ledger_and_the_signals_together_as_one_by_one(
+    store: PgStore, cfg: Config
+) -> None:
+    at = datetime(2026, 3, 2, tzinfo=UTC)
+    with store.session(cfg) as (ledger, signals):
+        _two_instances_one_worker(ledger, at)
+        together = ledger.reads(MONTH, WORKERS_SEEN, signals)
+        assert [r.label for r in together.rows] == ["w-1", "w-2"]
+        assert set(together.workers) == {"w-1"} and together.state.last_scale_up == at
+        assert together.signals is not None and together.signals.ready == 3
+        apart = StoredReads(
+            ledger.rows(MONTH), ledger.workers(WORKERS_SEEN), ledger.fleet_state(), signals.read()
+        )
+        assert _same(together, apart)
+    with store.session(cfg) as (ledger, signals):  # the kept connection left idle, usable
+        assert ledger.lock() and _same(ledger.reads(MONTH, WORKERS_SEEN, signals), together)
+
+
+def _same(a: StoredReads, b: StoredReads) -> bool:
+    """Equal, but for the oldest ready job's age: it grows between two reads."""
+    assert a.signals is not None and b.signals is not None
+    age = b.signals.oldest_ready_seconds
+    assert abs(a.signals.oldest_ready_seconds - age) < 60
+    return replace(a, signals=replace(a.signals, oldest_ready_seconds=age)) == b
+
+
+def test_a_pass_reads_the_ledger_and_the_signals_in_one_round_trip(
+    store: PgStore, cfg: Config, tmp_path: Path
+) -> None:
+    """Counted in libpq's own trace of the protocol: the client's messages, then the server's,
+    once. Read one by one they took seven (BEGIN, SET, the signals, COMMIT, rows, workers,
+    state): each a wait on a busy database server."""
+    with store.session(cfg) as (ledger, signals):
+        _two_instances_one_worker(ledger, datetime(2026, 3, 2, tzinfo=UTC))
+        assert isinstance(ledger, PgLedger)
+        with (tmp_path / "trace").open("w+") as trace:
+            ledger.conn.pgconn.trace(trace.fileno())
+            got = ledger.reads(MONTH, WORKERS_SEEN, signals)
+            ledger.conn.pgconn.untrace()
+            trace.seek(0)
+            sides = [line.split("\t")[1] for line in trace if line.count("\t") >= 2]
+    assert got.signals is not None and len(got.rows) == 2
+    assert sides and {"F", "B"} == set(sides)
+    assert sum(1 for a, b in zip(sides, sides[1:], strict=False) if (a, b) == ("F", "B")) == 1
+
+
+def test_signals_that_cannot_be_read_leave_the_ledger_read_and_the_connection_usable(
+    store: PgStore, cfg: Config, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signals fail in the pipeline (here: cancelled behind a lock on the jobs table), which
+    skips the statements after them: the ledger is read all the same, the signals' error says
+    why, and the connection is out of the failed transaction."""
+    monkeypatch.setattr(signals_mod, "STATEMENT_TIMEOUT_MS", 200)
+    at = datetime(2026, 3, 2, tzinfo=UTC)
+    with store.session(cfg) as (ledger, signals):
+        _two_instances_one_worker(ledger, at)
+        with psycopg.connect(db_url) as blocker:  # not autocommit: held until rollback
+            blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+            got = ledger.reads(MONTH, WORKERS_SEEN, signals)
+            blocker.rollback()
+        assert [r.label for r in got.rows] == ["w-1", "w-2"] and set(got.workers) == {"w-1"}
+        assert got.signals is None and got.signal_error is not None
+        assert "cancelled" in got.signal_error.message
+        assert isinstance(ledger, PgLedger)
+        assert ledger.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        again = ledger.reads(MONTH, WORKERS_SEEN, signals)
+        assert again.signal_error is None and again.signals is not None
+        assert again.signals.ready == signals.read().ready == 3
 
 
 # --- a lock held too long ----------------------------------------------------------------------

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
+from tests.db.steps import load_steps
 from vultrscale.db import queue as q
 from vultrscale.worker import Job, LeaseLost
 from vultrscale.worker.outage import Outage, WorkerDatabase
@@ -66,7 +67,7 @@ def test_a_lost_lease_refuses_the_step_result_and_stops_the_handler(
     with pytest.raises(LeaseLost):
         job.step("embed", lambda: "never")
     with pool.connection() as conn:
-        assert q.load_steps(conn, job.id) == {}
+        assert load_steps(conn, job.id) == {}
 
 
 def test_astep_keeps_the_event_loop_running_while_the_database_waits(

@@ -13,6 +13,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+from tests.db.steps import load_steps
 from tests.e2e.worker_procs import wait_for
 from vultrscale.db import queue as q
 from vultrscale.db import schema
@@ -171,7 +172,7 @@ def test_writes_are_fenced_by_worker_token_and_a_live_lease(conn: psycopg.Connec
     assert q.heartbeat(conn, job.id, "w1", job.token, 30) is False
     assert q.save_step(conn, job.id, "w1", job.token, "s", 1) is False
     assert q.complete(conn, job.id, "w1", job.token) is False
-    assert q.load_steps(conn, job.id) == {}
+    assert load_steps(conn, job.id) == {}
 
 
 def test_complete_once(conn: psycopg.Connection) -> None:
@@ -192,7 +193,7 @@ def test_give_back_refunds_the_attempt_and_keeps_steps(conn: psycopg.Connection)
     assert q.give_back(conn, job.id, "w1", job.token) is True
     row = _job(conn, job.id)
     assert (row["state"], row["attempts"]) == ("ready", 0)
-    assert q.load_steps(conn, job.id) == {"classify": {"label": "a"}}
+    assert load_steps(conn, job.id) == {"classify": {"label": "a"}}
     (again,) = q.claim(conn, "w2", "default", 1, 30)
     assert (again.id, again.attempt) == (job.id, 1)
     # A step saved by an earlier attempt keeps its first result.
@@ -291,7 +292,7 @@ def test_lease_lost_first_worker_is_refused_and_the_job_completes_once(
     assert q.complete(conn, job_id, "B", b.token) is True
     row = _job(conn, job_id)
     assert (row["state"], row["attempts"]) == ("succeeded", 2)
-    assert q.load_steps(conn, job_id) == {"classify": "from A", "draft": "from B"}
+    assert load_steps(conn, job_id) == {"classify": "from A", "draft": "from B"}
 
 
 def test_enqueue_notifies_listeners(db_url: str, conn: psycopg.Connection) -> None:
@@ -310,7 +311,7 @@ def test_a_handler_still_running_after_give_back_is_fenced_out(conn: psycopg.Con
     assert q.save_step(conn, job.id, "w1", job.token, "late", 1) is False
     assert q.complete(conn, job.id, "w1", job.token) is False
     assert q.fail(conn, job.id, "w1", job.token, "late") is None
-    assert (_job(conn, job.id)["state"], q.load_steps(conn, job.id)) == ("ready", {})
+    assert (_job(conn, job.id)["state"], load_steps(conn, job.id)) == ("ready", {})
 
 
 def test_complete_many_writes_only_the_leases_still_held(conn: psycopg.Connection) -> None:

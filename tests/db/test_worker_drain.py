@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.db.steps import load_steps
 from tests.e2e.worker_procs import jobs, wait_for
 from vultrscale.db import queue as q
 from vultrscale.errors import RuntimeFailure
@@ -103,7 +104,7 @@ def test_a_given_back_sync_handler_cannot_run_another_step(
     assert ran == [], "a given-back job ran a step's side effect"
     assert isinstance(outcome[0], LeaseLost)
     assert jobs(conn) == {job_id: ("ready", 0)}
-    assert q.load_steps(conn, job_id) == {}
+    assert load_steps(conn, job_id) == {}
 
 
 def test_a_job_claimed_again_while_its_lost_run_still_runs_keeps_its_new_lease(

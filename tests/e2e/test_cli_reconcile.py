@@ -410,3 +410,31 @@ def test_an_api_error_echoing_part_of_the_key_is_masked_in_output_and_in_fleet_e
         stored = conn.execute("SELECT inputs::text, errors::text FROM fleet_events").fetchall()
     assert stored and all(API_KEY[:6] not in i + e for i, e in stored)
     assert any("key=***..." in e for _, e in stored)
+
+
+def test_a_loop_runs_pass_after_pass_on_one_postgres_backend(
+    cli_env, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`reconcile --loop` keeps its Postgres connection between passes: a new one costs a TCP
+    and authentication handshake every pass (and a backend the server forks)."""
+    import functools
+
+    from vultrscale import reconcile
+
+    pids: list[int] = []
+    lock = ledger.PgLedger.lock
+
+    def lock_and_note_backend(self: ledger.PgLedger) -> bool:
+        row = self.conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        pids.append(int(row[0]))
+        return lock(self)
+
+    monkeypatch.setattr(ledger.PgLedger, "lock", lock_and_note_backend)
+    monkeypatch.setattr(reconcile, "_wait", lambda clock, stop, seconds: None)  # no interval
+    monkeypatch.setattr(
+        reconcile, "run_forever", functools.partial(reconcile.run_forever, max_passes=3)
+    )
+    code, _ = run(capsys, "reconcile", "--loop")
+    assert code == 0
+    assert len(pids) == 3 and len(set(pids)) == 1, pids

@@ -96,7 +96,8 @@ def test_create_get_delete(sim: Simulator, client: VultrClient, clock: FakeClock
         client.get_instance(created.id)  # not visible yet, like TF #462
     clock.advance(5)
     assert client.get_instance(created.id).status == "pending"
-    assert client.get_user_data(created.id) == "#cloud-config\nruncmd: [true]\n"
+    # the client sent the user-data base64-encoded, as Vultr wants it, and it arrived whole
+    assert sim.user_data(created.id) == "#cloud-config\nruncmd: [true]\n"
     with pytest.raises(InstanceLocked):
         client.delete_instance(created.id)
     assert sim.count("DELETE", f"/v2/instances/{created.id}") == 1  # a lock is not retried now

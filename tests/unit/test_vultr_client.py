@@ -603,14 +603,6 @@ def test_create_needs_exactly_one_image_source(api: respx.MockRouter, client: Vu
     assert not route.called
 
 
-def test_get_user_data_decodes(api: respx.MockRouter, client: VultrClient):
-    encoded = base64.b64encode(b"#cloud-config\n").decode()
-    api.get("/v2/instances/abc/user-data").mock(
-        return_value=httpx.Response(200, json={"user_data": {"data": encoded}})
-    )
-    assert client.get_user_data("abc") == "#cloud-config\n"
-
-
 def test_plans_are_read_as_vultr_prices_them_now(api: respx.MockRouter, client: VultrClient):
     plans = {
         "plans": [

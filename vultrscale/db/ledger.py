@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from vultrscale.config import format_duration
 from vultrscale.db import pg, plan_checks
 from vultrscale.db.locks import lock_key as lock_key  # re-exported: the pass lock's key
 from vultrscale.db.snapshots import recorded_snapshot
-from vultrscale.errors import PassStuck
+from vultrscale.errors import DatabaseError, PassStuck
 from vultrscale.lifecycle import LabelHolder, adoption
 from vultrscale.model import (
     STATE_STAMPS,
@@ -33,11 +33,12 @@ from vultrscale.model import (
     PassEvent,
     PlanPrice,
     Signals,
+    StoredReads,
     WorkerView,
     posts_intent,
     retired_label,
 )
-from vultrscale.ports import Session
+from vultrscale.ports import QueueSignals, Session
 
 if TYPE_CHECKING:
     from vultrscale.config import Config, QueueConfig
@@ -145,27 +146,85 @@ _FIELDS = tuple(c.strip() for c in _COLUMNS.split(","))
 _STATES = {s.value: s for s in InstanceState}
 
 
+_ROWS = (
+    f"SELECT {_COLUMNS} FROM fleet_instances WHERE fleet = %s "
+    "AND (state <> 'gone' OR (%s::timestamptz IS NOT NULL AND gone_at >= %s)) "
+    "ORDER BY created_at, label"
+)
+
+
 def rows(
     conn: psycopg.Connection[Any], fleet: str, *, since: datetime | None = None
 ) -> list[LedgerRow]:
     """The fleet's ledger: every row not gone, plus gone rows that ended after ``since``."""
     # Binary results: nine timestamps a row arrive as numbers, not text to parse.
     with conn.cursor(binary=True) as cur:
-        cur.execute(
-            f"SELECT {_COLUMNS} FROM fleet_instances WHERE fleet = %s "
-            "AND (state <> 'gone' OR (%s::timestamptz IS NOT NULL AND gone_at >= %s)) "
-            "ORDER BY created_at, label",
-            (fleet, since, since),
+        return _ledger_rows(cur.execute(_ROWS, (fleet, since, since)))
+
+
+def _ledger_rows(cur: psycopg.Cursor[Any]) -> list[LedgerRow]:
+    # Plain tuples, each made a LedgerRow in one step: a pass reads every row of the fleet.
+    fields, states, new, out = _FIELDS, _STATES, object.__new__, []
+    for t in cur.fetchall():
+        row = new(LedgerRow)
+        values = row.__dict__  # frozen_from, inlined: this loop runs per row per pass
+        values.update(zip(fields, t, strict=True))
+        values["state"] = states[values["state"]]
+        out.append(row)
+    return out
+
+
+def reads(
+    conn: psycopg.Connection[Any],
+    fleet: str,
+    *,
+    since: datetime,
+    seen_within: timedelta,
+    queue: QueueConfig | None = None,
+) -> StoredReads:
+    """``rows``, ``workers_by_label`` and ``fleet_state`` of the fleet, and with ``queue`` (the
+    vultrscale preset) the queue's signals, in one round trip: the statements go out together
+    (psycopg's pipeline mode), and the answers are read once the block's end has sent its Sync
+    (a fetch inside it would wait for its answer first). Signals that cannot be read are the
+    value's ``signal_error``; without them (another preset) its ``signals`` are None."""
+    from vultrscale.db.signals import send_signals
+
+    with (
+        conn.cursor(binary=True) as in_rows,
+        conn.cursor() as in_workers,
+        conn.cursor() as in_state,
+    ):
+        sent = None
+        try:
+            with conn.pipeline():
+                # The signals first: their BEGIN must open the transaction, not follow
+                # statements of the same Sync (which share an implicit one).
+                sent = send_signals(conn, queue) if queue is not None else None
+                in_rows.execute(_ROWS, (fleet, since, since))
+                in_workers.execute(_workers_query(None), _workers_params(fleet, seen_within, None))
+                in_state.execute(_FLEET_STATE, (fleet,))
+        except psycopg.Error as exc:
+            if sent is None or sent.answered:
+                raise  # the ledger's own error
+            # The signal read failed, and the server skipped what followed it: its
+            # transaction is rolled back and the ledger read again (a second round trip, on
+            # this path only). The pass goes on without signals, as it always has.
+            conn.rollback()
+            ledger = reads(conn, fleet, since=since, seen_within=seen_within)
+            return replace(ledger, signal_error=sent.error(exc))
+        signals, signal_error = None, None
+        if sent is not None:
+            try:
+                signals = sent.result()
+            except DatabaseError as exc:
+                signal_error = exc
+        return StoredReads(
+            _ledger_rows(in_rows),
+            _workers(in_workers),
+            _fleet_state(in_state.fetchone()),
+            signals,
+            signal_error,
         )
-        # Plain tuples, each made a LedgerRow in one step: a pass reads every row of the fleet.
-        fields, states, new, out = _FIELDS, _STATES, object.__new__, []
-        for t in cur.fetchall():
-            row = new(LedgerRow)
-            values = row.__dict__  # frozen_from, inlined: this loop runs per row per pass
-            values.update(zip(fields, t, strict=True))
-            values["state"] = states[values["state"]]
-            out.append(row)
-        return out
 
 
 def insert_intent(
@@ -345,6 +404,12 @@ def workers_by_label(
     instances in the ledger (not gone), or for ``labels``."""
     if labels is not None and not labels:
         return {}
+    with conn.cursor() as cur:
+        cur.execute(_workers_query(labels), _workers_params(fleet, seen_within, labels))
+        return _workers(cur)
+
+
+def _workers_query(labels: list[str] | None) -> str:
     # The fleet's labels come from the ledger in the query itself: sent as an array, 500 labels
     # cost more to send and match than the whole read.
     which = (
@@ -352,8 +417,7 @@ def workers_by_label(
         if labels is None
         else "= ANY(%(labels)s)"
     )
-    rows = conn.execute(
-        f"""
+    return f"""
         SELECT w.instance_label, max(w.last_seen) AS last_seen,
                bool_or(w.draining) AS draining,
                coalesce(sum(l.live), 0)::int AS live_leases,
@@ -365,10 +429,15 @@ def workers_by_label(
         ) l ON true
         WHERE w.instance_label {which} AND w.stopped_at IS NULL
         GROUP BY w.instance_label
-        """,
-        {"fleet": fleet, "labels": labels, "within": seen_within},
-    ).fetchall()
-    return {r[0]: WorkerView(*r) for r in rows}  # the columns in WorkerView's order
+        """
+
+
+def _workers_params(fleet: str, seen_within: timedelta, labels: list[str] | None) -> dict[str, Any]:
+    return {"fleet": fleet, "labels": labels, "within": seen_within}
+
+
+def _workers(cur: psycopg.Cursor[Any]) -> dict[str, WorkerView]:
+    return {r[0]: WorkerView(*r) for r in cur.fetchall()}  # the columns in WorkerView's order
 
 
 def mark_workers_draining(conn: psycopg.Connection[Any], labels: list[str]) -> None:
@@ -386,12 +455,17 @@ def mark_draining(conn: psycopg.Connection[Any], label: str, now: datetime, *, f
         conn.execute("UPDATE workers SET draining = true WHERE instance_label = %s", (label,))
 
 
+_FLEET_STATE = (
+    "SELECT snapshot_id, last_scale_up, last_scale_down, idle_since FROM fleet_state "
+    "WHERE fleet = %s"
+)
+
+
 def fleet_state(conn: psycopg.Connection[Any], fleet: str) -> FleetState:
-    row = conn.execute(
-        "SELECT snapshot_id, last_scale_up, last_scale_down, idle_since FROM fleet_state "
-        "WHERE fleet = %s",
-        (fleet,),
-    ).fetchone()
+    return _fleet_state(conn.execute(_FLEET_STATE, (fleet,)).fetchone())
+
+
+def _fleet_state(row: tuple[Any, ...] | None) -> FleetState:
     return FleetState(*row) if row else FleetState()
 
 
@@ -520,6 +594,21 @@ class PgLedger:
     def fleet_state(self) -> FleetState:
         with self._t("reading the fleet state"):
             return fleet_state(self.conn, self.fleet)
+
+    def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
+        # The signals go in the same round trip when they are this connection's own reader.
+        together = (
+            isinstance(signals, PgSignals) and signals.conn is self.conn and signals.reader is None
+        )
+        queue = signals.queue if isinstance(signals, PgSignals) and together else None
+        with self._t("reading the instances, workers and fleet state"):
+            got = reads(self.conn, self.fleet, since=since, seen_within=seen_within, queue=queue)
+        if got.signals is not None or got.signal_error is not None:
+            return got
+        try:  # another preset's statements depend on earlier answers: read on their own
+            return replace(got, signals=signals.read())
+        except DatabaseError as exc:
+            return replace(got, signal_error=exc)
 
     def recorded_snapshot(self) -> str | None:
         return recorded_snapshot(self.conn, self.fleet)

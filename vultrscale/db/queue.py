@@ -385,14 +385,6 @@ def load_step(conn: psycopg.Connection, job_id: int, name: str) -> tuple[bool, A
     return (True, row[0]) if row else (False, None)
 
 
-def load_steps(conn: psycopg.Connection, job_id: int) -> dict[str, Any]:
-    """Every saved step result of a job, by name."""
-    rows = conn.execute(
-        "SELECT name, result FROM job_steps WHERE job_id = %s", (job_id,)
-    ).fetchall()
-    return {str(r[0]): r[1] for r in rows}
-
-
 # --- workers -----------------------------------------------------------------------------------
 
 

@@ -282,9 +282,8 @@ def explain_ready_count(conn: psycopg.Connection[Any], queue_cfg: QueueConfig) -
         return [str(row[0]) for row in cur.fetchall()]
 
 
-def _vultrscale(
-    cur: psycopg.Cursor[Any], queue: str | None, cfg: QueueConfig, stale: timedelta | None
-) -> Signals:
+def _leases_query(queue: str | None) -> sql.Composed:
+    """Live and expired leases per worker (of the queue's jobs, with a queue)."""
     leases: sql.Composable
     if queue is None:
         leases = sql.SQL("FROM job_leases l")
@@ -292,23 +291,35 @@ def _vultrscale(
         leases = sql.SQL("FROM job_leases l JOIN jobs j ON j.id = l.job_id WHERE TRUE{}").format(
             _and_queue("j.queue", queue)
         )
+    return sql.SQL(
+        "SELECT l.worker_id, count(*) FILTER (WHERE l.expires_at > now()), "
+        "count(*) FILTER (WHERE l.expires_at <= now()) {} GROUP BY l.worker_id"
+    ).format(leases)
+
+
+def _vultrscale(
+    cur: psycopg.Cursor[Any], queue: str | None, cfg: QueueConfig, stale: timedelta | None
+) -> Signals:
     # The leases (live and expired, per worker), the planner setting and the ready jobs in one
     # round trip: literals only, so the statements go together as one simple query.
     cur.execute(
-        sql.SQL(
-            "SELECT l.worker_id, count(*) FILTER (WHERE l.expires_at > now()), "
-            "count(*) FILTER (WHERE l.expires_at <= now()) {} GROUP BY l.worker_id; {}; {}"
-        ).format(leases, sql.SQL(_COUNT_PLANNER), _ready_count_query(queue))
+        sql.SQL("{}; {}; {}").format(
+            _leases_query(queue), sql.SQL(_COUNT_PLANNER), _ready_count_query(queue)
+        )
     )
+    leases = cur.fetchall()
+    cur.nextset()  # the planner settings
+    cur.nextset()  # the ready jobs
+    return _vultrscale_signals(leases, cur.fetchone())
+
+
+def _vultrscale_signals(leases: list[Any], counted: tuple[Any, ...] | None) -> Signals:
     by_worker: dict[str, int] = {}
     expired = 0
-    for worker, live, gone in cur.fetchall():
+    for worker, live, gone in leases:
         if live:
             by_worker[str(worker)] = int(live)
         expired += int(gone)
-    cur.nextset()  # the planner settings
-    cur.nextset()  # the ready jobs
-    counted = cur.fetchone()
     if counted is None or counted[0] is None:
         raise DatabaseError(
             "ready jobs: the count returned no row (no data is not zero)",
@@ -323,6 +334,57 @@ def _vultrscale(
         oldest_ready_seconds=oldest,
         leases_by_worker=by_worker,
     )
+
+
+class SentSignals:
+    """The vultrscale preset's signal read, sent on a connection in pipeline mode and not yet
+    answered (``send_signals``). ``answered``: its statements' answers are in, so an error of
+    the pipeline is another statement's; ``result()`` reads them (DatabaseError as
+    ``read_signals`` raises it)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], queue_cfg: QueueConfig) -> None:
+        queue = queue_cfg.queue or None
+        self.preset = queue_cfg.preset
+        # One read-only REPEATABLE READ transaction, as read_signals runs it: BEGIN and COMMIT
+        # as statements, since psycopg's transaction() in a pipeline syncs (a round trip) on
+        # entry and exit. Each statement alone: a pipeline takes no multi-statement string.
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        conn.execute(
+            sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(STATEMENT_TIMEOUT_MS))
+        )
+        self._leases = conn.execute(_leases_query(queue))
+        conn.execute(_COUNT_PLANNER)
+        self._ready = conn.execute(_ready_count_query(queue))
+        self._commit = conn.execute("COMMIT")
+
+    @property
+    def answered(self) -> bool:
+        done = self._commit.pgresult
+        return done is not None and done.status == psycopg.pq.ExecStatus.COMMAND_OK
+
+    def result(self) -> Signals:
+        with _translated("", self.preset):
+            return _vultrscale_signals(self._leases.fetchall(), self._ready.fetchone())
+
+    def error(self, exc: psycopg.Error) -> DatabaseError:
+        """``exc``, raised by the pipeline before this read was answered, as read_signals would
+        have raised it."""
+        try:
+            with _translated("", self.preset):
+                raise exc
+        except DatabaseError as translated:
+            return translated
+        raise AssertionError("unreachable: _translated turns every psycopg.Error")
+
+
+def send_signals(conn: psycopg.Connection[Any], queue_cfg: QueueConfig) -> SentSignals | None:
+    """Send the signal read on ``conn``, which is in pipeline mode with no transaction in
+    progress, to be answered with the other statements of the pipeline (one round trip). Only
+    the vultrscale preset: the others run statements that depend on earlier answers, so None
+    (read them with ``read_signals``)."""
+    if queue_cfg.preset != "vultrscale":
+        return None
+    return SentSignals(conn, queue_cfg)
 
 
 def _procrastinate(

@@ -78,9 +78,6 @@ class ThrowawayPostgres:
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
-    def url_for(self, dbname: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
-
     def _run(self, args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.bindir / args[0]), *args[1:]]
         if self.as_user:

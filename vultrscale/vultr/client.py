@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import email.utils
 import json
 import logging
@@ -410,17 +409,6 @@ class VultrClient:
     def delete_instance(self, instance_id: str) -> None:
         """DELETE (204). NotFound if already gone; InstanceLocked while pending or locked."""
         self._call("DELETE", f"/v2/instances/{_seg(instance_id)}", by_id=True)
-
-    def get_user_data(self, instance_id: str) -> str:
-        """The instance's user-data as text (decoded from base64)."""
-        body = self._call("GET", f"/v2/instances/{_seg(instance_id)}/user-data", by_id=True)
-        data = _object(body, "user_data").get("data") or ""
-        try:
-            return base64.b64decode(str(data), validate=True).decode("utf-8")
-        except (binascii.Error, ValueError) as exc:
-            raise VultrError(
-                f"User-data of instance {instance_id} is not valid base64 text."
-            ) from exc
 
     # --- snapshots ---------------------------------------------------------------------------
 
