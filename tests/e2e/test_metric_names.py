@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.cli_world import _free_port, scaler_key, simulator_with_snapshot
+from tests.e2e.cli_world import scaler_key, simulator_with_snapshot
 from vultrscale.db import queue
 
 pytestmark = pytest.mark.e2e
@@ -64,6 +65,13 @@ PROMQL_WORDS = frozenset(
         "humanizeDuration",
     ]
 )
+
+
+def _free_port() -> int:
+    """A port nothing listens on now, for the loop's /metrics (the child binds it itself)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def metric_names(expr: str) -> set[str]:
