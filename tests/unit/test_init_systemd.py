@@ -16,6 +16,18 @@ from vultrscale.errors import UsageError
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture
+def clone_anywhere(monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
+    """The clone, and so the vultrscale these tests write into ExecStart, may lie where the
+    services' sandbox hides it (a CI clone under /tmp, a home directory): init refuses that
+    (test_a_program_the_service_could_not_run_is_refused), so here the clone's own directory
+    is let through and every other hidden one is still refused. Returns those."""
+    here = str(REPO)
+    kept = tuple(h for h in scaffold._HIDDEN if not (here == h or here.startswith(h + "/")))
+    monkeypatch.setattr(scaffold, "_HIDDEN", kept)
+    return kept
+
+
 def _service(text: str) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
@@ -29,6 +41,7 @@ def test_the_units_ship_inside_the_package() -> None:
     assert {*scaffold.SYSTEMD_UNITS} <= {p.name for p in scaffold.deploy_dir().iterdir()}
 
 
+@pytest.mark.usefixtures("clone_anywhere")
 def test_init_writes_the_three_units_with_this_program_in_exec_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -55,6 +68,7 @@ def test_a_config_named_with_config_moves_every_file_the_units_read(tmp_path: Pa
     assert "/srv/fleet/vultrscale.toml" not in units["vultrscale.service"]  # comments too
 
 
+@pytest.mark.usefixtures("clone_anywhere")
 def test_the_next_steps_point_the_config_at_the_key_the_units_load(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -104,13 +118,17 @@ def test_a_python_the_sandbox_hides_is_warned_of(runtime: str) -> None:
 
 
 def test_init_warns_of_the_python_it_runs_under(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    clone_anywhere: tuple[str, ...],
 ) -> None:
-    monkeypatch.setattr("sys.base_prefix", "/root/.local/share/uv/python/cpython-3.12")
+    python = f"{clone_anywhere[0]}/ops/.local/share/uv/python/cpython-3.12"
+    monkeypatch.setattr("sys.base_prefix", python)
     assert main(["init", "--systemd", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "Warning: the Python that runs vultrscale needs " in err
-    assert "/root/.local/share/uv/python/cpython-3.12" in err and "\nFix: Install " in err
+    assert python in err and "\nFix: Install " in err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(scaffold.SYSTEMD_UNITS)
 
 
@@ -120,6 +138,7 @@ def test_a_python_without_the_console_script_runs_the_module() -> None:
     assert svc["ExecStart"] == "/opt/py/bin/python3 -m vultrscale reconcile"
 
 
+@pytest.mark.usefixtures("clone_anywhere")
 def test_existing_units_are_kept_unless_force_and_then_kept_as_bak(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -133,6 +152,7 @@ def test_existing_units_are_kept_unless_force_and_then_kept_as_bak(
     assert "ExecStart=" in mine.read_text()
 
 
+@pytest.mark.usefixtures("clone_anywhere")
 def test_a_directory_that_is_not_there_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
