@@ -116,6 +116,7 @@ def scrape(db_url: str, tmp_path: Path) -> Iterator[set[str]]:
         "VULTR_API_URL": server.url,
         "DATABASE_URL": db_url,
         "WORKER_DATABASE_URL": db_url,
+        "PYTHONFAULTHANDLER": "1",  # a stop that hangs shows where (SIGABRT below)
     }
     exe = shutil.which("vultrscale")
     assert exe, "vultrscale is not on PATH (run with the project's .venv/bin on PATH)"
@@ -142,9 +143,15 @@ def scrape(db_url: str, tmp_path: Path) -> Iterator[set[str]]:
             time.sleep(0.2)  # a condition polled under a deadline
         assert sim.count("POST", "/v2/instances", 202) >= 2  # a pass that acted
         yield names
-        # As systemd stops it (KillSignal=SIGINT): exit 130, which the units take for success.
+        # As systemd stops it (KillSignal=SIGINT): exit 130, which the units take for success,
+        # within the unit's TimeoutStopSec (60 s: a pass may be under way when the signal comes).
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            _out, err = proc.communicate(timeout=10)
+            pytest.fail(f"the loop did not stop within 60 s of SIGINT; its threads:\n{err[-6000:]}")
         assert proc.returncode == 130
     finally:
         proc.send_signal(signal.SIGINT)
