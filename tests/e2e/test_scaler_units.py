@@ -14,18 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.sandbox_paths import clone_let_through
 from vultrscale import scaffold
 from vultrscale.cli import main
 
 pytestmark = pytest.mark.e2e  # runs systemd-analyze and the vultrscale command
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def clone_let_through(hidden: tuple[str, ...]) -> tuple[str, ...]:
-    """``hidden`` without the directory this clone lies under (every other one still hidden)."""
-    here = str(REPO)
-    return tuple(h for h in hidden if not (here == h or here.startswith(h + "/")))
 
 
 GOOD = {"SAFE", "OK"}  # systemd's ratings, best first: SAFE, OK, MEDIUM, EXPOSED, UNSAFE

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.sandbox_paths import clone_let_through
 from vultrscale import scaffold
 from vultrscale.cli import main
 from vultrscale.errors import UsageError
@@ -22,8 +23,7 @@ def clone_anywhere(monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
     services' sandbox hides it (a CI clone under /tmp, a home directory): init refuses that
     (test_a_program_the_service_could_not_run_is_refused), so here the clone's own directory
     is let through and every other hidden one is still refused. Returns those."""
-    here = str(REPO)
-    kept = tuple(h for h in scaffold._HIDDEN if not (here == h or here.startswith(h + "/")))
+    kept = clone_let_through(scaffold._HIDDEN)
     monkeypatch.setattr(scaffold, "_HIDDEN", kept)
     return kept
 
