@@ -86,7 +86,7 @@ def demo_cmd(
         typer.Option(
             "--chaos",
             help="Inject faults on the seed: workers and passes SIGKILLed, API 429/500 bursts, "
-            "a lost create answer, a host whose SSH stops answering.",
+            "a lost create answer, a host whose SSH stops answering, a stock-out.",
             show_default=False,
         ),
     ] = False,
