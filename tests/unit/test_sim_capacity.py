@@ -3,6 +3,7 @@ Vultr's own words, which the scaler's classifier (vultrscale.vultr.refusals) rec
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import httpx
@@ -130,3 +131,29 @@ def test_the_client_reports_a_refusal_with_vultrs_words_for_the_classifier(
 )
 def test_the_classifier_reads_the_telling_phrases(message: str, kind: Refusal | None) -> None:
     assert refusal(message) is kind
+
+
+def test_the_chaos_stock_out_sells_out_the_fleets_offering_then_restocks_it(
+    sim: Simulator, http: httpx.Client
+) -> None:
+    from dataclasses import replace
+    from typing import cast
+
+    from vultrscale.sim.chaos import STOCK_OUT, STOCK_OUT_SECONDS, Chaos, schedule
+
+    plan = replace(schedule(1), worker_kills=(), api_bursts=())  # the stock-out alone
+    assert STOCK_OUT_SECONDS[0] <= plan.stockout_seconds <= STOCK_OUT_SECONDS[1]
+    chaos = Chaos(plan, sim, cast(Any, None), 1, offering=("ewr", PLAN))
+    chaos.arm(0.0)
+    assert sim.sold_out() == {("ewr", PLAN): True}  # availability still lists it
+    assert post(http).status_code == 400
+    chaos.inject_due(plan.stockout_seconds - 0.1, set())
+    assert post(http).status_code == 400
+    chaos.inject_due(plan.stockout_seconds, set())
+    assert sim.sold_out() == {}
+    # created (arm also lost this first create's answer: a 500, or the connection dropped)
+    with contextlib.suppress(httpx.RemoteProtocolError):
+        post(http)
+    assert len(sim.instances) == 1 and chaos.create_lost_fired()
+    assert chaos.refused_creates() == 2
+    assert [f.kind for f in chaos.injected()].count(STOCK_OUT) == 1
