@@ -310,6 +310,12 @@ class SimulateConfig:
     throttle_every: timedelta = timedelta(0)  # mean time between 429 bursts
     throttle_for: timedelta = timedelta(minutes=2)
     dead_boot_share: float = 0.0  # share of creates that never boot (0 to 1)
+    # The offering the stock-outs hit, REGION/PLAN; empty: the fleet's first (today its only)
+    # one, fleet.region/fleet.plan. Another offering is never refused by them.
+    stockout_offering: str = ""
+
+
+_OFFERING = re.compile(r"[A-Za-z0-9._-]+/[A-Za-z0-9._-]+")
 
 
 def duration_range(text: str, key: str) -> tuple[float, float]:
@@ -1133,6 +1139,11 @@ def validate(cfg: Config) -> list[str]:
         duration_range(cfg.simulate.boot_time, "simulate.boot_time")
     except ValueError as exc:
         p.append(str(exc))
+    if cfg.simulate.stockout_offering and not _OFFERING.fullmatch(cfg.simulate.stockout_offering):
+        p.append(
+            f"simulate.stockout_offering: {shown(cfg.simulate.stockout_offering)} is not "
+            'REGION/PLAN (e.g. "ewr/vc2-1c-2gb")'
+        )
     stop = timeout_stop_seconds(w) if math.isfinite(w.drain_seconds) else 0
     if d.timeout.total_seconds() < stop:
         p.append(

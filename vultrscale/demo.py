@@ -48,6 +48,7 @@ from vultrscale.errors import (
 )
 from vultrscale.reconcile import Parts, PassResult, run_forever
 from vultrscale.sim.chaos import Fault
+from vultrscale.vultr.refusals import Refusal
 from vultrscale.wiring import user_data_renderer
 
 FLEET = "demo"
@@ -253,6 +254,7 @@ class Summary:
     problems: list[str] = field(default_factory=list)
     chaos: bool = False
     faults: list[Fault] = field(default_factory=list)
+    refused_creates: int = 0  # creates the simulator refused for a sold-out offering
 
     @property
     def finished(self) -> bool:
@@ -297,6 +299,7 @@ class Summary:
                 "created": self.created,
                 "scale_ups": self.scale_ups,
                 "scale_ins": self.scale_ins,
+                "refused_creates": self.refused_creates,
             },
             "instance_seconds": round(self.instance_seconds, 1),
             "always_on_instance_seconds": round(self.always_on_seconds, 1),
@@ -538,7 +541,7 @@ class _Run:
             if s.chaos:
                 from vultrscale.sim.chaos import Chaos, schedule
 
-                chaos = Chaos(schedule(s.seed), sim, hosts, s.seed)
+                chaos = Chaos(schedule(s.seed), sim, hosts, s.seed, offering=(REGION, PLAN))
                 chaos.arm(0.0)
                 self.note_faults(chaos)
                 injector = threading.Thread(
@@ -761,6 +764,9 @@ class _Run:
             problems.append(f"the fleet reached {self.peak}, above max_instances")
         if chaos is not None and not chaos.create_lost_fired():
             problems.append("chaos: the create whose answer was to be lost never came")
+        refused = sim.refused[Refusal.UNAVAILABLE]
+        if chaos is not None and chaos.offering is not None and not refused:
+            problems.append("chaos: the stock-out refused no create (no pass tried one in it)")
         ended_by = self.ended_by or "interrupted"
         if ended_by == "duration":
             problems.append(
@@ -803,6 +809,7 @@ class _Run:
             problems=problems,
             chaos=chaos is not None,
             faults=sorted(chaos.injected(), key=lambda f: f.at) if chaos is not None else [],
+            refused_creates=refused,
         )
 
 

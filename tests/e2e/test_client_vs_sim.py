@@ -56,7 +56,9 @@ def server(sim: Simulator) -> Iterator[ServerHandle]:
 @pytest.fixture
 def client(server: ServerHandle, clock: FakeClock) -> Iterator[VultrClient]:
     assert server.url.startswith("http://127.0.0.1:")
-    with VultrClient(KEY, server.url, timeout=5.0, sleep=clock.sleep) as c:
+    with VultrClient(
+        KEY, server.url, timeout=5.0, sleep=clock.sleep, monotonic=clock.monotonic
+    ) as c:
         yield c
 
 

@@ -174,8 +174,8 @@ def test_demo_chaos_injects_every_fault_and_still_loses_nothing(
     pg_url: str, tmp_path: Path
 ) -> None:
     """Seeded chaos: workers and passes SIGKILLed, API 429/500 bursts, a create whose answer
-    is lost, a host whose SSH stops answering. Every job still ends exactly once per step and
-    the fleet comes back to zero."""
+    is lost, a host whose SSH stops answering, the fleet's offering sold out. Every job still
+    ends exactly once per step and the fleet comes back to zero."""
     from vultrscale.sim.chaos import KINDS
 
     doc, why = _run_demo(pg_url, tmp_path, "--chaos", "--seed", "1", "--bursts", "0:16")
@@ -186,6 +186,9 @@ def test_demo_chaos_injects_every_fault_and_still_loses_nothing(
     jobs = doc["jobs"]
     assert jobs == {**jobs, "enqueued": 16, "succeeded": 16, "lost": 0, "steps_run_twice": 0}
     assert doc["fleet"]["final"] == 0, why
+    # the stock-out refused the first passes' creates; the queue waited it out
+    assert doc["fleet"]["refused_creates"] >= 1, why
+    assert not [p for p in doc["problems"] if p.startswith("chaos:")], why
     # a worker killed mid-job left its jobs to lease expiry: they ran again, on some worker
     assert jobs["retried"] >= 1, why
 

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from vultrscale.vultr.client import VultrClient
+from vultrscale.vultr.errors import BadRequest
+from vultrscale.vultr.refusals import Refusal, refusal
 
 pytestmark = pytest.mark.e2e
 
@@ -44,12 +46,17 @@ def _pump(proc: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
 def start() -> Iterator[object]:
     procs: list[subprocess.Popen[str]] = []
 
-    def run(env_key: str | None) -> tuple[subprocess.Popen[str], list[str], queue.Queue[str]]:
+    def run(
+        env_key: str | None, *extra: str
+    ) -> tuple[subprocess.Popen[str], list[str], queue.Queue[str]]:
         env = {k: v for k, v in os.environ.items() if k != "VULTR_API_KEY"}
         if env_key:
             env["VULTR_API_KEY"] = env_key
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vultrscale.cli", "sim", "serve", "--port", "0", "--seed", "5"],
+            [
+                *(sys.executable, "-m", "vultrscale.cli", "sim", "serve"),
+                *("--port", "0", "--seed", "5", *extra),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -98,3 +105,36 @@ def test_serve_never_prints_a_key_from_the_environment(start: object) -> None:
     assert proc.wait(timeout=15) == 0
     tail = _read_until(rest, "Stopping the simulator", time.monotonic() + 5)
     assert secret not in "\n".join(lines + tail)
+
+
+def test_serve_can_sell_out_an_offering_and_cap_the_account(start: object) -> None:
+    key = "ENVKEY-capacity-0123456789"
+    proc, lines, _ = start(  # type: ignore[operator]
+        key, "--sold-out", "ewr/vc2-1c-1gb:unlisted", "--max-instances", "1"
+    )
+    with VultrClient(key, _url(lines)) as client:
+        assert "vc2-1c-1gb" not in client.region_availability("ewr")
+        with pytest.raises(BadRequest) as sold_out:
+            client.create_instance(
+                region="ewr", plan="vc2-1c-1gb", label="c-1", tags=["t"], os_id=2284
+            )
+        assert refusal(sold_out.value.api_message) is Refusal.UNAVAILABLE
+        client.create_instance(region="ord", plan="vc2-1c-1gb", label="c-2", tags=["t"], os_id=2284)
+        with pytest.raises(BadRequest) as limit:
+            client.create_instance(
+                region="ord", plan="vc2-1c-1gb", label="c-3", tags=["t"], os_id=2284
+            )
+        assert refusal(limit.value.api_message) is Refusal.INSTANCE_LIMIT
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0
+
+
+def test_serve_refuses_an_offering_it_cannot_sell_out() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "vultrscale.cli", "sim", "serve", "--sold-out", "ewr"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "REGION/PLAN" in done.stderr

@@ -339,7 +339,7 @@ def test_create_validation_and_helpers() -> None:
         sim.create_instance(region="ewr", plan="vc2-1c-1gb", os_id=2284, user_data=b"x")
     made = sim.create_instance(region="ewr", plan="vc2-1c-1gb", os_id=2284, user_data="hello")
     assert sim.user_data(made["id"]) == "hello"
-    with pytest.raises(SimulatorError, match="maximum number of instances"):
+    with pytest.raises(SimulatorError, match="maximum number of active virtual machines"):
         sim.create_instance(region="ewr", plan="vc2-1c-1gb", os_id=2284)
     assert client.post("/v2/instances", content=b"{not json").status_code == 400
     unknown_os = client.post(

@@ -348,6 +348,30 @@ def test_a_stock_out_refuses_creates_and_the_report_counts_them() -> None:
     assert r.finished == 1 and r.wait_max >= (end - start - 1.0) + BOOT
 
 
+def test_a_stock_out_names_its_offering_and_spares_another() -> None:
+    # By default it hits the fleet's offering (fleet.region/fleet.plan), so the creates are
+    # refused as above; naming another offering, the fleet's creates go through.
+    cfg, (start, _) = _faulty(
+        stockout_every=config_mod.to_duration("2h"),
+        stockout_for=config_mod.to_duration("20m"),
+        stockout_offering=f"{CFG.fleet.region}/vc2-24c-96gb",
+    )
+    r = _run("vultrscale", _trace([(start + 1.0, 60.0)], span=86_400.0), cfg)
+    assert r.refused_creates == 0
+    assert r.finished == 1 and r.wait_max <= 2 * SETUP.interval + BOOT
+    assert compare.stockout_offering(CFG) == (CFG.fleet.region, CFG.fleet.plan)
+    assert compare.stockout_offering(cfg) == (CFG.fleet.region, "vc2-24c-96gb")
+
+
+def test_a_stock_out_offering_that_is_not_region_slash_plan_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "fleet.toml"
+    config.write_text('[simulate]\nstockout_offering = "ewr"\n')
+    with pytest.raises(config_mod.ConfigError, match="simulate.stockout_offering"):
+        config_mod.load(config, {})
+
+
 @pytest.mark.parametrize("kind", ["vultrscale", "keda"])
 def test_a_429_burst_holds_the_fleet_and_is_counted(kind: str) -> None:
     cfg, (start, end) = _faulty(

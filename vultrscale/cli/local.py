@@ -6,7 +6,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -86,7 +86,7 @@ def demo_cmd(
         typer.Option(
             "--chaos",
             help="Inject faults on the seed: workers and passes SIGKILLed, API 429/500 bursts, "
-            "a lost create answer, a host whose SSH stops answering.",
+            "a lost create answer, a host whose SSH stops answering, a stock-out.",
             show_default=False,
         ),
     ] = False,
@@ -473,6 +473,26 @@ def sim_serve(
             "--no-rate-limit", help="Turn off the 30 requests/s limit.", show_default=False
         ),
     ] = False,
+    sold_out: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sold-out",
+            metavar="REGION/PLAN",
+            help="Refuse creates of this offering as Vultr does when it is out of stock "
+            "(availability still lists it; add :unlisted to drop it there too). Repeatable.",
+            show_default=False,
+        ),
+    ] = None,
+    max_instances: Annotated[
+        int | None,
+        typer.Option(
+            "--max-instances",
+            metavar="N",
+            min=0,
+            help="The account's instance limit: refuse creates past N instances.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the Vultr API simulator until Ctrl-C; point VULTR_API_URL at it."""
     import secrets
@@ -488,7 +508,15 @@ def sim_serve(
         key, key_source = os.environ["VULTR_API_KEY"], "env"
     else:
         key, key_source = "sim-" + secrets.token_hex(16), "generated"
-    sim = Simulator(key, clock=SystemClock(), seed=seed, rate_limit=None if no_rate_limit else 30)
+    sim = Simulator(
+        key,
+        clock=SystemClock(),
+        seed=seed,
+        rate_limit=None if no_rate_limit else 30,
+        max_instances=max_instances,
+    )
+    for offering in sold_out or ():
+        _sell_out(sim, offering)
     try:
         handle = start_server(sim, host, port)
     except OSError as exc:
@@ -518,6 +546,21 @@ def sim_serve(
         typer.echo("Stopping the simulator.")
     finally:
         handle.stop()
+
+
+def _sell_out(sim: Any, offering: str) -> None:
+    """``--sold-out REGION/PLAN[:unlisted]`` carried out, or a usage error naming it."""
+    from vultrscale.sim import SimulatorError
+
+    where, _, how = offering.partition(":")
+    region, _, plan = where.partition("/")
+    hint = "Write --sold-out REGION/PLAN, e.g. ewr/vc2-1c-2gb (or ewr/vc2-1c-2gb:unlisted)."
+    if not region or not plan or how not in ("", "unlisted"):
+        raise UsageError(f"--sold-out {offering!r} is not REGION/PLAN[:unlisted].", hint=hint)
+    try:
+        sim.stock_out(region, plan, listed=how != "unlisted")
+    except SimulatorError as exc:
+        raise UsageError(f"--sold-out {offering!r}: {exc}.", hint=hint) from None
 
 
 @config_app.command(

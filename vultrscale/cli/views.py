@@ -352,6 +352,11 @@ def print_demo_summary(out: Console, s: Summary) -> None:
                 f"{s.scale_ups} scale-up(s)",
                 f"{s.scale_ins} scale-in(s)",
                 f"{s.final} left at the end",
+                *(
+                    [f"{s.refused_creates} create(s) refused by a stock-out"]
+                    if s.refused_creates or s.chaos
+                    else []
+                ),
             ],
         ),
         (

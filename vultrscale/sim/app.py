@@ -30,6 +30,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from vultrscale.clock import Clock
 from vultrscale.sim import data
+from vultrscale.vultr import refusals
 
 JSON = dict[str, Any]
 ReadyHook = Callable[[JSON, str], None]
@@ -242,6 +243,11 @@ class Simulator:
     Test hooks: ``instances`` (current view), ``request_log``, ``rate_limit``, ``error_rate``,
     ``latency``, :meth:`fail_next`, :meth:`drop_after_acting`, :meth:`lock_instance`,
     ``snapshot_outcome`` and :meth:`create_instance` to seed many instances without HTTP.
+
+    Capacity: :meth:`stock_out` makes an offering (region, plan) refuse creates with Vultr's
+    words, while availability still lists it or dropped from it too; :meth:`restock` ends it.
+    ``max_instances`` is the account's instance limit (None: none). ``refused`` counts the
+    creates refused for either, by :class:`~vultrscale.vultr.refusals.Refusal`.
     """
 
     def __init__(
@@ -295,6 +301,9 @@ class Simulator:
         self._seq_of: dict[str, int] = {}
         self._next_seq = 0
         self._buckets: dict[str, tuple[float, float]] = {}
+        # (region, plan) -> still listed by GET /regions/{id}/availability while sold out
+        self._sold_out: dict[tuple[str, str], bool] = {}
+        self.refused: dict[refusals.Refusal, int] = dict.fromkeys(refusals.Refusal, 0)
         self._fail_rules: list[_FailRule] = []
         self._drop_rules: list[_DropRule] = []
         for item in [*self.plans, *self.regions]:
@@ -335,6 +344,26 @@ class Simulator:
             raise SimulatorError(resp.json()["error"])
         created: JSON = resp.json()["instance"]
         return created
+
+    def stock_out(self, region: str, plan: str, *, listed: bool = True) -> None:
+        """Sell out ``plan`` in ``region``: creates of it there are refused with Vultr's words
+        (``refusals.SOLD_OUT``) until :meth:`restock`. ``listed``: availability still lists
+        it, as when a location's host nodes fill up between the listing and the create; False
+        drops it from ``GET /v2/regions/{region}/availability`` too."""
+        with self._lock:
+            if plan not in self._plan_by_id or region not in self._region_ids:
+                raise SimulatorError(f"no offering {region}/{plan} in the catalogue")
+            self._sold_out[(region, plan)] = listed
+
+    def restock(self, region: str, plan: str) -> None:
+        """End a :meth:`stock_out` (nothing happens if there was none)."""
+        with self._lock:
+            self._sold_out.pop((region, plan), None)
+
+    def sold_out(self) -> dict[tuple[str, str], bool]:
+        """The offerings sold out now, each with whether availability still lists it."""
+        with self._lock:
+            return dict(self._sold_out)
 
     def lock_instance(self, instance_id: str, locked: bool = True) -> None:
         """Set ``server_status`` to ``locked`` (as during a reinstall) or release it."""
@@ -596,7 +625,9 @@ class Simulator:
             available = [
                 p["id"]
                 for p in self.plans
-                if region in p["locations"] and (ptype in ("all", "") or p["type"] == ptype)
+                if region in p["locations"]
+                and (ptype in ("all", "") or p["type"] == ptype)
+                and self._sold_out.get((region, p["id"]), True)
             ]
             return _json(200, {"available_plans": available})
         if path == "/v2/account":
@@ -723,12 +754,10 @@ class Simulator:
             return error(400, "Invalid plan chosen.")
         if region not in self._region_ids:
             return error(400, f"Server add failed: Invalid region chosen ({region}).")
-        if region not in plan["locations"]:
-            return error(
-                400,
-                f"Server add failed: Plan {plan_id} is not available in the selected "
-                f"location ({region}).",
-            )
+        if region not in plan["locations"] or (region, plan_id) in self._sold_out:
+            # Vultr's one answer for a plan not sold in a region and for one sold out there
+            self.refused[refusals.Refusal.UNAVAILABLE] += 1
+            return error(400, refusals.CREATE_FAILED + refusals.SOLD_OUT)
         tags = body.get("tags", [])
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
             return error(400, "Bad request.")
@@ -752,11 +781,8 @@ class Simulator:
         if not isinstance(user_data, str) or not _valid_base64(user_data):
             return error(400, "Server add failed: user_data must be base64 encoded.")
         if self.max_instances is not None and len(self._instances) >= self.max_instances:
-            return error(
-                400,
-                "Server add failed: You have reached the maximum number of instances for "
-                f"this account ({self.max_instances}). Contact support to raise it.",
-            )
+            self.refused[refusals.Refusal.INSTANCE_LIMIT] += 1
+            return error(400, refusals.CREATE_FAILED + refusals.INSTANCE_LIMIT)
 
         now = self.clock.now()
         instance_id = self._new_id()

@@ -4,7 +4,9 @@ What a fleet meets on a bad day, injected into the demo's simulated world while 
 workers SIGKILLed in the middle of a job (their unit restarts them, as systemd would), bursts of
 429 and 500 answers from the Vultr API, a create that happens but whose answer is lost, one
 host whose SSH stops answering (the connection is accepted, then nothing, or it is dropped),
-and reconcile passes SIGKILLed at a random point (each pass runs as its own process).
+reconcile passes SIGKILLed at a random point (each pass runs as its own process), and the
+fleet's offering (region, plan) sold out from the start for some seconds: its creates are
+refused with Vultr's words while availability still lists it, so the queue waits it out.
 
 :func:`schedule` is pure: the seed alone decides when and how hard each fault strikes. The
 :class:`Chaos` injector carries it out against the simulator, the hosts and the pass processes
@@ -22,6 +24,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vultrscale.vultr.refusals import Refusal
+
 if TYPE_CHECKING:
     from vultrscale.sim.app import Simulator
     from vultrscale.sim.hosts import Hosts
@@ -32,7 +36,11 @@ API_500 = "API 500 burst"
 CREATE_LOST = "create answer lost"
 SSH_SILENT = "SSH stops answering"
 PASS_KILLED = "pass SIGKILL"
-KINDS = (WORKER_KILLED, API_429, API_500, CREATE_LOST, SSH_SILENT, PASS_KILLED)
+STOCK_OUT = "stock-out"
+KINDS = (WORKER_KILLED, API_429, API_500, CREATE_LOST, SSH_SILENT, PASS_KILLED, STOCK_OUT)
+# From the start, so that the first passes (the first is never killed), which find the first
+# burst queued, have their creates refused; short enough that the run stays about as long.
+STOCK_OUT_SECONDS = (5.0, 8.0)
 
 # Long enough that a pass talking to the host meets the silence (a pass process's SSH drain
 # waits 10 s for a banner), short enough to end before drain.unreachable_grace (30 s) gives up.
@@ -65,6 +73,7 @@ class Schedule:
     ssh_seconds: float
     pass_kill_odds: float  # chance that a pass is SIGKILLed
     pass_kill_after: tuple[float, float]  # the kill comes this many seconds after the start
+    stockout_seconds: float = 0.0  # the offering is sold out for this long from the start
 
 
 def schedule(seed: int) -> Schedule:
@@ -84,6 +93,8 @@ def schedule(seed: int) -> Schedule:
         pass_kill_odds=0.3,
         # from during the import to well into the pass (a pass process takes 1-3 s)
         pass_kill_after=(0.3, 2.5),
+        # drawn last: the draws above, and so every other fault of a seed, are as before
+        stockout_seconds=round(rng.uniform(*STOCK_OUT_SECONDS), 1),
     )
 
 
@@ -105,8 +116,16 @@ class Chaos:
     (appended under a lock; read it as a whole).
     """
 
-    def __init__(self, plan: Schedule, sim: Simulator, hosts: Hosts, seed: int) -> None:
+    def __init__(
+        self,
+        plan: Schedule,
+        sim: Simulator,
+        hosts: Hosts,
+        seed: int,
+        offering: tuple[str, str] | None = None,
+    ) -> None:
         self.plan = plan
+        self.offering = offering  # (region, plan) to sell out; None: no stock-out
         self.sim = sim
         self.hosts = hosts
         self.rng = random.Random(f"{seed}:chaos-run")
@@ -114,6 +133,7 @@ class Chaos:
         self._kills = list(plan.worker_kills)
         self._bursts = list(plan.api_bursts)
         self._silenced = False
+        self._restock_at: float | None = None
         self._passes = 0
         self._pass_seconds: list[float] = []  # how long each pass that ran to its end took
         self._lock = threading.Lock()
@@ -132,14 +152,32 @@ class Chaos:
         self.sim.drop_after_acting("POST", "/v2/instances", mode=self.plan.lost_create)  # type: ignore[arg-type]
         how = "a 500 after acting" if self.plan.lost_create == "500" else "connection dropped"
         self._record(CREATE_LOST, elapsed, f"the next POST /v2/instances ({how})")
+        if self.offering is not None and self.plan.stockout_seconds > 0:
+            region, plan = self.offering
+            self.sim.stock_out(region, plan)
+            self._restock_at = elapsed + self.plan.stockout_seconds
+            self._record(
+                STOCK_OUT,
+                elapsed,
+                f"{region}/{plan} sold out for {self.plan.stockout_seconds:g}s: creates refused, "
+                "availability still lists it",
+            )
+
+    def refused_creates(self) -> int:
+        """How many creates the simulator refused for a sold-out offering."""
+        return self.sim.refused[Refusal.UNAVAILABLE]
 
     def create_lost_fired(self) -> bool:
         """Whether the armed create has happened (and its answer was lost)."""
         return self.sim.drops_pending() == 0
 
     def inject_due(self, elapsed: float, busy: Collection[str]) -> None:
-        """The API bursts and worker kills whose time has come. A kill waits for a worker
+        """The API bursts, the end of the stock-out and the worker kills whose time has come.
+        A kill waits for a worker
         that holds a job (``busy``: the labels of the hosts whose worker holds a lease)."""
+        if self._restock_at is not None and self._restock_at <= elapsed and self.offering:
+            self.sim.restock(*self.offering)
+            self._restock_at = None
         while self._bursts and self._bursts[0][0] <= elapsed:
             _, status, count = self._bursts.pop(0)
             self.sim.fail_next("*", "/v2/*", status, count=count)

@@ -286,6 +286,7 @@ def play(
             throttle_every=sim.throttle_every.total_seconds(),
             throttle_for=sim.throttle_for.total_seconds(),
             dead_boot_share=sim.dead_boot_share,
+            stockout_offering=stockout_offering(cfg),
         ),
     )
     stats = engine.run(
@@ -297,6 +298,13 @@ def play(
         progress=progress,
     )
     return world, stats
+
+
+def stockout_offering(cfg: Config) -> tuple[str, str]:
+    """The (region, plan) the world's stock-outs hit: ``simulate.stockout_offering``, else
+    the fleet's first offering (today its one, fleet.region and fleet.plan)."""
+    region, _, plan = cfg.simulate.stockout_offering.partition("/")
+    return (region, plan) if region and plan else (cfg.fleet.region, cfg.fleet.plan)
 
 
 def run_one(

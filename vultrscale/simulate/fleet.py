@@ -43,6 +43,7 @@ from vultrscale.model import (
 )
 from vultrscale.ports import Parts
 from vultrscale.simulate.world import World
+from vultrscale.vultr import refusals
 from vultrscale.vultr.errors import BadRequest, InstanceLocked, RateLimited
 from vultrscale.vultr.models import VInstance, VPlan
 
@@ -99,9 +100,12 @@ class WorldCloud(MemoryCloud):
 
     def create_instance(self, **kwargs: Any) -> VInstance:
         self._api()
-        if self.world.stocked_out():
+        if self.world.stocked_out((kwargs["region"], kwargs["plan"])):
+            words = refusals.CREATE_FAILED + refusals.SOLD_OUT  # as Vultr says it
             raise BadRequest(
-                "Plan is not available in the selected region (simulated stock-out)", status=400
+                f"POST /v2/instances failed: 400 {words} (simulated stock-out)",
+                status=400,
+                api_message=words,
             )
         v = super().create_instance(**kwargs)
         inst = self.world.create(v.label)

@@ -59,11 +59,14 @@ class Faults:
     """When the world fails like Vultr does (``[simulate]`` in the config): windows in which
     creates are refused (the plan out of stock in the region) or every API call answers 429,
     and the share of instances that never boot (their worker never starts). The windows are
-    drawn from the seed alone, so every policy in a comparison meets the same ones."""
+    drawn from the seed alone, so every policy in a comparison meets the same ones. A
+    stock-out hits one ``offering``: a create of another is not refused."""
 
     stockouts: tuple[tuple[float, float], ...] = ()  # (start, end) seconds, sorted, disjoint
     throttles: tuple[tuple[float, float], ...] = ()
     dead_boot_share: float = 0.0
+    # The (region, plan) the stock-outs hit; None: any create (a baseline's, which has one).
+    offering: tuple[str, str] | None = None
 
     @classmethod
     def draw(
@@ -76,11 +79,13 @@ class Faults:
         throttle_every: float = 0.0,
         throttle_for: float = 0.0,
         dead_boot_share: float = 0.0,
+        stockout_offering: tuple[str, str] | None = None,
     ) -> Faults:
         return cls(
             _windows(random.Random(f"stockout:{seed}"), until, stockout_every, stockout_for),
             _windows(random.Random(f"throttle:{seed}"), until, throttle_every, throttle_for),
             dead_boot_share,
+            stockout_offering,
         )
 
 
@@ -253,8 +258,12 @@ class World:
             if hi > lo:
                 self.c.throttled += hi - lo
 
-    def stocked_out(self) -> bool:
-        """Inside a stock-out: a create now is refused (and counted)."""
+    def stocked_out(self, offering: tuple[str, str] | None = None) -> bool:
+        """Inside a stock-out of ``offering`` (region, plan): a create of it now is refused
+        (and counted). None: the create of a baseline, which knows one offering only."""
+        hit = self.faults.offering
+        if offering is not None and hit is not None and offering != hit:
+            return False
         if self.faults.stockouts and _inside(
             self.faults.stockouts, self._stockout_starts, self.now
         ):

@@ -11,6 +11,10 @@
   write on the socket is bounded by what is left), and a call with its retries ends within
   ``CALL_BUDGET_S``, or by the pass's ``Deadline`` when one runs. A wait (backoff or
   ``Retry-After``) that would not fit is not waited: the call gives up at once.
+- Requests are paced (``API_PACE`` a second after a burst of ``PACE_BURST``) by a token
+  bucket that every call of the client shares, retries included, so that a pass that creates
+  or deletes a large fleet stays under Vultr's 30 requests/s per source address instead of
+  earning 429s. A paced request that could only be sent past the deadline is not sent.
 - The API key is sent by an auth flow and never appears in a repr, a log record or an
   exception; error texts from the server are redacted too.
 """
@@ -72,6 +76,14 @@ CALL_BUDGET_S = PASS_DEADLINE_S
 # An attempt is not begun with less than this left: it could not be answered in time, and a
 # create begun that late would mostly end as "outcome unknown".
 MIN_ATTEMPT_S = 1.0
+# Vultr answers 429 above 30 requests a second per source address (the OpenAPI document's
+# introduction; docs.vultr.com "What rate limits apply to the Vultr API"). The client keeps
+# below it with room for the other programs behind the same address (a cron pass beside
+# `status`, the demo's pass processes): bursts of PACE_BURST, then API_PACE a second, which
+# never exceeds 30 in any window (10 + 25t <= 30 + 30t).
+API_RATE_LIMIT = 30.0
+API_PACE = 25.0
+PACE_BURST = 10
 _LOCKED = re.compile(r"currently locked", re.IGNORECASE)
 # 400 "invalid instance ID" (2021), "... not found", "Server is pending destruction": all mean
 # the resource is gone or going, for calls that name a resource by id.
@@ -182,6 +194,44 @@ def _limit_sockets(transport: httpx.BaseTransport, limit: _Limit) -> None:
         pool._network_backend = _LimitedBackend(pool._network_backend, limit)
 
 
+class _Pace:
+    """A token bucket (GCRA form) shared by every call of one client: ``burst`` requests at
+    once, then one every ``1/rate`` seconds. ``reserve`` takes the next slot and says when to
+    send; the caller sleeps until then (on its own injected sleep).
+
+    Each thread's time is the later of ``monotonic()`` and the end of its last wait, so a test
+    that injects a fake ``sleep`` but reads the real clock is paced as a real run would be
+    (waits of 1/rate each), not ever longer; with real sleeps the two readings agree."""
+
+    def __init__(self, rate: float, burst: int, monotonic: Callable[[], float]) -> None:
+        if rate <= 0 or burst < 1:
+            raise UsageError(f"pacing needs a positive rate and burst, got {rate}/s, {burst}.")
+        self.rate = rate
+        self.burst = burst
+        self._interval = 1.0 / rate
+        self._tolerance = (burst - 1) * self._interval
+        self._monotonic = monotonic
+        self._tat = float("-inf")  # when the bucket is next full to one token short of empty
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def reserve(self) -> tuple[float, float]:
+        """Take a slot: (this thread's now, when the request may be sent)."""
+        with self._lock:
+            now = max(self._monotonic(), getattr(self._local, "woke", float("-inf")))
+            tat = max(self._tat, now)
+            send = max(now, tat - self._tolerance)
+            self._tat = tat + self._interval
+            self._local.woke = send
+            return now, send
+
+    def give_back(self) -> None:
+        """The reserved slot was not used (the request was not sent)."""
+        with self._lock:
+            self._tat -= self._interval
+            self._local.woke = float("-inf")
+
+
 class _OutOfTime(tenacity.stop.stop_base):
     """Stop retrying when the wait asked for (backoff, ``Retry-After``) would end past
     ``last_start``, the latest time an attempt may begin."""
@@ -286,7 +336,9 @@ class VultrClient:
     """A client for the Vultr v2 API (``base_url`` without ``/v2``). Use it as a context manager
     or call ``close()``. ``sleep`` is what waits between retries and ``monotonic`` what times
     them (tests inject a fake clock's); ``timeout`` bounds each attempt in total, and
-    ``deadline`` (armed by the pass's owner for each pass) every call made while it runs."""
+    ``deadline`` (armed by the pass's owner for each pass) every call made while it runs.
+    ``pace`` requests a second (after bursts of ``pace_burst``) is the most the client sends,
+    over all its calls and threads; None sends as fast as the calls come."""
 
     def __init__(
         self,
@@ -300,6 +352,8 @@ class VultrClient:
         monotonic: Callable[[], float] = time.monotonic,
         deadline: Deadline | None = None,
         user_agent: str = f"vultrscale/{__version__}",
+        pace: float | None = API_PACE,
+        pace_burst: int = PACE_BURST,
     ) -> None:
         self.base_url = _validate_base_url(base_url)
         key = _validate_key(api_key)
@@ -314,6 +368,8 @@ class VultrClient:
         self._monotonic = monotonic
         self.deadline = deadline
         self._limit = _Limit()
+        self._pace = _Pace(pace, pace_burst, monotonic) if pace is not None else None
+        self.paced_seconds = 0.0  # the waits pacing asked for, in all
         # 0.5 s, 1 s, 2 s ... capped at 8 s, plus up to 0.25 s of jitter so that several
         # clients behind one address do not retry in step.
         self._backoff = tenacity.wait_exponential(multiplier=0.5, max=8.0) + tenacity.wait_random(
@@ -597,8 +653,9 @@ class VultrClient:
         create_label: str | None,
         until: float,
     ) -> httpx.Response:
-        """Send once, within ``timeout`` in all and by ``until``; translate transport errors
-        (which may carry request details) into ours."""
+        """Send once, within ``timeout`` in all and by ``until``, when pacing lets it go;
+        translate transport errors (which may carry request details) into ours."""
+        self._paced(method, path, until)
         started = time.monotonic()
         # The sockets' end, on the real clock they wait on.
         self._limit.set(started + min(self.timeout, until - self._monotonic()))
@@ -633,6 +690,27 @@ class VultrClient:
                 label=create_label,
             )
         raise _Retry(ApiUnreachable(f"{method} {path}: no answer ({detail})."))
+
+    def _paced(self, method: str, path: str, until: float) -> None:
+        """Wait for this request's slot of the pace. A slot later than the last moment an
+        attempt may begin is given back and nothing is sent: the pass has more requests than
+        its deadline leaves time for at Vultr's rate, and the next pass goes on."""
+        if self._pace is None:
+            return
+        now, send = self._pace.reserve()
+        if send <= now:
+            return
+        if send > until - min(MIN_ATTEMPT_S, self.timeout):
+            self._pace.give_back()
+            raise RateLimited(
+                f"{method} {path} not sent: at {self._pace.rate:g} requests/s its turn "
+                f"would come {send - now:.1f}s from now, past the time this call has left.",
+                hint="The pass made more API calls than its deadline leaves time for at "
+                "Vultr's rate; the next pass goes on where this one stopped.",
+            )
+        self.paced_seconds += send - now
+        log.debug("%s %s paced: waiting %.3fs for its turn", method, path, send - now)
+        self._sleep(send - now)
 
     def _decode(
         self,
