@@ -82,6 +82,21 @@ class FakeHosts:
             out[t.label] = None
         return out
 
+    def start_many(self, targets: list[HostTarget]) -> dict[str, SSHError | None]:
+        """`systemctl start`: a new worker process registers, as `vultrscale worker` does."""
+        out: dict[str, SSHError | None] = {}
+        for t in targets:
+            self.calls.append(("start", t.label))
+            host = self.hosts.get(t.label)
+            if host is None or not host.reachable:
+                out[t.label] = SSHError(f"{t.label}: unreachable")
+                continue
+            host.service = ServiceState.ACTIVE
+            with psycopg.connect(self.db_url, autocommit=True) as conn:
+                queue.register_worker(conn, t.label, t.label)
+            out[t.label] = None
+        return out
+
     def is_active_many(self, targets: list[HostTarget]) -> dict[str, ServiceState | SSHError]:
         out: dict[str, ServiceState | SSHError] = {}
         for t in targets:
