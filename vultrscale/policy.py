@@ -320,7 +320,7 @@ class _Sizing:
                 # Revive before you boot: a draining instance whose delete is not sent yet
                 # is capacity again within its drain time, already paid, where a create
                 # takes a boot and a new started hour. Only the rest is created.
-                revived = self._revive(n_now, want, why=why)
+                revived = self._revive(n_now, min(want, cap), why=why)
                 n_now, on_the_way_out = n_now + revived, on_the_way_out - revived
                 creates = self._scale_up(n_now, want, check, on_the_way_out, why=why)
             drains = self._over_cap(staying, pol.max_instances)
@@ -457,20 +457,20 @@ class _Sizing:
 
     def _revive(self, n_now: int, want: int, *, why: str) -> int:
         """Start again the workers of draining instances that can still take jobs
-        (``Instance.revivable``), up to the instances wanted and ``max_instances``; how many.
+        (``Instance.revivable``), up to ``want`` (already within ``max_instances`` and the
+        budget: a revived instance bills on as a new one would, and no more); how many.
 
         The instance with the most of its paid hour left goes first: every draining instance
         is paid to the end of its current hour, and the one revived runs on into a new hour at
         its end; the later that end, the more already-paid work it gives before the next hour
         is bought, and the others' drains, timed for the end of their hours, still land first.
         Neither the up cool-down nor ``max_step_up`` holds a revive back: both pace boots,
-        and a revive boots nothing and adds no instance at Vultr (the cap and the budget
-        already count it). It counts as a scale-up for the down cool-down, so the instance
-        is not drained again at once."""
+        and a revive boots nothing and adds no instance at Vultr. It counts as a scale-up for
+        the down cool-down, so the instance is not drained again at once."""
         pol, now = self.pol, self.now
         if not pol.revive:
             return 0
-        room = min(want, pol.max_instances) - n_now
+        room = want - n_now
         candidates = [i for i in self.obs.instances if i.revivable]
         if room <= 0 or not candidates:
             return 0
