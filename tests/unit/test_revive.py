@@ -390,3 +390,30 @@ def test_a_simulated_worker_started_again_claims_after_its_drain(drained_first: 
     assert w.running == 2 and w.live["w1"].claiming(w.now)  # the new one claims again
     _run_until(w, up + 100)
     assert w.c.finished == 2 and w.c.killed == 0
+
+
+@pytest.mark.usefixtures("one_process")
+def test_simulate_counts_the_revive_that_saves_a_boot_and_a_started_hour() -> None:
+    from vultrscale.simulate import compare, workload
+    from vultrscale.simulate.fleet import Vultrscale
+
+    # One job boots an instance (2 min); idle, it is drained at 300 s (the down cool-down
+    # since its create); a job arrives at 310 s, before the next pass deletes it.
+    trace = workload.from_jobs("hand", [(0.0, 60.0), (310.0, 60.0)])
+    setup = compare.Setup(interval=30.0, boot_time=(120.0, 120.0), seed=0)
+    results = {}
+    for revive in (True, False):
+        cfg = dataclasses.replace(
+            Config(),
+            policy=dataclasses.replace(Config().policy, billing_hour_aware=False, revive=revive),
+        )
+        price = compare.plan_price(cfg)
+        pol = Vultrscale(cfg, price, trace.epoch)
+        results[revive] = compare.run_one(pol, trace, cfg, setup, price)
+    on, off = results[True], results[False]
+    assert (on.revives, on.scale_ups, on.billed_hours, on.lost) == (1, 1, 1, 0)
+    assert (off.revives, off.scale_ups, off.billed_hours, off.lost) == (0, 2, 2, 0)
+    # Revived at the 330 s pass, it claims RESTART_SECONDS on: the second job waits 25 s, less
+    # than the first job's boot (120 s, the longest wait); without, a new boot: 140 s.
+    assert (on.wait_max, off.wait_max) == (120.0, 140.0)
+    assert on.to_json()["revives"] == 1
