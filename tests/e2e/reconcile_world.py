@@ -38,6 +38,9 @@ class Host:
     jobs: list[queue.Claimed] = field(default_factory=list)
     stops: int = 0
     reachable: bool = True
+    # Registered draining: the real worker keeps that mark for the life of its process and
+    # claims nothing (set by a start, from what the registration read).
+    marked_draining: bool = False
 
 
 class FakeHosts:
@@ -56,6 +59,8 @@ class FakeHosts:
 
     def claim(self, label: str, n: int, lease_seconds: float = 600) -> int:
         host = self.hosts[label]
+        if host.marked_draining:
+            return 0
         with psycopg.connect(self.db_url, autocommit=True) as conn:
             got = queue.claim(conn, label, "default", n, lease_seconds)
         host.jobs.extend(got)
@@ -94,6 +99,10 @@ class FakeHosts:
             host.service = ServiceState.ACTIVE
             with psycopg.connect(self.db_url, autocommit=True) as conn:
                 queue.register_worker(conn, t.label, t.label)
+                row = conn.execute(
+                    "SELECT draining FROM workers WHERE worker_id = %s", (t.label,)
+                ).fetchone()
+            host.marked_draining = bool(row and row[0])
             out[t.label] = None
         return out
 
