@@ -36,6 +36,7 @@ from vultrscale.model import (
     InstanceState,
     Observation,
     Plan,
+    ServiceState,
 )
 
 if TYPE_CHECKING:
@@ -478,11 +479,10 @@ class _Sizing:
         chosen = candidates[:room]
         for inst in chosen:
             ends = paid_hour_ends(inst, now)
-            when = (
-                "starts once its drain ends"
-                if inst.service is not None and not inst.service.stopped
-                else "starts now"
-            )
+            when = {
+                ServiceState.DEACTIVATING: "starts once its drain ends",
+                ServiceState.ACTIVATING: "already starting",
+            }.get(inst.service or ServiceState.INACTIVE, "starts now")
             self.actions.append(
                 Action(
                     ActionKind.REVIVE,

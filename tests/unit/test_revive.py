@@ -120,7 +120,7 @@ def _steps(d: Decision, kind: type) -> list[Any]:
         (ServiceState.INACTIVE, "starts now"),
         (ServiceState.FAILED, "starts now"),
         (ServiceState.DEACTIVATING, "starts once its drain ends"),
-        (ServiceState.ACTIVATING, "starts once its drain ends"),
+        (ServiceState.ACTIVATING, "already starting"),
     ],
     ids=lambda v: str(v),
 )
