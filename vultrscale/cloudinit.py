@@ -105,7 +105,8 @@ def unit_dropin(cfg: Config) -> str:
 
 
 def render_sudoers(user: str, service: str, *, systemctl: str = SYSTEMCTL) -> str:
-    """The sudoers drop-in: ``user`` may run only stop --no-block and is-active of ``service``."""
+    """The sudoers drop-in: ``user`` may run only stop --no-block, is-active and start
+    --no-block (a revive) of ``service``."""
     if not _USER.fullmatch(user):
         raise UsageError(f"fleet.ssh_user {user!r} is not a valid user name")
     if not SERVICE_NAME.fullmatch(service):

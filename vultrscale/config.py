@@ -280,6 +280,9 @@ class PolicyConfig:
     billing_hour_aware: bool = True
     on_signal_error: str = "hold"
     floor: tuple[FloorConfig, ...] = ()
+    # Work returns while an instance drains (its delete not sent): start its worker again
+    # rather than boot a new one (README "The decision").
+    revive: bool = True
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ deciding nothing more. The decision holds:
 - the steps of the pass, typed and in the order that keeps a kill safe: ledger transitions and
   adoptions, the draining flag for workers of draining instances, each drain verdict (a delete
   started, a wait, an error, the stop sent again), the deletes earlier passes began, then the
-  plan's replacements and scale-in (the draining mark before the SSH stop), the creates (with
-  their count and price) and what the fleet remembers for the next pass;
+  plan's replacements and scale-in (the draining mark before the SSH stop), the revives (the
+  ledger row running before the SSH start), the creates (with their count and price) and what
+  the fleet remembers for the next pass;
 - what the pass saw (``Observation``) and sized (``Plan``), the errors it reports, whether a
   refused plan or price stops it before any change or only stops its creates;
 
@@ -172,6 +173,31 @@ class Stop:
 
 
 @dataclass(frozen=True, slots=True)
+class Revive:
+    """Start a draining instance's worker again instead of booting a new one (its delete not
+    sent). Carried out in this order, each step safe to be the last a killed pass did:
+
+    1. the ledger row back to running (``draining_at`` cleared) and its workers' draining flag
+       cleared, in one transaction. First, because a worker process registers with the flag
+       its instance's row gives it (``db.queue.register_worker``): started before this, it
+       would register draining and claim nothing for the rest of its life. Killed here, the
+       row is running without a worker: the next pass sees the worker not seen and moves it
+       to booting, where it is capacity for ``boot_timeout`` and then replaced (it holds no
+       lease): a late create, never a lost job, and no second drain of it is needed;
+    2. `systemctl start --no-block` over the instance's pinned SSH (``DrainTransport.
+       start_many``). It returns at once: a worker still deactivating starts again once its
+       drain has ended (``lifecycle.REVIVABLE``). A failure is the instance's error; the row
+       stays running and the same rule as 1 applies;
+    3. the fleet state (``SaveFleetState``): the revive counts as the pass's scale-up, for the
+       down cool-down. Killed before it, only that damping is lost: the idle window still
+       guards a second drain."""
+
+    label: str
+    target: HostTarget
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Create:
     """``count`` new instances of the fleet's plan at ``price``, each intent written right
     before its POST; the reason is the plan's."""
@@ -205,6 +231,7 @@ Step = (
     | RetryDelete
     | MarkDraining
     | Stop
+    | Revive
     | Create
     | SaveFleetState
 )
@@ -223,7 +250,7 @@ class Decision:
     errors: tuple[str, ...]  # reported by the pass before it acts (exit 1, or 2 if refused)
     refused: bool  # the plan or price refused: no create, and the pass ends with exit 2
     refused_outright: bool  # ... with nothing to wind down: stop before any change
-    rows: Mapping[str, LedgerRow]  # the ledger as the transitions and drain verdicts leave it
+    rows: Mapping[str, LedgerRow]  # the ledger as the transitions, verdicts and revives leave it
 
     @property
     def creates(self) -> int:
@@ -294,9 +321,13 @@ def _not_after(when: datetime | None, now: datetime) -> datetime | None:
     return None if when is None else min(when, now)
 
 
-def _instance(reads: Readings, row: LedgerRow, billed: float) -> Instance:
+def _instance(cfg: Config, reads: Readings, row: LedgerRow, billed: float) -> Instance:
     v = reads.listed.get(row.label)
     w = reads.workers.get(row.label)
+    # Revivable is judged on the row as read (DRAINING), not as this pass's drain verdict
+    # leaves it (DELETING): a delete this pass would start has not been sent.
+    before = reads.rows.get(row.label)
+    service = reads.probes.get(row.label)
     return frozen_from(  # per instance per pass: every field named, set in one step
         Instance,
         {
@@ -317,6 +348,10 @@ def _instance(reads: Readings, row: LedgerRow, billed: float) -> Instance:
             "hourly_rate": row.hourly_rate or 0.0,
             "monthly_cost": row.monthly_cost or 0.0,
             "boot_since": row.boot_since,
+            "service": service if isinstance(service, ServiceState) else None,
+            "revivable": lifecycle.revivable(
+                before.state if before else row.state, service, target(cfg, row, v) is not None
+            ),
         },
     )
 
@@ -358,7 +393,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
     bills = budget.ledger_bills([*{**reads.rows, **rows}.values(), *reads.gone], reads.price, now)
     last_up, last_down = _last_scales(reads)
     observation = Observation(
-        instances=tuple(_instance(reads, r, bills[r.label]) for r in rows.values()),
+        instances=tuple(_instance(cfg, reads, r, bills[r.label]) for r in rows.values()),
         signals=reads.signals,
         price=reads.price,
         signal_error=reads.signal_error,
@@ -369,10 +404,19 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         idle_since=_not_after(reads.state.idle_since, now),
     )
     plan = policy.decide(observation, cfg, now)
+    # A revived instance's drain ends here: no verdict for it (no delete, no stop sent again),
+    # and the rows as this pass leaves them show it running.
+    revived = {a.label for a in plan.actions if a.kind is ActionKind.REVIVE and a.label}
+    for label in revived:
+        deleting_at = reads.rows[label].deleting_at  # a verdict's DELETING undone
+        rows[label] = rows[label].moved(
+            InstanceState.RUNNING, now, draining_at=None, deleting_at=deleting_at
+        )
+    verdicts = [v for v in verdicts if v.label not in revived]
 
     steps: list[Step] = [*_ledger_steps(reads, transitions)]
     if reads.api_error is None:  # drains are judged on what the cloud showed this pass
-        steps += _drain_steps(cfg, reads, verdicts, rows)
+        steps += _drain_steps(cfg, reads, verdicts, rows, revived)
     steps += _plan_steps(cfg, reads, plan, rows)
     errors = [e for e in (reads.api_error, reads.signal_error, reads.price_error) if e]
     if reads.refused is not None:
@@ -416,11 +460,17 @@ def _drain_steps(
     reads: Readings,
     verdicts: list[lifecycle.DrainStep],
     rows: Mapping[str, LedgerRow],
+    revived: set[str] | frozenset[str] = frozenset(),
 ) -> list[Step]:
     """The drains earlier passes began: the workers' flag, each verdict, the stops sent again,
-    then the deletes earlier passes began (retried until Vultr lets them through)."""
+    then the deletes earlier passes began (retried until Vultr lets them through). A drain
+    this pass revives is none of these: its workers are not flagged again."""
     out: list[Step] = []
-    draining = tuple(r.label for r in reads.rows.values() if r.state is InstanceState.DRAINING)
+    draining = tuple(
+        r.label
+        for r in reads.rows.values()
+        if r.state is InstanceState.DRAINING and r.label not in revived
+    )
     if draining:
         out.append(FlagWorkersDraining(draining))
     restop = []
@@ -467,13 +517,30 @@ def _plan_steps(
                 stops.append(t)
     if stops:
         out.append(Stop(tuple(stops), first=True))
+    # Revives before creates: a pass killed between them leaves the revived counted, and the
+    # next pass creates only what is still missing.
+    revives = 0
+    for action in plan.actions:
+        row = rows.get(action.label or "")
+        if action.kind is ActionKind.REVIVE and row is not None:
+            t = target(cfg, row, reads.listed.get(row.label))
+            if t is not None:  # revivable only with a target (lifecycle.revivable)
+                out.append(Revive(row.label, t, action.reason))
+                revives += 1
     creates = [a for a in plan.actions if a.kind is ActionKind.CREATE]
     if creates and reads.price is not None:
         f = cfg.fleet
         out.append(Create(len(creates), f.plan, f.region, reads.price, creates[0].reason))
     down = reads.now if plan.drains else reads.state.last_scale_down
     created = bool(out) and isinstance(out[-1], Create)  # its outcome may move last_scale_up
-    if created or (down, plan.idle_since) != (reads.state.last_scale_down, reads.state.idle_since):
+    # A revive moves last_scale_up too (the outcome decides it, as for a create). The revived
+    # row's draining_at is cleared, but last_scale_down is the fleet state's, written by the
+    # pass that drained it, and stays: a scale-in did happen then.
+    if (
+        created
+        or revives
+        or (down, plan.idle_since) != (reads.state.last_scale_down, reads.state.idle_since)
+    ):
         out.append(SaveFleetState(reads.state, down, plan.idle_since))
     return out
 

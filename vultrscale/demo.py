@@ -801,6 +801,7 @@ class _Run:
             ssh={
                 "stop": st.ssh.stop,
                 "is_active": st.ssh.is_active,
+                "start": st.ssh.start,  # revives
                 "refused_commands": st.ssh.refused_commands,
                 "refused_logins": st.ssh.refused_logins,
             },

@@ -9,7 +9,8 @@ signals):
 - the drain verdicts: what `systemctl is-active` said (or why it could not be asked), how long
   the drain has run and the leases its worker holds -> delete, wait, send the stop again, or
   report an error (``drain_step``);
-- adoption: where the row of a tagged instance the ledger did not know goes (``adoption``).
+- adoption: where the row of a tagged instance the ledger did not know goes (``adoption``);
+- revival: whether a draining instance's worker can be started again (``revivable``).
 """
 
 from __future__ import annotations
@@ -387,3 +388,40 @@ def _past_deadline(label: str, live: int | None, why: str, restop: bool) -> Drai
         why = f"{why}; worker still holds {live} live lease(s), waiting"
         return DrainStep(label, Verdict.WAIT, why, restop)
     return DrainStep(label, Verdict.DELETE, why)  # no stop for a host being deleted
+
+
+# --- revival -----------------------------------------------------------------------------------
+
+# What `systemctl is-active` may say of a draining instance's worker for `systemctl start` to
+# bring a worker that claims jobs back (systemd's service_start):
+# - inactive or failed: the old process is gone; start spawns a new one at once;
+# - deactivating: the old process got its SIGTERM and is draining. A start cannot take the
+#   signal back: systemd answers the start job "try again later" (-EAGAIN) while the unit
+#   stops, keeps the job queued (it replaces the stop job, whose SIGTERM was already sent),
+#   and runs it once the old process has exited: within the worker's drain time, bounded by
+#   TimeoutStopSec. The old process gives back what it did not finish; the new one claims;
+# - activating: Restart=on-failure is about to spawn one ("already on it": start is a no-op).
+# Each new process registers with the draining flag its instance's ledger row gives it
+# (``db.queue.register_worker``), so the row must be running before the start is sent.
+# Not active: a worker that runs while its instance drains never got the stop, but did read
+# the draining mark from the database, and holds it for the rest of its life; a start on an
+# active unit does nothing, so that worker would never claim again.
+REVIVABLE = frozenset(
+    {ServiceState.INACTIVE, ServiceState.FAILED, ServiceState.DEACTIVATING, ServiceState.ACTIVATING}
+)
+
+
+def revivable(state: InstanceState, service: ServiceState | str | None, reachable: bool) -> bool:
+    """Can this instance's worker be started again instead of booting a new instance?
+
+    ``state`` is its ledger row's state as the pass read it: only DRAINING, never DELETING
+    (once its delete has been sent, the instance may vanish under the worker). A delete that
+    this pass's drain verdict would start has not been sent yet: the row still reads DRAINING
+    and may be revived instead. ``service``: what `systemctl is-active` said this pass (an
+    SSH error or no target: a string; not asked: None); ``reachable``: it has an SSH target."""
+    return (
+        state is InstanceState.DRAINING
+        and reachable
+        and isinstance(service, ServiceState)
+        and service in REVIVABLE
+    )

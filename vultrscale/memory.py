@@ -345,6 +345,17 @@ class MemoryLedger:
         self.transition(label, InstanceState.DRAINING, now)
         self.mark_workers_draining([label])
 
+    def revive(self, label: str, now: datetime) -> None:
+        row = self.instances.get(label)
+        if row is None or row.state is not InstanceState.DRAINING:
+            return  # as the UPDATE's WHERE: only a draining row comes back
+        self.instances[label] = row.moved(
+            InstanceState.RUNNING, now, draining_at=None, last_error=None
+        )
+        w = self.workers_by_label.get(label)
+        if w is not None and w.draining:
+            self.workers_by_label[label] = replace(w, draining=False)
+
     def save_fleet_state(
         self,
         now: datetime,
@@ -392,13 +403,15 @@ class MemoryStore:
 @dataclass
 class MemoryDrain:
     """The DrainTransport port: ``services`` is each host's `systemctl is-active` answer
-    (ACTIVE when absent); a stop makes it INACTIVE (``stop_to`` changes that). A host in
-    ``refuse`` answers every call with that SSHError, like a changed host key would."""
+    (ACTIVE when absent); a stop makes it INACTIVE (``stop_to`` changes that), a start
+    ACTIVE. A host in ``refuse`` answers every call with that SSHError, like a changed host
+    key would."""
 
     services: dict[str, ServiceState] = field(default_factory=dict)
     refuse: dict[str, SSHError] = field(default_factory=dict)
     stop_to: ServiceState = ServiceState.INACTIVE
     stops: list[str] = field(default_factory=list)  # every label a stop was sent to
+    starts: list[str] = field(default_factory=list)  # every label a start was sent to (revives)
 
     def stop_many(self, targets: list[HostTarget]) -> dict[str, SSHError | None]:
         out: dict[str, SSHError | None] = {}
@@ -407,6 +420,16 @@ class MemoryDrain:
             if err is None:
                 self.stops.append(t.label)
                 self.services[t.label] = self.stop_to
+            out[t.label] = err
+        return out
+
+    def start_many(self, targets: list[HostTarget]) -> dict[str, SSHError | None]:
+        out: dict[str, SSHError | None] = {}
+        for t in targets:
+            err = self.refuse.get(t.label)
+            if err is None:
+                self.starts.append(t.label)
+                self.services[t.label] = ServiceState.ACTIVE
             out[t.label] = err
         return out
 

@@ -197,6 +197,10 @@ class Instance:
     hourly_rate: float = 0.0
     monthly_cost: float = 0.0  # the plan's monthly cost when created; 0: use the current price
     boot_since: datetime | None = None  # boot_timeout's clock (LedgerRow.boot_since); None: created
+    # A draining instance: what `systemctl is-active` said this pass (None: not asked), and
+    # whether its worker can be started again instead of a create (``lifecycle.revivable``).
+    service: ServiceState | None = None
+    revivable: bool = False
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,7 @@ class ActionKind(enum.StrEnum):
     CREATE = "create"
     DRAIN = "drain"  # mark draining, then `systemctl stop --no-block`
     REPLACE = "replace"  # stuck booting past boot_timeout: delete it (a create follows)
+    REVIVE = "revive"  # a draining instance, its delete not sent: start its worker again
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ Order of the decision (README "The decision"):
    ``idle_before_scale_down``, once the down cool-down has passed, and never below the floor.
    Victims hold no lease; the youngest go first. With ``billing_hour_aware`` an idle instance
    is kept until its paid hour is nearly over.
+5. Revive before you boot (``policy.revive``): when the fleet wants more instances and one is
+   draining with its delete not sent, its worker is started again and counted before any
+   create (``_revive``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from vultrscale.model import (
     InstanceState,
     Observation,
     Plan,
+    ServiceState,
 )
 
 if TYPE_CHECKING:
@@ -314,6 +318,11 @@ class _Sizing:
                     if desired >= floor
                     else f"the floor is {floor} instance(s)"
                 )
+                # Revive before you boot: a draining instance whose delete is not sent yet
+                # is capacity again within its drain time, already paid, where a create
+                # takes a boot and a new started hour. Only the rest is created.
+                revived = self._revive(n_now, min(want, cap), why=why)
+                n_now, on_the_way_out = n_now + revived, on_the_way_out - revived
                 creates = self._scale_up(n_now, want, check, on_the_way_out, why=why)
             drains = self._over_cap(staying, pol.max_instances)
             if not drains and signals is not None and want < n_now:
@@ -446,6 +455,45 @@ class _Sizing:
         for _ in range(n):
             self.actions.append(Action(ActionKind.CREATE, reason))
         return n
+
+    def _revive(self, n_now: int, want: int, *, why: str) -> int:
+        """Start again the workers of draining instances that can still take jobs
+        (``Instance.revivable``), up to ``want`` (already within ``max_instances`` and the
+        budget: a revived instance bills on as a new one would, and no more); how many.
+
+        The instance with the most of its paid hour left goes first: every draining instance
+        is paid to the end of its current hour, and the one revived runs on into a new hour at
+        its end; the later that end, the more already-paid work it gives before the next hour
+        is bought, and the others' drains, timed for the end of their hours, still land first.
+        Neither the up cool-down nor ``max_step_up`` holds a revive back: both pace boots,
+        and a revive boots nothing and adds no instance at Vultr. It counts as a scale-up for
+        the down cool-down, so the instance is not drained again at once."""
+        pol, now = self.pol, self.now
+        if not pol.revive:
+            return 0
+        room = want - n_now
+        candidates = [i for i in self.obs.instances if i.revivable]
+        if room <= 0 or not candidates:
+            return 0
+        candidates.sort(key=lambda i: (-(paid_hour_ends(i, now) - now).total_seconds(), i.label))
+        chosen = candidates[:room]
+        for inst in chosen:
+            ends = paid_hour_ends(inst, now)
+            when = {
+                ServiceState.DEACTIVATING: "starts once its drain ends",
+                ServiceState.ACTIVATING: "already starting",
+            }.get(inst.service or ServiceState.INACTIVE, "starts now")
+            self.actions.append(
+                Action(
+                    ActionKind.REVIVE,
+                    f"{why}; {n_now} counted: reviving {len(chosen)} of {len(candidates)} "
+                    f"draining instance(s) instead of booting new ones (worker {inst.service}, "
+                    f"{when}; its delete not sent; {_secs(ends - now)} of its paid hour left, "
+                    f"until {_hhmm(ends)})",
+                    inst.label,
+                )
+            )
+        return len(chosen)
 
     def _over_cap(self, staying: list[Instance], max_instances: int) -> list[Instance]:
         """More instances than max_instances (lowered in the config, or adopted): drain the

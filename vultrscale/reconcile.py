@@ -41,6 +41,7 @@ from vultrscale.decision import (
     Move,
     Note,
     RetryDelete,
+    Revive,
     SaveFleetState,
     StartDelete,
     Stop,
@@ -362,6 +363,7 @@ def apply(
     record each outcome: a failure on one instance is that instance's error, the rest go on."""
     now = decision.now
     created = 0  # instances Vultr accepted: the fleet state's last scale-up depends on it
+    revived = 0  # rows back to running: a scale-up too
     for step in decision.steps:
         match step:
             case UpdateAddress(label, main_ip, internal_ip):
@@ -407,10 +409,16 @@ def apply(
                 ledger.mark_draining(label, now)
             case Stop(targets, first):
                 _stop(parts.drain, ledger, targets, result, first=first)
+            case Revive(label, target, reason):
+                # The order and why it is kill-safe: decision.Revive.
+                ledger.revive(label, now)
+                revived += 1
+                result.note(label, f"revive: {reason}")
+                _start(parts.drain, ledger, target, result)
             case Create():
                 created += _create(cfg, parts, ledger, step, snapshot, now, result)
             case SaveFleetState(before, last_scale_down, idle_since):
-                up = now if created else before.last_scale_up
+                up = now if created or revived else before.last_scale_up
                 if (up, last_scale_down, idle_since) != (
                     before.last_scale_up,
                     before.last_scale_down,
@@ -443,6 +451,18 @@ def _stop(
             result.errors.append(f"{label}: systemctl stop failed: {err}")
         elif first:
             result.note(label, "drain started: systemctl stop --no-block sent")
+
+
+def _start(
+    drain: DrainTransport, ledger: FleetLedger, target: HostTarget, result: PassResult
+) -> None:
+    """`systemctl start --no-block` on a revived instance; a refusal is that host's error."""
+    ledger.extend_lock(fan_out_bound_s(1))  # SSH is not under the pass's deadline (see _stop)
+    err = drain.start_many([target]).get(target.label)
+    if err is not None:
+        result.errors.append(f"{target.label}: systemctl start failed: {err}")
+    else:
+        result.note(target.label, "worker started again: systemctl start --no-block sent")
 
 
 def _delete(

@@ -468,6 +468,7 @@ max_step_up = 0               # 0 = no limit per pass
 boot_timeout = "15m"          # pending/booting longer than this: replaced
 billing_hour_aware = true
 on_signal_error = "hold"      # hold | floor
+revive = true                 # start a draining instance's worker again before booting one
 
 # [[policy.floor]]            # "one warm worker in business hours"
 # cron = "* 8-18 * * mon-fri" # minute hour day month weekday, matched per minute

@@ -1,7 +1,8 @@
 """The SSH drain transport: paramiko with pinned host keys, key auth and timeouts.
 
-Reconcile asks two things of an instance: ``sudo -n systemctl stop --no-block <service>`` and
-``systemctl is-active <service>``. Nothing else is ever sent. The host must present exactly the
+Reconcile asks three things of an instance: ``sudo -n systemctl stop --no-block <service>``,
+``systemctl is-active <service>`` and, to revive a draining one, ``sudo -n systemctl start
+--no-block <service>``. Nothing else is ever sent. The host must present exactly the
 key the scaler generated for it at create (``HostTarget.host_key``); any other key is refused
 before a command runs. Connections are cached per target for one pass and closed by ``close()``.
 
@@ -57,6 +58,13 @@ def validate_service(service: str) -> str:
 def stop_command(service: str) -> str:
     """The exact command a drain sends."""
     return f"sudo -n systemctl stop --no-block {validate_service(service)}"
+
+
+def start_command(service: str) -> str:
+    """The exact command a revive sends. ``--no-block``: a unit still deactivating (its worker
+    draining) keeps the start job queued until the old process has exited (systemd answers the
+    job "try again later" while the unit stops), and a pass never waits for a drain."""
+    return f"sudo -n systemctl start --no-block {validate_service(service)}"
 
 
 def is_active_command(service: str) -> str:
@@ -281,13 +289,19 @@ class SSHDrain:
 
     def stop(self, target: HostTarget) -> None:
         """Ask systemd to stop the worker service and return at once (the drain runs on)."""
-        command = stop_command(target.service)
+        self._sudo(target, stop_command(target.service), "stop")
+
+    def start(self, target: HostTarget) -> None:
+        """Ask systemd to start the worker service again and return at once (a revive)."""
+        self._sudo(target, start_command(target.service), "start")
+
+    def _sudo(self, target: HostTarget, command: str, verb: str) -> None:
         code, _out, err = self._run(target, command)
         if code != 0:
             hint = "Check the sudoers rule on the instance (cloud-init/sudoers-worker.tmpl)."
             if "password is required" in err or "not allowed" in err:
                 hint = (
-                    f"{target.user} may not run `systemctl stop --no-block {target.service}` "
+                    f"{target.user} may not run `systemctl {verb} --no-block {target.service}` "
                     "with sudo -n; install the sudoers drop-in from cloud-init/."
                 )
             raise SSHError(
@@ -305,6 +319,10 @@ class SSHDrain:
     def stop_many(self, targets: Iterable[HostTarget]) -> dict[str, None | SSHError]:
         """``stop`` on every target in parallel; per label None (sent) or the SSHError."""
         return self._many(list(targets), self.stop)
+
+    def start_many(self, targets: Iterable[HostTarget]) -> dict[str, None | SSHError]:
+        """``start`` on every target in parallel; per label None (sent) or the SSHError."""
+        return self._many(list(targets), self.start)
 
     def is_active_many(self, targets: Iterable[HostTarget]) -> dict[str, ServiceState | SSHError]:
         """``is_active`` on every target in parallel; per label the state or the SSHError."""

@@ -98,6 +98,11 @@ class _LazyDrain:
         with self._paused():
             return drain.stop_many(targets)
 
+    def start_many(self, targets: list[Any]) -> Any:
+        drain = self._get()
+        with self._paused():
+            return drain.start_many(targets)
+
     def is_active_many(self, targets: list[Any]) -> Any:
         drain = self._get()
         with self._paused():

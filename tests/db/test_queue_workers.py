@@ -126,3 +126,54 @@ def test_a_missing_version_below_the_highest_applied_one_is_applied(pg_url: str)
         assert c.execute("SELECT to_regclass('jobs_active_state_idx')").fetchone() == (None,)
         versions = [r[0] for r in c.execute("SELECT version FROM vultrscale_schema ORDER BY 1")]
         assert versions == [v for v, _ in schema.MIGRATIONS]
+
+
+def test_a_revived_instance_s_workers_claim_again_and_a_deleting_one_is_never_revived(
+    conn: psycopg.Connection,
+) -> None:
+    from datetime import UTC, datetime
+
+    from vultrscale.db import ledger
+
+    now = datetime.now(UTC)
+    _instance(conn, "w-r", "running")
+    q.register_worker(conn, "w-r", "w-r")
+    ledger.mark_draining(conn, "w-r", now, fleet="workers")  # scale-in, then the stop
+    q.mark_stopped(conn, "w-r")  # the worker drained and exited (its own mark stays)
+    ledger.revive(conn, "w-r", now, fleet="workers")  # work came back
+    state, draining_at = conn.execute(
+        "SELECT state, draining_at FROM fleet_instances WHERE label = 'w-r'"
+    ).fetchone() or ("", None)
+    assert (state, draining_at) == ("running", None)
+    q.register_worker(conn, "w-r", "w-r")  # `systemctl start`: a new process registers
+    assert not _draining(conn, "w-r")
+    q.enqueue(conn, [{}])
+    assert len(q.claim(conn, "w-r", "default", 1, 30)) == 1
+    # Its delete sent: never back.
+    _instance(conn, "w-d", "deleting")
+    q.register_worker(conn, "w-d", "w-d")
+    ledger.revive(conn, "w-d", now, fleet="workers")
+    assert conn.execute("SELECT state FROM fleet_instances WHERE label = 'w-d'").fetchone() == (
+        "deleting",
+    )
+    assert _draining(conn, "w-d")
+
+
+def test_a_revive_clears_the_draining_flag_in_the_same_transaction_as_the_row(
+    conn: psycopg.Connection,
+) -> None:
+    # A worker row still there (its process still draining, or not yet stopped): the claim
+    # and the heartbeat read the flag, which the revive clears with the row's state.
+    from datetime import UTC, datetime
+
+    from vultrscale.db import ledger
+
+    now = datetime.now(UTC)
+    _instance(conn, "w-s", "running")
+    q.register_worker(conn, "w-s", "w-s")
+    ledger.mark_draining(conn, "w-s", now, fleet="workers")
+    assert _draining(conn, "w-s")
+    ledger.revive(conn, "w-s", now, fleet="workers")
+    assert not _draining(conn, "w-s") and q.worker_heartbeat(conn, "w-s") is False
+    q.enqueue(conn, [{}])
+    assert len(q.claim(conn, "w-s", "default", 1, 30)) == 1

@@ -38,6 +38,9 @@ class Host:
     jobs: list[queue.Claimed] = field(default_factory=list)
     stops: int = 0
     reachable: bool = True
+    # Registered draining: the real worker keeps that mark for the life of its process and
+    # claims nothing (set by a start, from what the registration read).
+    marked_draining: bool = False
 
 
 class FakeHosts:
@@ -56,6 +59,8 @@ class FakeHosts:
 
     def claim(self, label: str, n: int, lease_seconds: float = 600) -> int:
         host = self.hosts[label]
+        if host.marked_draining:
+            return 0
         with psycopg.connect(self.db_url, autocommit=True) as conn:
             got = queue.claim(conn, label, "default", n, lease_seconds)
         host.jobs.extend(got)
@@ -79,6 +84,25 @@ class FakeHosts:
                 continue
             host.stops += 1
             host.service = ServiceState.DEACTIVATING
+            out[t.label] = None
+        return out
+
+    def start_many(self, targets: list[HostTarget]) -> dict[str, SSHError | None]:
+        """`systemctl start`: a new worker process registers, as `vultrscale worker` does."""
+        out: dict[str, SSHError | None] = {}
+        for t in targets:
+            self.calls.append(("start", t.label))
+            host = self.hosts.get(t.label)
+            if host is None or not host.reachable:
+                out[t.label] = SSHError(f"{t.label}: unreachable")
+                continue
+            host.service = ServiceState.ACTIVE
+            with psycopg.connect(self.db_url, autocommit=True) as conn:
+                queue.register_worker(conn, t.label, t.label)
+                row = conn.execute(
+                    "SELECT draining FROM workers WHERE worker_id = %s", (t.label,)
+                ).fetchone()
+            host.marked_draining = bool(row and row[0])
             out[t.label] = None
         return out
 

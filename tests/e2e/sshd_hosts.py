@@ -7,10 +7,12 @@ that gives a real process systemd's stop semantics:
 - ``start``: a supervisor (as systemd) launches ExecStart and records ``active``;
 - ``stop --no-block``: records ``deactivating`` and returns at once; the supervisor sends
   SIGTERM, then SIGKILL after TimeoutStopSec;
+- ``start --no-block`` (root): starts an inactive or failed service; while it is deactivating
+  the start waits, as systemd's start job does, and runs once the old process has exited;
 - ``is-active``: prints active/deactivating/inactive/failed; exit 0 only for ``active``.
 
 ``sudo -n`` is real: a sudoers drop-in rendered from cloud-init/sudoers-worker.tmpl (pointed at
-the stand-in) lets the test user run exactly the two systemctl commands as root.
+the stand-in) lets the test user run exactly the three systemctl commands as root.
 
 Requires root, ``/usr/sbin/sshd`` and ``sudo``. Used by tests/e2e/test_ssh_drain.py and
 scripts/bench_drain.py.
@@ -133,6 +135,17 @@ def supervise():
             pass
         write("result", "killed" if killed else f"exit {code}")
         write("state", "inactive" if clean else "failed")
+        if read("start_queued"):
+            # systemd ran the start job that waited while the unit stopped.
+            os.unlink(os.path.join(D, "start_queued"))
+            write("state", "activating")
+            spawn_supervisor()
+
+
+def spawn_supervisor():
+    subprocess.Popen([sys.executable, __file__, "_supervise"], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
 
 
 def main(argv):
@@ -141,10 +154,22 @@ def main(argv):
     if argv[:1] == ["start"] and argv[1:] == [unit]:
         with locked():
             write("state", "activating")
-        subprocess.Popen([sys.executable, __file__, "_supervise"], start_new_session=True,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        spawn_supervisor()
         return 0
+    if argv[:2] == ["start", "--no-block"] and argv[2:] == [unit]:
+        if os.getuid() != 0:
+            print("Failed to start unit: Access denied", file=sys.stderr)
+            return 4
+        with locked():
+            state = read("state", "inactive")
+            if state == "deactivating":
+                # systemd answers the start job "try again later" while the unit stops and
+                # runs it once the old process has exited (the supervisor does that).
+                write("start_queued", "1")
+            elif state in ("inactive", "failed"):
+                write("state", "activating")
+                spawn_supervisor()
+        return 0  # active or activating: already on it
     if argv[:1] == ["_supervise"]:
         supervise()
         return 0
@@ -314,7 +339,7 @@ class Hosts:
         unit = {"exec_start": list(exec_start), "timeout_stop_sec": timeout_stop_sec}
         unit["env"] = env or {}
         sd = host.service_dir
-        for name in ("state", "result", "main_pid", "supervisor_pid"):
+        for name in ("state", "result", "main_pid", "supervisor_pid", "start_queued"):
             (sd / name).unlink(missing_ok=True)
         (sd / "unit.json").write_text(json.dumps(unit))
         (sd / "unit.json").chmod(0o600)  # may hold DATABASE_URL: root only, like worker.env

@@ -238,6 +238,7 @@ def test_a_template_that_renders_invalid_is_a_usage_error(
 def test_visudo_accepts_the_sudoers_rule(tmp_path: Path, user: str, service: str) -> None:
     rule = cloudinit.render_sudoers(user, service)
     assert f"NOPASSWD: /usr/bin/systemctl stop --no-block {service}," in rule
+    assert rule.rstrip().endswith(f", /usr/bin/systemctl start --no-block {service}")
     path = tmp_path / "rule"
     path.write_text(rule)
     result = subprocess.run(["visudo", "-cf", str(path)], capture_output=True, text=True)

@@ -138,6 +138,7 @@ def test_user_data_gives_the_host_its_key_login_sudo_rule_and_stop_timeout(
     assert spec.sudo_allowed == {
         ("systemctl", "stop", "--no-block", "worker"),
         ("systemctl", "is-active", "worker"),
+        ("systemctl", "start", "--no-block", "worker"),
     }
     assert spec.timeout_stop == 15  # drain_seconds 5 + the 10 s margin
     assert spec.env["DATABASE_URL"] == "postgresql://demo:secret@127.0.0.1:5432/demo"
@@ -175,6 +176,33 @@ def test_drain_stops_the_unit_over_ssh_with_systemd_answers(scaler: Scaler, boot
     assert host.unit.exits == [0]
     assert host.counters.stop == 2 and host.counters.is_active >= 3
     assert host.counters.refused_commands == host.counters.refused_logins == 0
+
+
+def test_a_start_over_ssh_brings_the_worker_back_after_its_drain_or_at_once(
+    scaler: Scaler, boot: Boot, tmp_path: Path
+) -> None:
+    host, pinned = boot()
+    target = scaler.target(host.label, host.address, pinned)
+    ready = tmp_path / f"{host.label}.ready"
+    with ssh.SSHDrain(str(scaler.key_path), connect_timeout=5, command_timeout=5) as drain:
+        ready.unlink()  # each new process says when its signal handlers are in place
+        drain.stop(target)
+        assert host.unit.state == "deactivating"
+        # Still draining: the start waits for the old process to exit, as systemd's does.
+        assert drain.start_many([target]) == {host.label: None}
+        assert host.unit.state == "deactivating"
+        wait_for(
+            lambda: host.unit.exits == [0] and host.unit.state == "active",
+            "the worker started again after its drain",
+            timeout=10,
+        )
+        wait_for(ready.exists, "the new worker to be ready", timeout=10)
+        drain.stop(target)
+        wait_for(lambda: drain.is_active(target) is ServiceState.INACTIVE, "inactive", timeout=10)
+        drain.start(target)  # stopped: it starts at once
+        wait_for(lambda: host.unit.state == "active", "the worker started again", timeout=10)
+    assert host.unit.exits == [0, 0]
+    assert host.counters.start == 2 and host.counters.refused_commands == 0
 
 
 def test_a_worker_that_ignores_sigterm_is_killed_after_timeout_stop(

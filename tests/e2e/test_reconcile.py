@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.e2e.reconcile_world import API_KEY, World
-from vultrscale.db import ledger
+from vultrscale.db import ledger, queue
 from vultrscale.errors import DatabaseError, UsageError
 from vultrscale.model import ServiceState
 from vultrscale.reconcile import run_pass
@@ -82,7 +82,8 @@ def test_scale_in_waits_for_idle_window_and_cooldown_then_drains_and_deletes(wor
 
 
 def test_no_delete_while_a_drained_worker_still_holds_a_live_lease(world: World) -> None:
-    cfg = world.config(policy={"max_instances": 2})
+    # The queue still wants `a`: revive off, so that the drain's delete guard is what is seen.
+    cfg = world.config(policy={"max_instances": 2, "revive": False})
     a, b = world.bring_up(cfg, 8)
     world.hosts.claim(a, 4)
     world.hosts.claim(b, 4)
@@ -102,6 +103,36 @@ def test_no_delete_while_a_drained_worker_still_holds_a_live_lease(world: World)
     world.clock.advance(30)
     world.run(cfg)
     assert world.ledger()[a] == "gone"
+
+
+def test_work_returning_while_an_instance_drains_starts_its_worker_again(world: World) -> None:
+    cfg = world.config(policy={"max_instances": 2})
+    a, b = world.bring_up(cfg, 8)
+    world.hosts.claim(b, 4)
+    # `a` was scaled in and its worker drained and exited; its delete is due at the next pass.
+    with psycopg.connect(world.db_url, autocommit=True) as conn:
+        ledger.mark_draining(conn, a, world.clock.now(), fleet="workers")
+        queue.mark_stopped(conn, a)
+    world.hosts.hosts[a].service = ServiceState.INACTIVE
+    world.enqueue(4)  # work returns: two instances wanted
+    world.clock.advance(30)
+    result = world.run(cfg)
+    assert result.exit_code == 0, result.errors
+    assert [k for k in world.hosts.calls if k[1] == a][-2:] == [("is-active", a), ("start", a)]
+    assert world.ledger()[a] == "running"
+    assert world.sim.count("DELETE", "/v2/instances/*") == 0
+    assert world.sim.count("POST", "/v2/instances") == 2  # the two of bring_up, nothing new
+    with psycopg.connect(world.db_url) as conn:
+        draining_at, flagged = conn.execute(
+            "SELECT f.draining_at, w.draining FROM fleet_instances f "
+            "JOIN workers w ON w.instance_label = f.label WHERE f.label = %s",
+            (a,),
+        ).fetchone() or (None, None)
+    assert draining_at is None and flagged is False  # the new worker claims
+    assert world.hosts.claim(a, 4) == 4
+    world.clock.advance(30)
+    result = world.run(cfg)
+    assert result.exit_code == 0 and world.ledger() == {a: "running", b: "running"}
 
 
 class CrashInjected(BaseException):

@@ -388,6 +388,52 @@ def test_generated_host_keys_are_served_by_sshd_and_pinned(
     assert public == f"ssh-ed25519 {loaded.get_base64()}"
 
 
+def test_start_brings_a_worker_back_after_its_drain_or_at_once_when_it_has_stopped(
+    hosts: sshd_hosts.Hosts, host: sshd_hosts.Host, drain: SSHDrain, db_url: str
+) -> None:
+    # A revive: `sudo -n systemctl start --no-block` over the pinned SSH. While the unit is
+    # still deactivating (its worker mid-job), systemd keeps the start job waiting and runs it
+    # once the old process has exited: the job in hand finishes, not killed, and a new worker
+    # process then runs and claims.
+    with psycopg.connect(db_url) as conn:
+        [job_id] = queue.enqueue(conn, [{"step_seconds": 0.4}])
+    env = _worker_env(
+        db_url, host.label, "vultrscale.worker.examples:three_steps", hosts,
+        VULTRSCALE_WORKER_DRAIN_SECONDS="30", VULTRSCALE_WORKER_LEASE_SECONDS="10",
+    )  # fmt: skip
+    hosts.start_service(host, _worker_argv(), timeout_stop_sec=40, env=env)
+    target = host.target()
+    wait_for(lambda: _job(db_url, job_id)[2] == host.label, 20, "the worker to lease the job")
+    first = host.main_pid()
+
+    drain.stop(target)
+    assert drain.is_active(target) is ServiceState.DEACTIVATING
+    assert drain.start_many([target]) == {host.label: None}
+    assert drain.is_active(target) is ServiceState.DEACTIVATING  # the start waits for the drain
+    wait_for(
+        lambda: host.main_pid() not in (None, first) and host.state() == "active",
+        30,
+        "the queued start to run once the drain ended",
+    )
+    assert _job(db_url, job_id)[0] == "succeeded"  # drained, not killed
+    with psycopg.connect(db_url) as conn:
+        [again] = queue.enqueue(conn, [{"step_seconds": 0.1}])
+    wait_for(lambda: _job(db_url, again)[0] == "succeeded", 20, "the new worker to run a job")
+
+    # Stopped and inactive: the start runs at once.
+    second = host.main_pid()
+    drain.stop(target)
+    wait_for(lambda: drain.is_active(target).stopped, 20, "the service to stop")
+    drain.start(target)
+    wait_for(
+        lambda: host.main_pid() not in (None, second) and host.state() == "active",
+        20,
+        "the worker to start again",
+    )
+    # Through sudo (uid 0), with exactly the documented arguments, twice.
+    assert host.commands().count("0 start --no-block worker") == 2
+
+
 @pytest.mark.parametrize(
     ("args", "allowed"),
     [
@@ -397,11 +443,14 @@ def test_generated_host_keys_are_served_by_sshd_and_pinned(
         (["restart", "worker"], False),
         (["stop", "--no-block", "ssh"], False),
         (["stop", "--no-block", "worker", "ssh"], False),
-        (["start", "worker"], False),
+        (["start", "--no-block", "worker"], True),  # a revive
+        (["start", "worker"], False),  # a blocking start would wait out the drain
+        (["start", "--no-block", "ssh"], False),
+        (["start", "--no-block", "worker", "ssh"], False),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else str(v),
 )
-def test_the_sudoers_rule_allows_only_the_two_commands(
+def test_the_sudoers_rule_allows_only_the_three_commands(
     hosts: sshd_hosts.Hosts, args: list[str], allowed: bool
 ) -> None:
     # `sudo -l -U user CMD` asks the real sudo policy (the project's rule, installed by the

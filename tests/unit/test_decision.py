@@ -30,6 +30,7 @@ from vultrscale.decision import (
     Note,
     Readings,
     RetryDelete,
+    Revive,
     SaveFleetState,
     StartDelete,
     Step,
@@ -76,12 +77,13 @@ _WRITES = {
         "update_address",
         "mark_workers_draining",
         "mark_draining",
+        "revive",
         "insert_intent",
         "save_fleet_state",
         "note_error",
     ),
     "cloud": ("create_instance", "delete_instance", "get_instance"),
-    "drain": ("stop_many",),
+    "drain": ("stop_many", "start_many"),
 }
 
 
@@ -107,6 +109,8 @@ def derived(step: Step) -> list[Call]:
             return [("ledger.mark_draining", label)]
         case Stop(targets):
             return [("drain.stop_many", tuple(t.label for t in targets))]
+        case Revive(label):
+            return [("ledger.revive", label), ("drain.start_many", (label,))]
         case Create(count):
             one = [("ledger.insert_intent",), ("cloud.create_instance",), ("ledger.transition",)]
             return one * count
@@ -194,7 +198,7 @@ def _key(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         return (name,)
     if name == "ledger.mark_workers_draining":
         return (name, tuple(args[0]))
-    if name == "drain.stop_many":
+    if name in ("drain.stop_many", "drain.start_many"):
         return (name, tuple(t.label for t in args[0]))
     return (name, args[0])
 
@@ -256,6 +260,7 @@ def _scenario_locked_delete_retried(f: Recorded, run: Callable[[], Decision]) ->
     run()
     f.clock.advance(30)
     run()
+    f.signals.signals = Signals(ready=0, in_flight=0)  # no work for it: no revive
     label = next(iter(f.ledger.workers_by_label))
     f.ledger.mark_draining(label, f.clock.now())
     f.drain.services[label] = ServiceState.INACTIVE
@@ -264,6 +269,23 @@ def _scenario_locked_delete_retried(f: Recorded, run: Callable[[], Decision]) ->
     f.clock.advance(30)
     run()
     f.cloud.locked.clear()
+    f.clock.advance(30)
+    run()
+
+
+def _scenario_work_returns_while_draining(f: Recorded, run: Callable[[], Decision]) -> None:
+    _burst(f)
+    run()
+    f.clock.advance(61)
+    f.workers_report()
+    run()
+    f.clock.advance(30)
+    run()
+    label = next(iter(f.ledger.workers_by_label))
+    f.ledger.mark_draining(label, f.clock.now())  # as a scale-in would have, then the work came
+    f.drain.services[label] = ServiceState.DEACTIVATING
+    f.clock.advance(30)
+    run()  # revived (its stop not sent again, no verdict); the rest of the queue's need
     f.clock.advance(30)
     run()
 
@@ -294,6 +316,7 @@ FLOOR = dataclasses.replace(
         (_scenario_stuck_boot_replaced, CFG, {StartDelete, Create}),
         (_scenario_locked_delete_retried, CFG, {StartDelete, RetryDelete}),
         (_scenario_floor_starts, FLOOR, {Create}),
+        (_scenario_work_returns_while_draining, CFG, {Revive, SaveFleetState}),
     ],
     ids=[
         "burst-boot-idle-drain-delete",
@@ -301,6 +324,7 @@ FLOOR = dataclasses.replace(
         "stuck-boot-replaced",
         "locked-delete-retried",
         "floor-starts",
+        "work-returns-while-draining",
     ],
 )
 def test_every_port_call_of_a_pass_follows_from_its_decision(

@@ -248,3 +248,13 @@ def test_the_summary_paints_nothing_of_its_own_accord() -> None:
     assert {line.split(":")[0] + ":" for line in checked} == set(heads), checked
     for line in checked:
         assert "\x1b" not in line, repr(line)
+
+
+def test_the_summary_counts_the_starts_of_revived_workers_only_when_there_were_some() -> None:
+    out = Console(width=80, record=True, highlight=False)
+    ssh = {"stop": 16, "is_active": 12, "start": 4, "refused_commands": 0, "refused_logins": 0}
+    views.print_demo_summary(out, _summary(ssh=ssh))
+    assert "SSH: 16 stop, 12 is-active, 4 start (revives), 0 refused" in out.export_text()
+    out = Console(width=80, record=True, highlight=False)
+    views.print_demo_summary(out, _summary(ssh={**ssh, "start": 0}))
+    assert "SSH: 16 stop, 12 is-active, 0 refused" in out.export_text()

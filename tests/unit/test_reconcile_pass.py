@@ -160,7 +160,8 @@ def test_a_burst_from_zero_creates_what_the_queue_needs_and_they_boot_to_running
 
 
 def test_drain_progresses_through_every_verdict(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path, policy={"min_instances": 2, "max_instances": 2})
+    # The floor wants both back: revive off, so that the drain's verdicts are what is seen.
+    fleet = Fleet(tmp_path, policy={"min_instances": 2, "max_instances": 2, "revive": False})
     a, b = fleet.bring_up(8)
     fleet.drain_now(a)
 
@@ -205,7 +206,7 @@ def test_drain_progresses_through_every_verdict(tmp_path: Path) -> None:
 
 
 def test_a_host_key_refused_on_one_of_three_drains_stops_nothing_else(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path, policy={"max_instances": 6})
+    fleet = Fleet(tmp_path, policy={"max_instances": 6, "revive": False})
     a, b, c = fleet.bring_up(12)
     fleet.drain_now(a, b, c)
     fleet.drain.services.update({a: ServiceState.INACTIVE, b: ServiceState.INACTIVE})
@@ -384,8 +385,8 @@ class Calls:
 
 def _crash_scene(tmp_path: Path) -> tuple[Fleet, str]:
     """Two running instances, one of them drained (its delete is due) and a queue that grows:
-    the pass deletes, creates and records."""
-    fleet = Fleet(tmp_path, policy={"max_instances": 4})
+    the pass deletes, creates and records (revive off: test_revive.py has the revive's)."""
+    fleet = Fleet(tmp_path, policy={"max_instances": 4, "revive": False})
     a, _b = fleet.bring_up(8)
     fleet.drain_now(a)
     fleet.drain.services[a] = ServiceState.INACTIVE

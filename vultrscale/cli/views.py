@@ -381,6 +381,7 @@ def print_demo_summary(out: Console, s: Summary) -> None:
             [
                 f"{s.ssh['stop']} stop",
                 f"{s.ssh['is_active']} is-active",
+                *([f"{s.ssh['start']} start (revives)"] if s.ssh.get("start") else []),
                 f"{s.ssh['refused_commands'] + s.ssh['refused_logins']} refused",
             ],
         ),

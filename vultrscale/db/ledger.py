@@ -455,6 +455,26 @@ def mark_draining(conn: psycopg.Connection[Any], label: str, now: datetime, *, f
         conn.execute("UPDATE workers SET draining = true WHERE instance_label = %s", (label,))
 
 
+def revive(conn: psycopg.Connection[Any], label: str, now: datetime, *, fleet: str) -> None:
+    """A draining row back to running and its workers' draining flag cleared, in one
+    transaction, before the SSH start: a worker process registers with the flag its row gives
+    it (``queue.register_worker``), and one still running reads its own row's flag. Only a
+    row still draining moves (never one whose delete was sent); its ``draining_at`` is
+    cleared: its drain is over, and a later drain stamps its own."""
+    with conn.transaction():
+        moved = conn.execute(
+            "UPDATE fleet_instances SET state = 'running', state_since = %(now)s, "
+            "draining_at = NULL, last_error = NULL "
+            "WHERE label = %(label)s AND fleet = %(fleet)s AND state = 'draining'",
+            {"now": now, "label": label, "fleet": fleet},
+        ).rowcount
+        if moved:
+            conn.execute(
+                "UPDATE workers SET draining = false WHERE instance_label = %s AND draining",
+                (label,),
+            )
+
+
 _FLEET_STATE = (
     "SELECT snapshot_id, last_scale_up, last_scale_down, idle_since FROM fleet_state "
     "WHERE fleet = %s"
@@ -648,6 +668,10 @@ class PgLedger:
     def mark_draining(self, label: str, now: datetime) -> None:
         with self._t(f"marking {label} draining"):
             mark_draining(self.conn, label, now, fleet=self.fleet)
+
+    def revive(self, label: str, now: datetime) -> None:
+        with self._t(f"reviving {label}"):
+            revive(self.conn, label, now, fleet=self.fleet)
 
     def save_fleet_state(self, now: datetime, **kw: Any) -> None:
         with self._t("saving the fleet state"):

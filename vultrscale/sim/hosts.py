@@ -4,9 +4,10 @@ When the simulator reports that an instance booted, :class:`Hosts` reads its use
 cloud-init would: the worker's environment file, the ed25519 host key the scaler generated and
 pinned, the scaler's authorized key, the sudoers rule and the unit's stop timeout. It then
 starts the "unit", a real ``vultrscale worker`` process, and an SSH server on the instance's
-address that presents that host key, lets in only that key, and runs only the two commands the
-scaler sends (``sudo -n systemctl stop --no-block <service>``, allowed by the sudoers rule from
-the user-data, and ``systemctl is-active <service>``) with systemd's answers and exit codes.
+address that presents that host key, lets in only that key, and runs only the three commands the
+scaler sends (``sudo -n systemctl stop --no-block <service>`` and ``sudo -n systemctl start
+--no-block <service>``, allowed by the sudoers rule from the user-data, and ``systemctl
+is-active <service>``) with systemd's answers and exit codes.
 When the instance is deleted the host powers off: a worker still running is killed and the SSH
 server closes.
 
@@ -251,6 +252,7 @@ class WorkerUnit:
         self._stopping = False
         self._stop_deadline = 0.0
         self._restart_at = 0.0
+        self._start_queued = False  # a start sent while deactivating (start_again)
         self._off = False
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._supervise, name=f"unit-{name}", daemon=True)
@@ -283,6 +285,21 @@ class WorkerUnit:
                 self._stopping = True
                 if self._proc is None:
                     self._state = "inactive"
+            self._cv.notify_all()
+
+    def start_again(self) -> None:
+        """`systemctl start --no-block` (a revive): an inactive or failed unit starts now; one
+        still deactivating starts once its process has exited (systemd keeps the start job
+        waiting while the unit stops); an active or activating one is left as it is."""
+        with self._cv:
+            if self._state in ("inactive", "failed"):
+                self._state = "activating"
+                self._stopping = False
+                self._restart_at = 0.0
+            elif self._state == "deactivating":
+                self._start_queued = True
+            elif self._state == "activating":
+                self._stopping = False  # a stop that cancelled a pending restart: undone
             self._cv.notify_all()
 
     def power_off(self, grace: float = 0.0) -> bool:
@@ -378,7 +395,12 @@ class WorkerUnit:
                 if self._off:
                     break  # the power-off kill is not an exit of the unit
                 self.exits.append(rc)
-                if self._stopping:
+                if self._stopping and self._start_queued:
+                    # The start job that waited while the unit stopped runs now.
+                    self._stopping = self._start_queued = False
+                    self._state = "activating"
+                    self._restart_at = 0.0
+                elif self._stopping:
                     # SIGTERM is a clean end for systemd; SIGKILL after the timeout is not
                     self._state = "inactive" if rc in (0, -signal.SIGTERM) else "failed"
                 elif rc == 0:
@@ -405,6 +427,7 @@ class SSHCounters:
     """What the SSH endpoints saw (the demo's summary shows it)."""
 
     stop: int = 0
+    start: int = 0  # revives
     is_active: int = 0
     refused_commands: int = 0
     refused_logins: int = 0
@@ -621,6 +644,8 @@ class SimulatedHost:
         with self._lock:
             if what == "stop":
                 self.counters.stop += 1
+            elif what == "start":
+                self.counters.start += 1
             elif what == "is-active":
                 self.counters.is_active += 1
             else:
@@ -639,6 +664,11 @@ class SimulatedHost:
             if stop and len(argv) == 4 and argv[3] in names:
                 self._count("stop")
                 self.unit.stop()
+                return 0, "", ""
+            start = argv[:3] == ["systemctl", "start", "--no-block"]
+            if start and len(argv) == 4 and argv[3] in names:
+                self._count("start")
+                self.unit.start_again()
                 return 0, "", ""
         elif len(argv) == 3 and argv[:2] == ["systemctl", "is-active"] and argv[2] in names:
             self._count("is-active")

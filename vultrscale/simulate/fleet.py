@@ -8,7 +8,8 @@ and record included. Only its ports are simulated, by core's in-memory adapters
   own boot time; DELETE answers "locked" until Vultr shows the instance active, and kills
   whatever its worker still runs;
 - the drain transport (``WorldDrain``): `systemctl stop` is the worker's SIGTERM, `is-active`
-  says whether the worker process still runs; a host that has not booted is unreachable;
+  says whether the worker process still runs (deactivating while it drains), `systemctl start`
+  starts it again (after its drain); a host that has not booted is unreachable;
 - the ledger (``SimLedger``, a ``MemoryLedger``): its ``workers`` table and the queue signals
   are refreshed from the world before each pass, as the workers' heartbeats and the queue
   would have them; recorded passes are counted, not kept (days of them would fill memory);
@@ -136,6 +137,13 @@ class WorldDrain:
             out[t.label] = None if ok else HostUnreachable(f"{t.address}: not reachable yet")
         return out
 
+    def start_many(self, targets: list[HostTarget]) -> dict[str, SSHError | None]:
+        out: dict[str, SSHError | None] = {}
+        for t in targets:
+            ok = self.world.start(t.label)
+            out[t.label] = None if ok else HostUnreachable(f"{t.address}: not reachable yet")
+        return out
+
     def is_active_many(self, targets: list[HostTarget]) -> dict[str, ServiceState | SSHError]:
         out: dict[str, ServiceState | SSHError] = {}
         for t in targets:
@@ -143,6 +151,8 @@ class WorldDrain:
             out[t.label] = (
                 HostUnreachable(f"{t.address}: not reachable yet")
                 if active is None
+                else ServiceState.DEACTIVATING
+                if self.world.service_stopping(t.label)
                 else ServiceState.ACTIVE
                 if active
                 else ServiceState.INACTIVE

@@ -208,6 +208,13 @@ def footer(cmp: Comparison) -> list[str]:
             f"stock-out, {throttled} API call(s) answered 429, {dead} instance(s) that never "
             "booted; --wide shows each row's"
         )
+    revived = [(r.revives, r) for r in cmp.results if not r.baseline and r.revives]
+    if revived:
+        most, row = max(revived, key=lambda x: x[0])
+        lines.append(
+            f"revives: up to {most} draining instance(s) started again instead of a create "
+            f"({row.policy}); --json gives each row's"
+        )
     return lines + list(cmp.notes)
 
 

@@ -68,6 +68,7 @@ class PolicyResult:
     # max_step_up), by name: a row equal to another because the budget bound both says so.
     bound_by: tuple[str, ...] = ()
     replay_seconds: float = 0.0  # wall time of the replay itself (scripts/bench_*; not in JSON)
+    revives: int = 0  # draining instances whose worker was started again instead of a create
 
     @property
     def ratio(self) -> float:
@@ -237,4 +238,5 @@ def measure(
         refused_creates=c.refused_creates,
         throttled=c.throttled,
         dead_boots=c.dead_boots,
+        revives=c.revives,
     )

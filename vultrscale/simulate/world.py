@@ -2,9 +2,11 @@
 
 Workers behave as the reference runtime does (README "The worker"): a job holds one slot for its
 duration; a stopped worker (SIGTERM, a drain) claims nothing more, lets running jobs finish up
-to its drain time, then gives the rest back without spending an attempt and exits; an instance
-deleted under a running worker kills its jobs, which return to the queue when their lease
-expires, their attempt spent. Time is a float: seconds since the trace's epoch.
+to its drain time, then gives the rest back without spending an attempt and exits; a worker
+started again (a revive) claims again once the stopped process has exited and the new one has
+registered; an instance deleted under a running worker kills its jobs, which return to the
+queue when their lease expires, their attempt spent. Time is a float: seconds since the
+trace's epoch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ MAX_ATTEMPTS = DEFAULT_MAX_ATTEMPTS
 # Vultr shows a new instance `active` (deletable, with an IP) about a minute before cloud-init
 # has started the worker; before that a DELETE answers 500 "Server is currently locked".
 ACTIVE_BEFORE_WORKER = 60.0
+# `systemctl start` to the worker claiming: a Python process starts, connects and registers.
+RESTART_SECONDS = 5.0
 
 # Event kinds, in the order they are handled when they fall on the same second.
 JOB_END, WORKER_UP, DRAIN_DEADLINE, LEASE_EXPIRED = range(4)
@@ -42,6 +46,12 @@ class SimInstance:
     stop_at: float | None = None  # SIGTERM (drain) sent
     exited_at: float | None = None  # the worker process ended (drained)
     gone_at: float | None = None
+    # `systemctl start` while the worker still drains: systemd runs it once the old process
+    # has exited (the start job waits while the unit is deactivating).
+    start_queued: bool = False
+    # Which worker process: a drain deadline belongs to the process that was stopped, never to
+    # one started again after it.
+    generation: int = 0
 
     @property
     def gone(self) -> bool:
@@ -52,6 +62,10 @@ class SimInstance:
 
     def claiming(self, now: float) -> bool:
         return self.worker_up(now) and self.stop_at is None
+
+    def stopping(self, now: float) -> bool:
+        """Stopped and still draining (`systemctl is-active`: deactivating)."""
+        return self.worker_up(now) and self.stop_at is not None
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,7 @@ class Counters:
     creates: int = 0
     deletes: int = 0
     drains: int = 0
+    revives: int = 0  # workers of draining instances started again (`systemctl start`)
     refused_creates: int = 0  # creates refused by a stock-out
     throttled: int = 0  # API calls (or baseline passes) answered 429
     dead_boots: int = 0  # instances whose worker never started
@@ -186,7 +201,7 @@ class World:
                 self.finished_at[job] = now
                 self.c.finished += 1
                 if inst.stop_at is not None and not inst.running:
-                    inst.exited_at = now  # drained: the last job finished within drain time
+                    self._exited(inst)  # drained: the last job finished within drain time
                 elif self.ready and inst.claiming(now):
                     # With jobs ready every other claiming worker is full (dispatch filled
                     # them), so the worker whose slot just freed takes the next one.
@@ -196,9 +211,9 @@ class World:
         elif kind == DRAIN_DEADLINE:
             inst = obj
             assert isinstance(inst, SimInstance)
-            if not inst.gone and inst.exited_at is None:
+            if not inst.gone and inst.exited_at is None and tok == inst.generation:
                 self._give_back_all(inst)
-                inst.exited_at = now
+                self._exited(inst)
         elif kind == LEASE_EXPIRED:
             self.limbo -= 1
             job = tok
@@ -320,10 +335,40 @@ class World:
             inst.stop_at = now
             self.c.drains += 1
             if not inst.running:
-                inst.exited_at = now
+                self._exited(inst)
             else:
-                self.push(now + self.drain_seconds, DRAIN_DEADLINE, inst)
+                self.push(now + self.drain_seconds, DRAIN_DEADLINE, inst, inst.generation)
         return True
+
+    def start(self, label: str) -> bool:
+        """`systemctl start` the worker again (a revive). False when the host cannot be
+        reached. A worker still draining finishes its drain first (systemd keeps the start job
+        waiting while the unit stops); an exited one starts after RESTART_SECONDS."""
+        inst = self.live.get(label)
+        now = self.now
+        if inst is None or now < inst.active_at:
+            return False
+        if inst.stop_at is None:
+            return True  # running (or still booting): start does nothing
+        self.c.revives += 1
+        if inst.exited_at is None:
+            inst.start_queued = True
+        else:
+            self._restart(inst)
+        return True
+
+    def _exited(self, inst: SimInstance) -> None:
+        inst.exited_at = self.now
+        if inst.start_queued:
+            self._restart(inst)
+
+    def _restart(self, inst: SimInstance) -> None:
+        """A new worker process on the instance: it registers and claims RESTART_SECONDS on."""
+        inst.start_queued = False
+        inst.generation += 1
+        inst.stop_at = inst.exited_at = None
+        inst.worker_at = self.now + RESTART_SECONDS
+        self.push(inst.worker_at, WORKER_UP, inst)
 
     def service_active(self, label: str) -> bool | None:
         """`systemctl is-active`: True, False (stopped or never started), None (unreachable)."""
@@ -331,6 +376,11 @@ class World:
         if inst is None or self.now < inst.active_at:
             return None
         return inst.worker_up(self.now)
+
+    def service_stopping(self, label: str) -> bool:
+        """The worker got its stop and still drains (`systemctl is-active`: deactivating)."""
+        inst = self.live.get(label)
+        return inst is not None and inst.stopping(self.now)
 
     def delete(self, label: str) -> bool:
         """DELETE the instance; its running jobs are killed. False while Vultr has it locked."""
