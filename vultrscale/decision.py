@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget, lifecycle, policy
+from vultrscale import budget, lifecycle, offerings, policy
 from vultrscale.config import Config
 from vultrscale.errors import UsageError
 from vultrscale.lifecycle import Transition, Verdict
@@ -47,6 +47,7 @@ from vultrscale.model import (
     WorkerView,
     frozen_from,
 )
+from vultrscale.offerings import Choice, OfferingView
 
 if TYPE_CHECKING:
     from vultrscale.vultr.models import VInstance, VPlan
@@ -73,6 +74,9 @@ class Readings:
     price_error: str | None = None  # an adopted instance's plan Vultr lists without a price
     # The plan, its region or its price refused: nothing may be created this pass.
     refused: UsageError | None = None
+    # The fleet's offerings in order, each usable or skipped and why (README "Offerings");
+    # empty: not checked (readings made without them), the fleet's one plan at ``price``.
+    offerings: tuple[OfferingView, ...] = ()
 
 
 # --- the steps ---------------------------------------------------------------------------------
@@ -173,14 +177,17 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class Create:
-    """``count`` new instances of the fleet's plan at ``price``, each intent written right
-    before its POST; the reason is the plan's."""
+    """``count`` new instances, each intent written right before its POST, on the usable
+    offerings in order of preference (``choices``, each at its plan's price and bounded by
+    the budget at it): a create refused for an offering goes on with the next. ``plan``,
+    ``region`` and ``price`` are the first choice's. The reason is the plan's."""
 
     count: int
     plan: str
     region: str
     price: PlanPrice
     reason: str
+    choices: tuple[Choice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +231,7 @@ class Decision:
     refused: bool  # the plan or price refused: no create, and the pass ends with exit 2
     refused_outright: bool  # ... with nothing to wind down: stop before any change
     rows: Mapping[str, LedgerRow]  # the ledger as the transitions and drain verdicts leave it
+    offerings: tuple[OfferingView, ...] = ()  # each offering usable or skipped, and why
 
     @property
     def creates(self) -> int:
@@ -317,6 +325,8 @@ def _instance(reads: Readings, row: LedgerRow, billed: float) -> Instance:
             "hourly_rate": row.hourly_rate or 0.0,
             "monthly_cost": row.monthly_cost or 0.0,
             "boot_since": row.boot_since,
+            "plan": row.plan or "",
+            "region": row.region or "",
         },
     )
 
@@ -373,8 +383,16 @@ def decide(reads: Readings, cfg: Config) -> Decision:
     steps: list[Step] = [*_ledger_steps(reads, transitions)]
     if reads.api_error is None:  # drains are judged on what the cloud showed this pass
         steps += _drain_steps(cfg, reads, verdicts, rows)
-    steps += _plan_steps(cfg, reads, plan, rows)
+    steps += _plan_steps(cfg, reads, observation, plan, rows)
     errors = [e for e in (reads.api_error, reads.signal_error, reads.price_error) if e]
+    wanted = sum(1 for a in plan.actions if a.kind is ActionKind.CREATE)
+    # Each offering refused a moment ago (a refusal of the checks says it itself).
+    if wanted and reads.offerings and not any(v.usable for v in reads.offerings):  # noqa: SIM102
+        if reads.refused is None:
+            errors.append(
+                f"{wanted} instance(s) wanted, but no offering is usable now: "
+                + "; ".join(f"{v.offering.name}: {v.skip}" for v in reads.offerings)
+            )
     if reads.refused is not None:
         # A running fleet whose plan or price stops passing (Vultr raised the price above the
         # ceiling, retired the plan): no create, but drains and deletes go on, or instances
@@ -390,6 +408,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         refused=reads.refused is not None,
         refused_outright=reads.refused is not None and not (reads.rows or reads.listed),
         rows=rows,
+        offerings=reads.offerings,
     )
 
 
@@ -444,7 +463,11 @@ def _drain_steps(
 
 
 def _plan_steps(
-    cfg: Config, reads: Readings, plan: Plan, rows: Mapping[str, LedgerRow]
+    cfg: Config,
+    reads: Readings,
+    observation: Observation,
+    plan: Plan,
+    rows: Mapping[str, LedgerRow],
 ) -> list[Step]:
     """The plan's replacements and scale-in (each marked draining before any stop is sent),
     its creates, and the fleet state the next pass reads."""
@@ -469,12 +492,40 @@ def _plan_steps(
         out.append(Stop(tuple(stops), first=True))
     creates = [a for a in plan.actions if a.kind is ActionKind.CREATE]
     if creates and reads.price is not None:
-        f = cfg.fleet
-        out.append(Create(len(creates), f.plan, f.region, reads.price, creates[0].reason))
+        out += _create_steps(cfg, reads, observation, plan, len(creates), creates[0].reason)
     down = reads.now if plan.drains else reads.state.last_scale_down
     created = bool(out) and isinstance(out[-1], Create)  # its outcome may move last_scale_up
     if created or (down, plan.idle_since) != (reads.state.last_scale_down, reads.state.idle_since):
         out.append(SaveFleetState(reads.state, down, plan.idle_since))
+    return out
+
+
+def _create_steps(
+    cfg: Config,
+    reads: Readings,
+    observation: Observation,
+    plan: Plan,
+    count: int,
+    reason: str,
+) -> list[Step]:
+    """The offerings skipped (each a note with its reason, for the ledger) and the create
+    step on the usable ones, in order, each bounded by the budget at its own price."""
+    assert reads.price is not None
+    views = reads.offerings or (
+        OfferingView(offerings.of(cfg)[0], reads.price),  # readings made without checks
+    )
+    out: list[Step] = [
+        Note(f"offering {v.offering.name}", f"skipped: {v.skip}") for v in views if not v.usable
+    ]
+    usable = [v for v in views if v.usable]
+    if not usable:
+        return out
+    replaced = [a.label or "" for a in plan.actions if a.kind is ActionKind.REPLACE]
+    ceiling = cfg.budget.monthly_ceiling_usd
+    picks = offerings.choices(observation, usable, count, replaced, ceiling, reads.now)
+    first = picks[0]
+    o = first.offering
+    out.append(Create(count, o.plan, o.region, first.price, reason, picks))
     return out
 
 

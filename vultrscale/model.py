@@ -174,6 +174,20 @@ class StoredReads:
     state: FleetState
     signals: Signals | None = None
     signal_error: DatabaseError | None = None
+    # Offerings whose creates Vultr refused, remembered by earlier passes (any process).
+    marks: tuple[OfferingMark, ...] = ()
+
+
+@dataclass(frozen=True)
+class OfferingMark:
+    """A create Vultr refused on ``region``/``plan``: the offering is skipped until ``until``.
+    ``refusals`` counts every refusal the fleet has had there (the metrics' counter)."""
+
+    region: str
+    plan: str
+    until: datetime
+    reason: str
+    refusals: int = 1
 
 
 @dataclass(frozen=True)
@@ -197,6 +211,8 @@ class Instance:
     hourly_rate: float = 0.0
     monthly_cost: float = 0.0  # the plan's monthly cost when created; 0: use the current price
     boot_since: datetime | None = None  # boot_timeout's clock (LedgerRow.boot_since); None: created
+    plan: str = ""  # its Vultr plan and region (the offering it runs on); "": not known
+    region: str = ""
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,12 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from vultrscale import budget, lifecycle
+from vultrscale import budget, lifecycle, offerings
 from vultrscale.config import Config
 from vultrscale.decision import Readings, priced, target
 from vultrscale.errors import UsageError
 from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
+from vultrscale.offerings import OfferingCheck
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, Parts, QueueSignals
 from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import AuthError, NotFound, VultrError
@@ -35,15 +36,16 @@ def observe(
     ledger: FleetLedger,
     signals_port: QueueSignals,
     now: datetime,
-    price: PlanPrice | None,
+    checks: Mapping[tuple[str, str], OfferingCheck],
     api_error: str | None,
     refused: UsageError | None = None,
     *,
     probe: bool,
 ) -> Readings:
     """Read the cloud, the ledger, the queue and (with ``probe``) the draining hosts.
-    ``api_error``: the price could not be read, so the cloud is not asked again; ``refused``:
-    the plan or its price refused, nothing may be created (the decision's to weigh)."""
+    ``checks``: the offerings' prices and availability (``reconcile._offering_checks``);
+    ``api_error``: they could not be read, so the cloud is not asked again; ``refused``: no
+    offering passes, nothing may be created (the decision's to weigh)."""
     listing = _listing(parts, cfg.fleet.tag, skip=api_error is not None)
     # The rows, the workers, the fleet state and the queue's signals: one round trip to Postgres.
     stored = ledger.reads(budget.month_bounds(now)[0], lifecycle.WORKER_SEEN_WITHIN, signals_port)
@@ -58,6 +60,10 @@ def observe(
         else:
             rows[r.label] = r
     workers, state = stored.workers, stored.state
+    # Each offering usable or skipped (its check, a refusal remembered); the price of the
+    # first usable one is the one new instances are weighed at (the budget, the policy).
+    views = offerings.views(cfg, checks, stored.marks, now) if checks else ()
+    price = _fleet_price(views)
     listed: dict[str, VInstance] = {}
     try:
         listed = lifecycle.by_label(listing(), rows)
@@ -104,7 +110,17 @@ def observe(
         prices=prices,
         price_error=price_error,
         refused=refused,
+        offerings=views,
     )
+
+
+def _fleet_price(views: tuple[offerings.OfferingView, ...]) -> PlanPrice | None:
+    """The price creates are weighed at: the first usable offering's; while none is usable
+    (every one refused a moment ago), the first priced one's, so the budget is still shown."""
+    for v in views:
+        if v.usable:
+            return v.price
+    return next((v.price for v in views if v.price is not None and v.checked), None)
 
 
 def _add_workers(

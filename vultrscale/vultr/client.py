@@ -54,6 +54,7 @@ from vultrscale.vultr.errors import (
     RateLimited,
     ServerError,
     VultrError,
+    create_refusal,
 )
 from vultrscale.vultr.models import VAccount, VCharge, VInstance, VPlan, VRegion, VSnapshot
 
@@ -708,6 +709,10 @@ class VultrClient:
             except (httpx.InvalidURL, ValueError, TypeError):
                 where = "(a Location that is not a URL)"
             hint = f"VULTR_API_URL redirects to {self._redact(where)}; use that."
+        elif creating and path == "/v2/instances" and 400 <= status < 500:
+            # A refused create: sold out, not offered there, the account's limit (README
+            # "Offerings"); the pass tries the next offering or stops its creates.
+            raise create_refusal(message)(text, status=status, api_message=message)
         raise BadRequest(text, status=status, api_message=message, hint=hint)
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
