@@ -611,4 +611,5 @@ def demand_band(cfg: Config, decision: Decision) -> tuple[int, int | None] | Non
     )
     if plan.cap <= running or cooling:
         return 1, None
-    return 1, running * cfg.queue.jobs_per_instance
+    slots = sum(offerings.jobs_per_instance(cfg, i.region, i.plan) for i in observation.instances)
+    return 1, slots
