@@ -699,6 +699,11 @@ class VultrClient:
             raise ServerError(text, status=status, api_message=message)
         if status == 404 or (by_id and status == 400 and _GONE.search(message)):
             raise NotFound(text, status=status, api_message=message)
+        kind = create_refusal(message) if creating and path == "/v2/instances" else BadRequest
+        if kind is not BadRequest and 400 <= status < 500:
+            # A refused create: sold out, not offered there, the account's limit (README
+            # "Offerings"); the pass tries the next offering or stops its creates.
+            raise kind(text, status=status, api_message=message)
         hint = None
         if status == 403:
             hint = "The API key may lack the permission (ACL) for this action."
@@ -709,10 +714,6 @@ class VultrClient:
             except (httpx.InvalidURL, ValueError, TypeError):
                 where = "(a Location that is not a URL)"
             hint = f"VULTR_API_URL redirects to {self._redact(where)}; use that."
-        elif creating and path == "/v2/instances" and 400 <= status < 500:
-            # A refused create: sold out, not offered there, the account's limit (README
-            # "Offerings"); the pass tries the next offering or stops its creates.
-            raise create_refusal(message)(text, status=status, api_message=message)
         raise BadRequest(text, status=status, api_message=message, hint=hint)
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
