@@ -1134,6 +1134,12 @@ def validate(cfg: Config) -> list[str]:
         if (o.region, o.plan) in seen:
             p.append(f"{where}: {o.name} is listed twice; keep the first")
         seen.add((o.region, o.plan))
+    if f.vpc_ids and len({o.region for o in f.offerings}) > 1:
+        p.append(
+            "fleet.vpc_ids: a VPC belongs to one region, and the fleet.offerings are in "
+            f"{len({o.region for o in f.offerings})} regions (a create elsewhere would be "
+            "refused): keep the offerings in the VPCs' region, or empty vpc_ids"
+        )
     if not timedelta(0) < f.unavailable_for <= timedelta(days=1):
         p.append(
             f"fleet.unavailable_for: {format_duration(f.unavailable_for)} is out of range: "

@@ -103,6 +103,17 @@ def test_the_same_offering_twice_is_named(tmp_path: Path) -> None:
         _load(tmp_path, '[[fleet.offerings]]\nregion = "ams"\nplan = "vc2-1c-2gb"\n' * 2)
 
 
+def test_vpcs_with_offerings_in_several_regions_are_an_error(tmp_path: Path) -> None:
+    vpc = "cb676a46-66fd-4dfb-b839-443f2e6c0b60"
+    with pytest.raises(ConfigError, match="fleet.vpc_ids: a VPC belongs to one region"):
+        _load(
+            tmp_path,
+            f'[fleet]\nvpc_ids = ["{vpc}"]\n'
+            '[[fleet.offerings]]\nregion = "ewr"\nplan = "vc2-1c-2gb"\n'
+            '[[fleet.offerings]]\nregion = "ord"\nplan = "vc2-1c-2gb"\n',
+        )
+
+
 # --- pure rules ------------------------------------------------------------------------------
 
 
