@@ -515,7 +515,9 @@ def _create_steps(
         OfferingView(offerings.of(cfg)[0], reads.price),  # readings made without checks
     )
     out: list[Step] = [
-        Note(f"offering {v.offering.name}", f"skipped: {v.skip}") for v in views if not v.usable
+        Note(f"offering {v.offering.name}", f"skipped: {v.skip}{_for(v, reads.now)}")
+        for v in views
+        if not v.usable
     ]
     usable = [v for v in views if v.usable]
     if not usable:
@@ -527,6 +529,11 @@ def _create_steps(
     o = first.offering
     out.append(Create(count, o.plan, o.region, first.price, reason, picks))
     return out
+
+
+def _for(view: OfferingView, now: datetime) -> str:
+    left = view.left_s(now)
+    return f"; skipped {left}s more" if left else ""
 
 
 # --- when the decision could change ------------------------------------------------------------

@@ -145,9 +145,14 @@ class OfferingView:
     def usable(self) -> bool:
         return not self.skip and self.price is not None
 
+    def left_s(self, now: datetime) -> int:
+        """Seconds left on a remembered refusal (0: none)."""
+        return (
+            math.ceil((self.until - now).total_seconds()) if self.until and self.until > now else 0
+        )
+
     def row(self, now: datetime) -> dict[str, object]:
         """The view as ``status --json`` and the ledger show it."""
-        left = (self.until - now).total_seconds() if self.until and self.until > now else 0.0
         return {
             "offering": self.offering.name,
             "region": self.offering.region,
@@ -155,7 +160,7 @@ class OfferingView:
             "monthly_usd": self.price.monthly if self.price else None,
             "usable": self.usable,
             "skip": self.skip,
-            "unavailable_for_s": math.ceil(left),
+            "unavailable_for_s": self.left_s(now),
             "refusals": self.refusals,
         }
 
@@ -186,8 +191,7 @@ def views(
         elif too_dear:
             skip = too_dear
         elif until is not None and mark is not None:
-            left = math.ceil((until - now).total_seconds())
-            skip = f"create refused: {mark.reason}; skipped {left}s more"
+            skip = f"create refused: {mark.reason}"
         else:
             skip = ""
         out.append(OfferingView(o, price, skip, until, refusals, checked))

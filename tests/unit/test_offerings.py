@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from vultrscale import config as config_mod
-from vultrscale import offerings, policy
+from vultrscale import offerings, policy, status
 from vultrscale.clock import FakeClock
 from vultrscale.config import Config, ConfigError, Offering
 from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, UsageError
@@ -159,7 +159,7 @@ def test_a_remembered_refusal_skips_the_offering_until_it_ends() -> None:
     mark = OfferingMark("ewr", PLAN.id, NOW + timedelta(seconds=100), "sold out", 3)
     (first, second) = offerings.views(_cfg(), _checks(True, True), (mark,), NOW)
     assert not first.usable and second.usable
-    assert first.skip == "create refused: sold out; skipped 100s more"
+    assert first.skip == "create refused: sold out" and first.left_s(NOW) == 100
     assert (first.until, first.refusals, first.checked) == (mark.until, 3, True)
     later = offerings.views(_cfg(), _checks(True, True), (mark,), NOW + timedelta(seconds=100))
     assert later[0].usable and later[0].refusals == 3  # expired: used again, still counted
@@ -349,6 +349,12 @@ def test_a_remembered_refusal_is_skipped_by_the_next_process_until_it_expires(
     assert cloud.calls.count("create_instance") == 1
     skipped = [r for r in result.results if r["label"] == "offering ewr/vc2-1c-2gb"]
     assert skipped and skipped[0]["result"].startswith("skipped: create refused: Plan is not")
+    assert skipped[0]["result"].endswith("capacity.; skipped 120s more")
+    assert result.decision is not None
+    shown = [t.plain for t in status.offering_lines(result.decision.offerings, world.clock.now())]
+    assert shown[1].startswith("  1. ewr/vc2-1c-2gb $10.00/month: skipped [unavailable 2m more]")
+    assert shown[1].endswith("capacity.; 1 refusal(s) so far")
+    assert shown[2] == "  2. fra/vc2-1c-2gb $10.00/month: usable"
     assert result.decision is not None and not result.decision.offerings[0].usable
     world.clock.advance(121)  # the 3 minutes are over
     world.queue(12)
