@@ -83,11 +83,14 @@ def observe(
     # see ``lifecycle.by_label``) has its worker report under its own label: those workers'
     # heartbeats and live leases are its too (never deleted while they hold one).
     _add_workers(ledger, workers, listed, unknown)
-    prices: dict[str, PlanPrice] = {price.plan: price} if price is not None else {}
+    # Every offering's price is known: an adopted instance on one is billed at it, unasked.
+    prices = {v.price.plan: v.price for v in views if v.price is not None}
+    if price is not None:
+        prices[price.plan] = price
     price_error = None
     if unknown and api_error is None:
         try:
-            price_error = _adopted_prices(cfg, parts.cloud, listed, unknown, prices)
+            price_error = _adopted_prices(price, parts.cloud, listed, unknown, prices)
         except AuthError:
             raise
         except VultrError as exc:  # adopted at a guessed price, never: the pass holds
@@ -144,7 +147,7 @@ def _add_workers(
 
 
 def _adopted_prices(
-    cfg: Config,
+    fleet_price: PlanPrice | None,
     cloud: Cloud,
     listed: Mapping[str, VInstance],
     unknown: set[str],
@@ -159,7 +162,8 @@ def _adopted_prices(
     who = sorted(t for t in unknown if listed[t].plan in unpriced)
     return (
         f"{', '.join(who)}: adopted on plan(s) {', '.join(sorted(unpriced))}, which "
-        f"Vultr lists without a usable price; billed at {cfg.fleet.plan}'s price"
+        f"Vultr lists without a usable price; billed at "
+        f"{fleet_price.plan if fleet_price else 'the fleet plan'}'s price"
     )
 
 

@@ -287,7 +287,7 @@ def _offering_checks(
     checks = ledger.offering_checks(keys, now, PRICE_TTL)
     missing = [k for k in keys if k not in checks]
     for region, plan in missing:
-        check = _check_offering(parts.cloud, region, plan)
+        check = _check_offering(parts.cloud, region, plan, listed=bool(cfg.fleet.offerings))
         checks[(region, plan)] = check
         if save:
             ledger.save_offering_check(check, now)
@@ -296,8 +296,9 @@ def _offering_checks(
     return checks
 
 
-def _check_offering(cloud: Cloud, region: str, plan: str) -> OfferingCheck:
-    """Ask Vultr for the plan's price and whether the region's availability lists it."""
+def _check_offering(cloud: Cloud, region: str, plan: str, *, listed: bool) -> OfferingCheck:
+    """Ask Vultr for the plan's price and whether the region's availability lists it.
+    ``listed``: the offering is one of ``[[fleet.offerings]]`` (else fleet.region/plan)."""
     try:
         vplan = cloud.get_plan(plan)
     except NotFound:
@@ -306,14 +307,15 @@ def _check_offering(cloud: Cloud, region: str, plan: str) -> OfferingCheck:
             plan,
             None,
             False,
-            f"fleet.plan {plan!r} is not a Vultr plan",
+            f"{'plan' if listed else 'fleet.plan'} {plan!r} is not a Vultr plan",
             "Pick a plan id from https://api.vultr.com/v2/plans (e.g. vc2-1c-2gb).",
         )
     try:
         available = cloud.region_availability(region)
     except NotFound:
         unknown = unknown_region(region)
-        return OfferingCheck(region, plan, None, False, unknown.message, unknown.hint or "")
+        problem = f"region {region!r} is not a Vultr region" if listed else unknown.message
+        return OfferingCheck(region, plan, None, False, problem, unknown.hint or "")
     price = priced(vplan)
     if price is None:
         return OfferingCheck(

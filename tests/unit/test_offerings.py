@@ -475,3 +475,19 @@ def test_a_fallback_to_a_dearer_plan_creates_no_more_than_the_budget_allows_at_i
     assert [v.plan for v in world.cloud.instances.values()] == [BIG.id, BIG.id]
     rows = [r for r in world.ledger.instances.values() if r.state is not InstanceState.GONE]
     assert {r.monthly_cost for r in rows} == {20.0}  # each billed at its own plan's price
+
+
+def test_an_instance_adopted_on_another_offering_is_billed_at_its_plan_unasked(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path, second_plan=BIG)
+    assert world.run().exit_code == 0  # the offerings checked, and kept
+    made = world.cloud.create_instance(
+        region="fra", plan=BIG.id, label="by-hand", tags=[world.cfg.fleet.tag]
+    )
+    world.clock.advance(30)
+    parts, cloud = cron(world)
+    assert world.run(parts).exit_code == 0
+    assert cloud.calls == ["list_instances"]  # its plan's price is an offering's: not asked
+    row = world.ledger.instances["by-hand"]
+    assert (row.instance_id, row.monthly_cost, row.hourly_rate) == (made.id, 20.0, 0.03)
