@@ -585,6 +585,8 @@ def next_change(cfg: Config, decision: Decision) -> datetime | None:
             times.append((row.posted_at or row.created_at) + lifecycle.POST_VISIBILITY_GRACE)
         elif row.state is InstanceState.CREATING:
             times.append(row.created_at + lifecycle.CREATE_VISIBILITY_GRACE + _PAST)
+    # A refusal remembered ends: the preferred offering takes the creates again.
+    times += [v.until for v in decision.offerings if v.until is not None]
     if rows or plan.clamps:
         # Bills, the budget's hours left in the month and paid hours move with the UTC hour.
         times.append(budget.utc(now).replace(minute=0, second=0, microsecond=0) + budget.HOUR)

@@ -32,6 +32,7 @@ from vultrscale.model import (
     OfferingMark,
     PlanPrice,
     Signals,
+    WorkerView,
 )
 from vultrscale.ports import Parts, PassCache
 from vultrscale.reconcile import PassResult, run_pass
@@ -491,3 +492,28 @@ def test_an_instance_adopted_on_another_offering_is_billed_at_its_plan_unasked(
     assert cloud.calls == ["list_instances"]  # its plan's price is an offering's: not asked
     row = world.ledger.instances["by-hand"]
     assert (row.instance_id, row.monthly_cost, row.hourly_rate) == (made.id, 20.0, 0.03)
+
+
+def test_the_end_of_a_remembered_refusal_is_a_moment_the_decision_may_change(
+    tmp_path: Path,
+) -> None:
+    from vultrscale.decision import next_change
+
+    world = World(tmp_path)
+    world.cloud.sell_out("ewr", PLAN.id)
+    world.queue(4)
+    assert world.run().exit_code == 0
+    world.clock.advance(150)  # booted; the refusal has 30 s left
+    for label in list(world.ledger.instances):
+        world.ledger.workers_by_label[label] = WorkerView(label, world.clock.now(), False, 0, True)
+    world.run()
+    world.clock.advance(1)
+    decision = world.run().decision
+    assert decision is not None and decision.steady and not decision.errors
+    until = NOW + timedelta(minutes=3)
+    assert decision.offerings[0].until == until
+    assert next_change(world.cfg, decision) == until
+    forgotten = dataclasses.replace(
+        decision, offerings=tuple(dataclasses.replace(v, until=None) for v in decision.offerings)
+    )
+    assert next_change(world.cfg, forgotten) > until  # the refusal's end is what brings it
