@@ -531,7 +531,9 @@ def _create(
     account's instance limit, an unclear outcome or any other error ends the step. Returns how
     many Vultr accepted."""
     created = 0
-    for choice in step.choices:
+    # A step built without its choices (by hand) goes to its one plan and region.
+    choices = step.choices or (Choice(Offering(step.region, step.plan), step.price, step.count),)
+    for choice in choices:
         while created < min(step.count, choice.upto):
             outcome = _create_one(cfg, parts, ledger, choice, snapshot, now, result)
             if outcome is _Outcome.CREATED:
