@@ -386,13 +386,13 @@ def decide(reads: Readings, cfg: Config) -> Decision:
     steps += _plan_steps(cfg, reads, observation, plan, rows)
     errors = [e for e in (reads.api_error, reads.signal_error, reads.price_error) if e]
     wanted = sum(1 for a in plan.actions if a.kind is ActionKind.CREATE)
-    # Each offering refused a moment ago (a refusal of the checks says it itself).
-    if wanted and reads.offerings and not any(v.usable for v in reads.offerings):  # noqa: SIM102
-        if reads.refused is None:
-            errors.append(
-                f"{wanted} instance(s) wanted, but no offering is usable now: "
-                + "; ".join(f"{v.offering.name}: {v.skip}" for v in reads.offerings)
-            )
+    # Each offering refused a moment ago (a refusal of the checks says it itself, below).
+    unusable = reads.offerings and not any(v.usable for v in reads.offerings)
+    if wanted and unusable and reads.refused is None:
+        errors.append(
+            f"{wanted} instance(s) wanted, but no offering is usable now: "
+            + "; ".join(f"{v.offering.name}: {v.skip}" for v in reads.offerings)
+        )
     if reads.refused is not None:
         # A running fleet whose plan or price stops passing (Vultr raised the price above the
         # ceiling, retired the plan): no create, but drains and deletes go on, or instances
