@@ -523,8 +523,9 @@ def _create_steps(
     if not usable:
         return out
     replaced = [a.label or "" for a in plan.actions if a.kind is ActionKind.REPLACE]
-    ceiling = cfg.budget.monthly_ceiling_usd
-    picks = offerings.choices(observation, usable, count, replaced, ceiling, reads.now)
+    picks = offerings.choices(
+        cfg, observation, usable, count, replaced, plan.demand, plan.floor, reads.now
+    )
     first = picks[0]
     o = first.offering
     out.append(Create(count, o.plan, o.region, first.price, reason, picks))

@@ -210,29 +210,40 @@ class Choice:
 
 
 def choices(
+    cfg: Config,
     observation: Observation,
     usable: Sequence[OfferingView],
     count: int,
     replaced: Iterable[str],
-    ceiling: float,
+    demand: int | None,
+    floor: int,
     now: datetime,
 ) -> tuple[Choice, ...]:
     """The create step's offerings, in order, each bounded by the budget rule at its own
-    plan's price (README "The budget"; the instances that run are billed at theirs). A
-    fallback never creates more in all than the dearest offering tried so far allows, so any
-    mix the step ends with keeps the rule. ``replaced``: instances the plan replaces (leaving:
-    not counted, their cost so far kept)."""
+    plan's price (README "The budget"; the instances that run are billed at theirs) and by
+    what the demand asks at its own ``jobs_per_instance`` (a bigger plan: fewer instances;
+    never fewer than the floor asks). ``count`` is the plan's, sized at the first offering. A
+    fallback never creates more in all than the most limiting offering tried so far allows,
+    so any mix the step ends with keeps the budget and never overshoots the demand.
+    ``replaced``: instances the plan replaces (leaving: not counted, their cost so far kept);
+    ``demand`` None: unread (a create to the floor), sized by ``count`` alone."""
     gone_soon = set(replaced)
     leaving = len(gone_soon) + sum(1 for i in observation.instances if i.state in _LEAVING)
-    staying = sum(
-        1 for i in observation.instances if i.state in CAPACITY_STATES and i.label not in gone_soon
-    )
+    staying = [
+        i for i in observation.instances if i.state in CAPACITY_STATES and i.label not in gone_soon
+    ]
+    slots = [jobs_per_instance(cfg, i.region, i.plan) for i in staying]
+    ceiling = cfg.budget.monthly_ceiling_usd
     out = []
     upto = count
     for v in usable:
         if v.price is None:
             continue
         check = budget.check(observation, v.price, ceiling, now, leaving=gone_soon)
-        upto = min(upto, max(check.max_total - leaving - staying, 0))
+        upto = min(upto, max(check.max_total - leaving - len(staying), 0))
+        if demand is not None:
+            o = v.offering
+            wanted = desired_instances(demand, slots, jobs_per_instance(cfg, o.region, o.plan))
+            upto = min(upto, max(max(wanted, floor) - len(staying), 0))
         out.append(Choice(v.offering, v.price, upto))
     return tuple(out)

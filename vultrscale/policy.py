@@ -259,7 +259,7 @@ class _Sizing:
             desired = self._desired(demand, staying)
             self.reasons.append(
                 f"demand {demand} job(s) (ready {signals.ready}, in flight {signals.in_flight}, "
-                f"expired leases {signals.expired_leases}) at {self.cfg.queue.jobs_per_instance} "
+                f"expired leases {signals.expired_leases}) at {self._per_instance()} "
                 f"per instance -> {desired} instance(s)"
             )
         else:
@@ -362,6 +362,12 @@ class _Sizing:
         return offerings.desired_instances(
             demand, slots, offerings.jobs_per_instance(cfg, first.region, first.plan)
         )
+
+    def _per_instance(self) -> str:
+        """Jobs per instance as the demand's reason says it."""
+        if any(o.jobs_per_instance for o in offerings.of(self.cfg)):
+            return "each offering's jobs"
+        return str(self.cfg.queue.jobs_per_instance)
 
     def _idle_since(self) -> datetime | None:
         """When the queue went idle; None when busy or when the queue could not be read."""

@@ -138,7 +138,7 @@ def test_desired_instances_count_each_instance_at_its_offerings_jobs(
 
 
 def _cfg(**fleet: Any) -> Config:
-    f = dataclasses.replace(Config().fleet, offerings=(FIRST, SECOND), **fleet)
+    f = dataclasses.replace(Config().fleet, **{"offerings": (FIRST, SECOND), **fleet})
     return dataclasses.replace(Config(), fleet=f)
 
 
@@ -193,9 +193,23 @@ def test_each_choice_is_bounded_by_the_budget_at_the_dearest_price_tried_so_far(
     obs = Observation(instances=(), signals=Signals(40, 0), price=PlanPrice("a", 10.0))
     cheap = offerings.OfferingView(Offering("ewr", "a"), PlanPrice("a", 10.0))
     dear = offerings.OfferingView(Offering("fra", "b"), PlanPrice("b", 25.0))
-    picks = offerings.choices(obs, [cheap, dear, cheap], 5, (), 50.0, NOW)
+    cfg = dataclasses.replace(
+        Config(), budget=dataclasses.replace(Config().budget, monthly_ceiling_usd=50.0)
+    )
+    picks = offerings.choices(cfg, obs, [cheap, dear, cheap], 5, (), 40, 0, NOW)
     # $50 holds 5 at $10, 2 at $25; after the dear one, never more than 2 in all.
     assert [c.upto for c in picks] == [5, 2, 2]
+
+
+@pytest.mark.parametrize("floor, want", [(0, [4, 2]), (3, [4, 3])], ids=["demand", "floor-holds"])
+def test_each_choice_is_bounded_by_what_the_demand_asks_at_its_own_jobs(
+    floor: int, want: list[int]
+) -> None:
+    cfg = _cfg(offerings=(FIRST, Offering("fra", BIG.id, 8)))
+    obs = Observation(instances=(), signals=Signals(16, 0), price=PlanPrice(PLAN.id, 10.0))
+    views = [offerings.OfferingView(o, PlanPrice(o.plan, 10.0)) for o in offerings.of(cfg)]
+    picks = offerings.choices(cfg, obs, views, 4, (), 16, floor, NOW)
+    assert [c.upto for c in picks] == want
 
 
 def test_scale_in_drains_the_least_preferred_offering_first() -> None:
@@ -250,7 +264,9 @@ def test_a_refused_create_is_classified_by_vultrs_words(text: str, kind: type) -
 class World:
     """A fleet of two offerings (ewr, then fra) on in-memory ports; 4 jobs per instance."""
 
-    def __init__(self, tmp_path: Path, second_plan: VPlan = PLAN, **policy_: Any) -> None:
+    def __init__(
+        self, tmp_path: Path, second_plan: VPlan = PLAN, second_jobs: int = 0, **policy_: Any
+    ) -> None:
         self.clock = FakeClock(NOW)
         self.cloud = MemoryCloud(
             self.clock,
@@ -269,7 +285,8 @@ class World:
             f'[fleet]\nsnapshot_id = "{SNAPSHOT}"\nssh_key = "{key}"\n'
             f'[[fleet.offerings]]\nregion = "ewr"\nplan = "{PLAN.id}"\n'
             f'[[fleet.offerings]]\nregion = "fra"\nplan = "{second_plan.id}"\n'
-            f"[policy]\n{lines}[budget]\nmonthly_ceiling_usd = 200.0\n"
+            + (f"jobs_per_instance = {second_jobs}\n" if second_jobs else "")
+            + f"[policy]\n{lines}[budget]\nmonthly_ceiling_usd = 200.0\n"
         )
         env = {"VULTR_API_KEY": "k" * 32, "WORKER_DATABASE_URL": "postgresql://w@nowhere/db"}
         self.cfg = config_mod.load(tmp_path / "vultrscale.toml", env=env)
@@ -517,3 +534,15 @@ def test_the_end_of_a_remembered_refusal_is_a_moment_the_decision_may_change(
         decision, offerings=tuple(dataclasses.replace(v, until=None) for v in decision.offerings)
     )
     assert next_change(world.cfg, forgotten) > until  # the refusal's end is what brings it
+
+
+def test_a_fallback_to_a_bigger_plan_creates_the_fewer_instances_it_needs(tmp_path: Path) -> None:
+    world = World(tmp_path, second_plan=BIG, second_jobs=8)
+    world.cloud.sell_out("ewr", PLAN.id)
+    world.queue(16)  # 4 small instances, or 2 big ones
+    result = world.run()
+    assert result.exit_code == 0, result.errors
+    assert [v.plan for v in world.cloud.instances.values()] == [BIG.id, BIG.id]
+    world.clock.advance(30)
+    result = world.run()
+    assert result.plan is not None and result.plan.desired == 2 and not result.plan.actions
