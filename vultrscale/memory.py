@@ -482,6 +482,12 @@ class MemoryDrain:
         pass
 
 
+def _user_data(label: str, private: str, public: str, concurrency: int | None = None) -> str:
+    """A stand-in user-data: no template rendered in the unit tier or the simulator."""
+    jobs = f"# concurrency: {concurrency}\n" if concurrency else ""
+    return f"#cloud-config\nhostname: {label}\n{jobs}"
+
+
 def host_keys() -> Callable[[], tuple[str, str]]:
     """A keygen that numbers its keys: no cryptography in the unit tier or the simulator."""
     n = itertools.count(1)
@@ -507,7 +513,7 @@ def memory_parts(
         drain=drain,
         clock=clock,
         keygen=host_keys(),
-        render_user_data=lambda label, private, public: f"#cloud-config\nhostname: {label}\n",
+        render_user_data=_user_data,
         preflight=preflight,
         rng=random.Random(seed),
     )

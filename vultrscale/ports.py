@@ -224,6 +224,15 @@ class DrainTransport(Protocol):
     def close(self) -> None: ...
 
 
+class UserDataRenderer(Protocol):
+    """The user-data of a new instance: its label, its host key pair (private, public) and the
+    jobs its worker runs at once (its offering's ``jobs_per_instance``; None: the config's)."""
+
+    def __call__(
+        self, label: str, private: str, public: str, concurrency: int | None = None
+    ) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PriceCheck:
     """The offering checks this process made and saved in the ledger, and when."""
@@ -251,7 +260,7 @@ class Parts:
     drain: DrainTransport
     clock: Clock
     keygen: Callable[[], tuple[str, str]]  # -> (private OpenSSH PEM, public line)
-    render_user_data: Callable[[str, str, str], str]  # (label, host private, host public)
+    render_user_data: UserDataRenderer
     # Local preconditions, each raising UsageError: run before anything is changed.
     preflight: Sequence[Callable[[], object]] = ()
     # Local checks that depend on the plan (the scaler's key, loaded only by a pass that drains

@@ -564,7 +564,12 @@ def _create_one(
     f, o, price = cfg.fleet, choice.offering, choice.price
     label = new_label(cfg, parts.rng, now)
     private, public = parts.keygen()
-    user_data = parts.render_user_data(label, private, public)
+    # A worker runs as many jobs at once as its offering is sized for (asked only then: a
+    # renderer written before offerings takes three arguments).
+    if o.jobs_per_instance:
+        user_data = parts.render_user_data(label, private, public, o.jobs_per_instance)
+    else:
+        user_data = parts.render_user_data(label, private, public)
     ledger.insert_intent(
         label=label,
         plan=o.plan,

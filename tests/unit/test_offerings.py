@@ -546,3 +546,28 @@ def test_a_fallback_to_a_bigger_plan_creates_the_fewer_instances_it_needs(tmp_pa
     world.clock.advance(30)
     result = world.run()
     assert result.plan is not None and result.plan.desired == 2 and not result.plan.actions
+
+
+def test_an_instance_of_an_offering_with_its_own_jobs_runs_that_many_at_once(
+    tmp_path: Path,
+) -> None:
+    from vultrscale import cloudinit
+    from vultrscale.cloudinit import worker_env
+
+    world = World(tmp_path, second_plan=BIG, second_jobs=8)
+    rendered: list[tuple[str, int | None]] = []
+
+    def render(label: str, private: str, public: str, concurrency: int | None = None) -> str:
+        rendered.append((label, concurrency))
+        return "#cloud-config\n"
+
+    world.parts = dataclasses.replace(world.parts, render_user_data=render)
+    world.cloud.sell_out("ewr", PLAN.id)
+    world.queue(8)
+    assert world.run().exit_code == 0
+    assert [c for _, c in rendered] == [None, 8]  # ewr refused (the queue's 4), fra's 8
+    env = worker_env(world.cfg, "w-1", show_secrets=False, concurrency=8)
+    assert 'VULTRSCALE_WORKER_CONCURRENCY="8"\n' in env
+    assert 'VULTRSCALE_WORKER_CONCURRENCY="4"\n' in cloudinit.worker_env(
+        world.cfg, "w-1", show_secrets=False
+    )
