@@ -71,8 +71,12 @@ def env_quote(value: str) -> str:
     return f'"{escaped}"'
 
 
-def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
-    """The worker's environment file (``/etc/vultrscale/worker.env``, mode 0600)."""
+def worker_env(
+    cfg: Config, label: str, *, show_secrets: bool, concurrency: int | None = None
+) -> str:
+    """The worker's environment file (``/etc/vultrscale/worker.env``, mode 0600).
+    ``concurrency``: the jobs an instance of its offering runs (its ``jobs_per_instance``),
+    else ``worker.concurrency``."""
     # Refuses (UsageError) rather than fall back to the scaler's own credentials unasked.
     url = cfg.worker_database_url().reveal()
     w = cfg.worker
@@ -82,7 +86,7 @@ def worker_env(cfg: Config, label: str, *, show_secrets: bool) -> str:
         "VULTRSCALE_WORKER_ID": label,
         "VULTRSCALE_INSTANCE_LABEL": label,
         "VULTRSCALE_WORKER_APP": w.app,
-        "VULTRSCALE_WORKER_CONCURRENCY": str(w.concurrency),
+        "VULTRSCALE_WORKER_CONCURRENCY": str(concurrency or w.concurrency),
         "VULTRSCALE_WORKER_DRAIN_SECONDS": f"{w.drain_seconds:g}",
         "VULTRSCALE_WORKER_LEASE_SECONDS": f"{w.lease_seconds:g}",
         "VULTRSCALE_WORKER_QUEUE": w.queue,
@@ -127,8 +131,10 @@ def render_user_data(
     scaler_public_key: str,
     *,
     show_secrets: bool,
+    concurrency: int | None = None,
 ) -> str:
-    """The #cloud-config document for instance ``label``.
+    """The #cloud-config document for instance ``label``; ``concurrency``: its offering's
+    ``jobs_per_instance`` (None: ``worker.concurrency``).
 
     With ``show_secrets`` False the database password and the private host key are masked
     (for display); the create call renders with ``show_secrets=True``.
@@ -151,7 +157,7 @@ def render_user_data(
         "host_key_public": host_key_public.strip(),
         "ssh_user": cfg.fleet.ssh_user,
         "scaler_public_key": scaler_public_key.strip(),
-        "worker_env": worker_env(cfg, label, show_secrets=show_secrets),
+        "worker_env": worker_env(cfg, label, show_secrets=show_secrets, concurrency=concurrency),
         "sudoers": render_sudoers(cfg.fleet.ssh_user, cfg.fleet.service),
         "unit_dropin_path": f"/etc/systemd/system/{cfg.fleet.service}.service.d/vultrscale.conf",
         "unit_dropin": unit_dropin(cfg),

@@ -218,6 +218,23 @@ class Secret:
 
 
 @dataclass(frozen=True)
+class Offering:
+    """A place and size the fleet may create instances in: a Vultr region and plan.
+    ``jobs_per_instance`` 0: the queue's (``queue.jobs_per_instance``). A fleet lists them in
+    order of preference (``[[fleet.offerings]]``); without the list it has one, ``fleet.region``
+    and ``fleet.plan`` (``vultrscale.offerings.of``)."""
+
+    region: str
+    plan: str
+    jobs_per_instance: int = 0
+
+    @property
+    def name(self) -> str:
+        """How status, the ledger and the metrics name it: ``region/plan``."""
+        return f"{self.region}/{self.plan}"
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     name: str = "workers"
     region: str = "ewr"
@@ -232,6 +249,10 @@ class FleetConfig:
     ssh_address: str = "main_ip"
     vpc_ids: tuple[str, ...] = ()
     firewall_group_id: str = ""
+    # In order of preference; empty: the one offering of region and plan above.
+    offerings: tuple[Offering, ...] = ()
+    # How long an offering whose create Vultr refused (sold out, not available) is skipped.
+    unavailable_for: timedelta = timedelta(minutes=3)
 
 
 @dataclass(frozen=True)
@@ -919,12 +940,15 @@ def _build_section(
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         if isinstance(value, _FromEnv) and (
-            key == "floor" or isinstance(default, bool | int | float | timedelta | tuple)
+            key in ("floor", "offerings")
+            or isinstance(default, bool | int | float | timedelta | tuple)
         ):
             value = _from_env(value)
         try:
             if key == "floor":
                 kwargs[key] = _build_floors(value, problems)
+            elif section == "fleet" and key == "offerings":
+                kwargs[key] = _build_offerings(value, raw, problems)
             else:
                 kwargs[key] = _coerce(where, value, default)
         except ValueError as exc:
@@ -990,6 +1014,45 @@ def _build_floors(value: Any, problems: list[str]) -> tuple[FloorConfig, ...]:
             continue
         floors.append(FloorConfig(cron=cron, timezone=tz, min_instances=n))
     return tuple(floors)
+
+
+def _build_offerings(value: Any, raw: dict[str, Any], problems: list[str]) -> tuple[Offering, ...]:
+    """``[[fleet.offerings]]``: each a table of region, plan and optionally jobs_per_instance.
+    Given with ``fleet.region`` or ``fleet.plan`` it is a problem that says which to keep."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(
+            "fleet.offerings: expected [[fleet.offerings]] tables, each with region and plan"
+        )
+    both = [k for k in ("region", "plan") if k in raw]
+    if both:
+        keys = " and ".join(f"fleet.{k}" for k in both)
+        problems.append(
+            f"fleet.offerings: given together with {keys}: keep [[fleet.offerings]] and delete "
+            f"{keys} (the first offering is the preferred one), or delete the offerings to "
+            "keep one region and plan"
+        )
+    out = []
+    for i, item in enumerate(value):
+        where = f"fleet.offerings[{i}]"
+        if not isinstance(item, dict):
+            problems.append(f"{where}: expected a table with region, plan, jobs_per_instance")
+            continue
+        for key in sorted(set(item) - {"region", "plan", "jobs_per_instance"}):
+            problems.append(f"{where}.{key}: unknown key (known: region, plan, jobs_per_instance)")
+        region, plan, jobs = item.get("region"), item.get("plan"), item.get("jobs_per_instance", 0)
+        bad = False
+        for key, got in (("region", region), ("plan", plan)):
+            if not isinstance(got, str):
+                problems.append(f'{where}.{key}: required, a string such as "ewr" or "vc2-1c-2gb"')
+                bad = True
+        if not isinstance(jobs, int) or isinstance(jobs, bool):
+            problems.append(
+                f"{where}.jobs_per_instance: expected a whole number, got {shown(jobs)}"
+            )
+            bad = True
+        if not bad:
+            out.append(Offering(str(region), str(plan), int(jobs)))
+    return tuple(out)
 
 
 MAX_FLEET = 10_000
@@ -1065,6 +1128,32 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"fleet.ssh_user: {shown(f.ssh_user)} is not a valid user name")
     if f.ssh_address not in ("main_ip", "internal_ip"):
         p.append(f"fleet.ssh_address: {shown(f.ssh_address)} must be main_ip or internal_ip")
+    seen: set[tuple[str, str]] = set()
+    for i, o in enumerate(f.offerings):
+        where = f"fleet.offerings[{i}]"
+        if not _REGION.fullmatch(o.region):
+            p.append(f'{where}.region: {shown(o.region)} is not a Vultr region id (such as "ewr")')
+        if not _PLAN.fullmatch(o.plan):
+            p.append(f"{where}.plan: {shown(o.plan)} is not a Vultr plan id ({PLAN_FORM})")
+        if o.jobs_per_instance and not 1 <= o.jobs_per_instance <= 100_000:
+            p.append(
+                f"{where}.jobs_per_instance: {o.jobs_per_instance} is out of range: allowed 1 "
+                "to 100000 (or leave it out: queue.jobs_per_instance)"
+            )
+        if (o.region, o.plan) in seen:
+            p.append(f"{where}: {o.name} is listed twice; keep the first")
+        seen.add((o.region, o.plan))
+    if f.vpc_ids and len({o.region for o in f.offerings}) > 1:
+        p.append(
+            "fleet.vpc_ids: a VPC belongs to one region, and the fleet.offerings are in "
+            f"{len({o.region for o in f.offerings})} regions (a create elsewhere would be "
+            "refused): keep the offerings in the VPCs' region, or empty vpc_ids"
+        )
+    if not timedelta(0) < f.unavailable_for <= timedelta(days=1):
+        p.append(
+            f"fleet.unavailable_for: {format_duration(f.unavailable_for)} is out of range: "
+            "allowed 1s to 1d (how long a refused offering is skipped)"
+        )
     if f.snapshot_id and not VULTR_ID.fullmatch(f.snapshot_id):
         p.append(
             f"fleet.snapshot_id: {shown(f.snapshot_id)} is not {VULTR_ID_FORM} (or empty: "

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget, lifecycle, policy
+from vultrscale import budget, lifecycle, offerings, policy
 from vultrscale.config import Config
 from vultrscale.errors import UsageError
 from vultrscale.lifecycle import Transition, Verdict
@@ -48,6 +48,7 @@ from vultrscale.model import (
     WorkerView,
     frozen_from,
 )
+from vultrscale.offerings import Choice, OfferingView
 
 if TYPE_CHECKING:
     from vultrscale.vultr.models import VInstance, VPlan
@@ -74,6 +75,9 @@ class Readings:
     price_error: str | None = None  # an adopted instance's plan Vultr lists without a price
     # The plan, its region or its price refused: nothing may be created this pass.
     refused: UsageError | None = None
+    # The fleet's offerings in order, each usable or skipped and why (README "Offerings");
+    # empty: not checked (readings made without them), the fleet's one plan at ``price``.
+    offerings: tuple[OfferingView, ...] = ()
 
 
 # --- the steps ---------------------------------------------------------------------------------
@@ -199,14 +203,17 @@ class Revive:
 
 @dataclass(frozen=True, slots=True)
 class Create:
-    """``count`` new instances of the fleet's plan at ``price``, each intent written right
-    before its POST; the reason is the plan's."""
+    """``count`` new instances, each intent written right before its POST, on the usable
+    offerings in order of preference (``choices``, each at its plan's price and bounded by
+    the budget at it): a create refused for an offering goes on with the next. ``plan``,
+    ``region`` and ``price`` are the first choice's. The reason is the plan's."""
 
     count: int
     plan: str
     region: str
     price: PlanPrice
     reason: str
+    choices: tuple[Choice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +258,7 @@ class Decision:
     refused: bool  # the plan or price refused: no create, and the pass ends with exit 2
     refused_outright: bool  # ... with nothing to wind down: stop before any change
     rows: Mapping[str, LedgerRow]  # the ledger as the transitions, verdicts and revives leave it
+    offerings: tuple[OfferingView, ...] = ()  # each offering usable or skipped, and why
 
     @property
     def creates(self) -> int:
@@ -352,6 +360,8 @@ def _instance(cfg: Config, reads: Readings, row: LedgerRow, billed: float) -> In
             "revivable": lifecycle.revivable(
                 before.state if before else row.state, service, target(cfg, row, v) is not None
             ),
+            "plan": row.plan or "",
+            "region": row.region or "",
         },
     )
 
@@ -417,8 +427,16 @@ def decide(reads: Readings, cfg: Config) -> Decision:
     steps: list[Step] = [*_ledger_steps(reads, transitions)]
     if reads.api_error is None:  # drains are judged on what the cloud showed this pass
         steps += _drain_steps(cfg, reads, verdicts, rows, revived)
-    steps += _plan_steps(cfg, reads, plan, rows)
+    steps += _plan_steps(cfg, reads, observation, plan, rows)
     errors = [e for e in (reads.api_error, reads.signal_error, reads.price_error) if e]
+    wanted = sum(1 for a in plan.actions if a.kind is ActionKind.CREATE)
+    # Each offering refused a moment ago (a refusal of the checks says it itself, below).
+    unusable = reads.offerings and not any(v.usable for v in reads.offerings)
+    if wanted and unusable and reads.refused is None:
+        errors.append(
+            f"{wanted} instance(s) wanted, but no offering is usable now: "
+            + "; ".join(f"{v.offering.name}: {v.skip}" for v in reads.offerings)
+        )
     if reads.refused is not None:
         # A running fleet whose plan or price stops passing (Vultr raised the price above the
         # ceiling, retired the plan): no create, but drains and deletes go on, or instances
@@ -434,6 +452,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         refused=reads.refused is not None,
         refused_outright=reads.refused is not None and not (reads.rows or reads.listed),
         rows=rows,
+        offerings=reads.offerings,
     )
 
 
@@ -494,7 +513,11 @@ def _drain_steps(
 
 
 def _plan_steps(
-    cfg: Config, reads: Readings, plan: Plan, rows: Mapping[str, LedgerRow]
+    cfg: Config,
+    reads: Readings,
+    observation: Observation,
+    plan: Plan,
+    rows: Mapping[str, LedgerRow],
 ) -> list[Step]:
     """The plan's replacements and scale-in (each marked draining before any stop is sent),
     its creates, and the fleet state the next pass reads."""
@@ -529,8 +552,7 @@ def _plan_steps(
                 revives += 1
     creates = [a for a in plan.actions if a.kind is ActionKind.CREATE]
     if creates and reads.price is not None:
-        f = cfg.fleet
-        out.append(Create(len(creates), f.plan, f.region, reads.price, creates[0].reason))
+        out += _create_steps(cfg, reads, observation, plan, len(creates), creates[0].reason)
     down = reads.now if plan.drains else reads.state.last_scale_down
     created = bool(out) and isinstance(out[-1], Create)  # its outcome may move last_scale_up
     # A revive moves last_scale_up too (the outcome decides it, as for a create). The revived
@@ -543,6 +565,43 @@ def _plan_steps(
     ):
         out.append(SaveFleetState(reads.state, down, plan.idle_since))
     return out
+
+
+def _create_steps(
+    cfg: Config,
+    reads: Readings,
+    observation: Observation,
+    plan: Plan,
+    count: int,
+    reason: str,
+) -> list[Step]:
+    """The offerings skipped (each a note with its reason, for the ledger) and the create
+    step on the usable ones, in order, each bounded by the budget at its own price."""
+    assert reads.price is not None
+    views = reads.offerings or (
+        OfferingView(offerings.of(cfg)[0], reads.price),  # readings made without checks
+    )
+    out: list[Step] = [
+        Note(f"offering {v.offering.name}", f"skipped: {v.skip}{_for(v, reads.now)}")
+        for v in views
+        if not v.usable
+    ]
+    usable = [v for v in views if v.usable]
+    if not usable:
+        return out
+    replaced = [a.label or "" for a in plan.actions if a.kind is ActionKind.REPLACE]
+    picks = offerings.choices(
+        cfg, observation, usable, count, replaced, plan.demand, plan.floor, reads.now
+    )
+    first = picks[0]
+    o = first.offering
+    out.append(Create(count, o.plan, o.region, first.price, reason, picks))
+    return out
+
+
+def _for(view: OfferingView, now: datetime) -> str:
+    left = view.left_s(now)
+    return f"; skipped {left}s more" if left else ""
 
 
 # --- when the decision could change ------------------------------------------------------------
@@ -594,6 +653,8 @@ def next_change(cfg: Config, decision: Decision) -> datetime | None:
             times.append((row.posted_at or row.created_at) + lifecycle.POST_VISIBILITY_GRACE)
         elif row.state is InstanceState.CREATING:
             times.append(row.created_at + lifecycle.CREATE_VISIBILITY_GRACE + _PAST)
+    # A refusal remembered ends: the preferred offering takes the creates again.
+    times += [v.until for v in decision.offerings if v.until is not None]
     if rows or plan.clamps:
         # Bills, the budget's hours left in the month and paid hours move with the UTC hour.
         times.append(budget.utc(now).replace(minute=0, second=0, microsecond=0) + budget.HOUR)
@@ -627,4 +688,5 @@ def demand_band(cfg: Config, decision: Decision) -> tuple[int, int | None] | Non
     )
     if plan.cap <= running or cooling:
         return 1, None
-    return 1, running * cfg.queue.jobs_per_instance
+    slots = sum(offerings.jobs_per_instance(cfg, i.region, i.plan) for i in observation.instances)
+    return 1, slots

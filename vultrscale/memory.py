@@ -34,15 +34,22 @@ from vultrscale.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
+    OfferingMark,
     PassEvent,
-    PlanPrice,
     ServiceState,
     Signals,
     StoredReads,
     WorkerView,
 )
+from vultrscale.offerings import OfferingCheck
 from vultrscale.ports import QueueSignals, Session, read_apart
-from vultrscale.vultr.errors import InstanceLocked, NotFound
+from vultrscale.vultr.errors import (
+    BadRequest,
+    InstanceLimit,
+    InstanceLocked,
+    NotFound,
+    OfferingUnavailable,
+)
 from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
 if TYPE_CHECKING:
@@ -76,6 +83,42 @@ class MemoryCloud:
         self._ids = itertools.count(1)
         self.posts = 0
         self.deletes = 0
+        # Stock (README "Offerings"): (region, plan) sold out, each refusing creates; the
+        # account's instance limit (None: none). See sell_out, restock.
+        self.sold_out: set[tuple[str, str]] = set()
+        self.instance_limit: int | None = None
+        self.refused = 0  # creates refused for stock or the limit (not counted in ``posts``)
+
+    def sell_out(self, region: str, plan: str, *, unlist: bool = False) -> None:
+        """The plan runs out of stock in the region: creates there are refused (as Vultr words
+        it); ``unlist``: the region's availability stops listing the plan too."""
+        self.sold_out.add((region, plan))
+        if unlist:
+            self.regions.get(region, set()).discard(plan)
+
+    def restock(self, region: str, plan: str) -> None:
+        """The plan is back in the region: listed, and creates there succeed."""
+        self.sold_out.discard((region, plan))
+        self.regions.setdefault(region, set()).add(plan)
+
+    def _refusal(self, region: str, plan: str) -> BadRequest | None:
+        """The refusal Vultr would answer a create on ``region``/``plan`` with, if any: the
+        account's limit first (it holds whatever the plan), then the stock."""
+        if self.instance_limit is not None and len(self.instances) >= self.instance_limit:
+            text = "You have reached the maximum number of active virtual machines for this account"
+            return InstanceLimit(
+                f"POST /v2/instances failed: 400 {text}", status=400, api_message=text
+            )
+        if (region, plan) in self.sold_out or plan not in self.regions.get(region, set()):
+            text = (
+                "Plan is not available in the selected datacenter. This could mean you have "
+                "chosen the wrong plan for this datacenter, or the location you have selected "
+                "does not have any more capacity."
+            )
+            return OfferingUnavailable(
+                f"POST /v2/instances failed: 400 {text}", status=400, api_message=text
+            )
+        return None
 
     def _tick(self) -> None:
         if not self._booting:
@@ -117,6 +160,10 @@ class MemoryCloud:
         attach_vpc: Sequence[str] = (),
         firewall_group_id: str | None = None,
     ) -> VInstance:
+        refusal = self._refusal(region, plan)
+        if refusal is not None:
+            self.refused += 1
+            raise refusal
         self.posts += 1
         iid = f"inst-{next(self._ids)}"
         now = self.clock.now()
@@ -177,8 +224,10 @@ class MemoryLedger:
     snapshot: str | None = None
     held_elsewhere: bool = False
     lock_extensions: list[float] = field(default_factory=list)  # this pass's extend_lock's
-    # (plan, region) -> (price, checked at): the plan checks every pass shares.
-    plan_checks: dict[tuple[str, str], tuple[PlanPrice, datetime]] = field(default_factory=dict)
+    # (plan, region) -> (check, checked at): the offering checks every pass shares.
+    plan_checks: dict[tuple[str, str], tuple[OfferingCheck, datetime]] = field(default_factory=dict)
+    # (region, plan) -> the refused creates remembered (offering_marks).
+    marks: dict[tuple[str, str], OfferingMark] = field(default_factory=dict)
 
     def lock(self) -> bool:
         self.lock_extensions.clear()  # one pass's: a long simulation keeps no history
@@ -208,19 +257,32 @@ class MemoryLedger:
         return self.state
 
     def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
-        return read_apart(self, since, seen_within, signals)
+        return replace(
+            read_apart(self, since, seen_within, signals), marks=tuple(self.marks.values())
+        )
 
     def recorded_snapshot(self) -> str | None:
         return self.snapshot
 
-    def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
-        found = self.plan_checks.get((plan, region))
-        if found is None or not now - ttl < found[1] <= now:
-            return None
-        return found[0]
+    def offering_checks(
+        self, keys: Sequence[tuple[str, str]], now: datetime, ttl: timedelta
+    ) -> dict[tuple[str, str], OfferingCheck]:
+        out = {}
+        for region, plan in keys:
+            found = self.plan_checks.get((plan, region))
+            if found is not None and now - ttl < found[1] <= now:
+                check = found[0]  # as Postgres gives it back: the price and the listing
+                out[(region, plan)] = OfferingCheck.of(region, plan, check.price, check.listed)
+        return out
 
-    def save_plan_check(self, price: PlanPrice, region: str, now: datetime) -> None:
-        self.plan_checks[(price.plan, region)] = (price, now)
+    def save_offering_check(self, check: OfferingCheck, now: datetime) -> None:
+        if check.price is not None:
+            self.plan_checks[(check.plan, check.region)] = (check, now)
+
+    def mark_unavailable(self, region: str, plan: str, until: datetime, reason: str) -> None:
+        before = self.marks.get((region, plan))
+        refusals = before.refusals + 1 if before else 1
+        self.marks[(region, plan)] = OfferingMark(region, plan, until, reason, refusals)
 
     def insert_intent(
         self,
@@ -443,6 +505,12 @@ class MemoryDrain:
         pass
 
 
+def _user_data(label: str, private: str, public: str, concurrency: int | None = None) -> str:
+    """A stand-in user-data: no template rendered in the unit tier or the simulator."""
+    jobs = f"# concurrency: {concurrency}\n" if concurrency else ""
+    return f"#cloud-config\nhostname: {label}\n{jobs}"
+
+
 def host_keys() -> Callable[[], tuple[str, str]]:
     """A keygen that numbers its keys: no cryptography in the unit tier or the simulator."""
     n = itertools.count(1)
@@ -468,7 +536,7 @@ def memory_parts(
         drain=drain,
         clock=clock,
         keygen=host_keys(),
-        render_user_data=lambda label, private, public: f"#cloud-config\nhostname: {label}\n",
+        render_user_data=_user_data,
         preflight=preflight,
         rng=random.Random(seed),
     )

@@ -29,6 +29,8 @@ _UNKNOWN = float("nan")
 # The exit codes a pass ends with (README "Commands"): each series exists from the start, at 0,
 # so that an alert's increase() sees the first failure too (a series born at 1 shows none).
 _EXIT_CODES = ("0", "1", "2")
+# How a create can be refused (``PassResult.refusals``).
+_REFUSAL_KINDS = ("unavailable", "unclassified", "instance_limit")
 # The states a drain runs through until the instance is gone.
 _DRAINING = (InstanceState.DRAINING, InstanceState.DELETING)
 
@@ -97,6 +99,25 @@ class Metrics:
             lbl,
             registry=r,
         )
+        self.refusals = Counter(
+            "vultrscale_create_refusals",
+            "Creates Vultr refused, by offering (region/plan) and kind: unavailable (sold out, "
+            "not offered), unclassified (words not recognised), instance_limit",
+            ["fleet", "offering", "kind"],
+            registry=r,
+        )
+        self.unavailable = Gauge(
+            "vultrscale_offering_unavailable_seconds",
+            "Time left on a remembered refusal of the offering (0: usable or not refused)",
+            ["fleet", "offering"],
+            registry=r,
+        )
+        self.usable = Gauge(
+            "vultrscale_offering_usable",
+            "1 when the offering can take a create now, 0 when it is skipped",
+            ["fleet", "offering"],
+            registry=r,
+        )
         for code in _EXIT_CODES:
             self.passes.labels(fleet, code)
         for kind in ActionKind:
@@ -111,6 +132,11 @@ class Metrics:
         m.ceiling.labels(m.fleet).set(cfg.budget.monthly_ceiling_usd)
         deadline = cfg.drain.timeout + DRAIN_MARGIN
         m.drain_deadline.labels(m.fleet).set(deadline.total_seconds())
+        from vultrscale.offerings import of
+
+        for o in of(cfg):  # each series from the start, at 0: increase() sees the first one
+            for kind in _REFUSAL_KINDS:
+                m.refusals.labels(m.fleet, o.name, kind)
         return m
 
     def observe(self, result: PassResult) -> None:
@@ -118,6 +144,13 @@ class Metrics:
         self.passes.labels(f, str(result.exit_code)).inc()
         self.duration.labels(f).set(result.duration_s)
         self.last_pass.labels(f).set(result.at.timestamp())
+        for offering, kind in result.refusals:
+            self.refusals.labels(f, offering, kind).inc()
+        if result.decision is not None:
+            for v in result.decision.offerings:
+                left = (v.until - result.at).total_seconds() if v.until else 0.0
+                self.unavailable.labels(f, v.offering.name).set(max(left, 0.0))
+                self.usable.labels(f, v.offering.name).set(1 if v.usable else 0)
         obs, plan = result.observation, result.plan
         if obs is not None:
             for state in InstanceState:

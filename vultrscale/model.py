@@ -174,6 +174,20 @@ class StoredReads:
     state: FleetState
     signals: Signals | None = None
     signal_error: DatabaseError | None = None
+    # Offerings whose creates Vultr refused, remembered by earlier passes (any process).
+    marks: tuple[OfferingMark, ...] = ()
+
+
+@dataclass(frozen=True)
+class OfferingMark:
+    """A create Vultr refused on ``region``/``plan``: the offering is skipped until ``until``.
+    ``refusals`` counts every refusal the fleet has had there (the metrics' counter)."""
+
+    region: str
+    plan: str
+    until: datetime
+    reason: str
+    refusals: int = 1
 
 
 @dataclass(frozen=True)
@@ -201,6 +215,8 @@ class Instance:
     # whether its worker can be started again instead of a create (``lifecycle.revivable``).
     service: ServiceState | None = None
     revivable: bool = False
+    plan: str = ""  # its Vultr plan and region (the offering it runs on); "": not known
+    region: str = ""
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,12 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from vultrscale import budget, lifecycle
+from vultrscale import budget, lifecycle, offerings
 from vultrscale.config import Config
 from vultrscale.decision import Readings, priced, target
 from vultrscale.errors import UsageError
 from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
+from vultrscale.offerings import OfferingCheck
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, Parts, QueueSignals
 from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import AuthError, NotFound, VultrError
@@ -35,15 +36,16 @@ def observe(
     ledger: FleetLedger,
     signals_port: QueueSignals,
     now: datetime,
-    price: PlanPrice | None,
+    checks: Mapping[tuple[str, str], OfferingCheck],
     api_error: str | None,
     refused: UsageError | None = None,
     *,
     probe: bool,
 ) -> Readings:
     """Read the cloud, the ledger, the queue and (with ``probe``) the draining hosts.
-    ``api_error``: the price could not be read, so the cloud is not asked again; ``refused``:
-    the plan or its price refused, nothing may be created (the decision's to weigh)."""
+    ``checks``: the offerings' prices and availability (``reconcile._offering_checks``);
+    ``api_error``: they could not be read, so the cloud is not asked again; ``refused``: no
+    offering passes, nothing may be created (the decision's to weigh)."""
     listing = _listing(parts, cfg.fleet.tag, skip=api_error is not None)
     # The rows, the workers, the fleet state and the queue's signals: one round trip to Postgres.
     stored = ledger.reads(budget.month_bounds(now)[0], lifecycle.WORKER_SEEN_WITHIN, signals_port)
@@ -58,6 +60,10 @@ def observe(
         else:
             rows[r.label] = r
     workers, state = stored.workers, stored.state
+    # Each offering usable or skipped (its check, a refusal remembered); the price of the
+    # first usable one is the one new instances are weighed at (the budget, the policy).
+    views = offerings.views(cfg, checks, stored.marks, now) if checks else ()
+    price = _fleet_price(views)
     listed: dict[str, VInstance] = {}
     try:
         listed = lifecycle.by_label(listing(), rows)
@@ -77,11 +83,14 @@ def observe(
     # see ``lifecycle.by_label``) has its worker report under its own label: those workers'
     # heartbeats and live leases are its too (never deleted while they hold one).
     _add_workers(ledger, workers, listed, unknown)
-    prices: dict[str, PlanPrice] = {price.plan: price} if price is not None else {}
+    # Every offering's price is known: an adopted instance on one is billed at it, unasked.
+    prices = {v.price.plan: v.price for v in views if v.price is not None}
+    if price is not None:
+        prices[price.plan] = price
     price_error = None
     if unknown and api_error is None:
         try:
-            price_error = _adopted_prices(cfg, parts.cloud, listed, unknown, prices)
+            price_error = _adopted_prices(price, parts.cloud, listed, unknown, prices)
         except AuthError:
             raise
         except VultrError as exc:  # adopted at a guessed price, never: the pass holds
@@ -104,7 +113,17 @@ def observe(
         prices=prices,
         price_error=price_error,
         refused=refused,
+        offerings=views,
     )
+
+
+def _fleet_price(views: tuple[offerings.OfferingView, ...]) -> PlanPrice | None:
+    """The price creates are weighed at: the first usable offering's; while none is usable
+    (every one refused a moment ago), the first priced one's, so the budget is still shown."""
+    for v in views:
+        if v.usable:
+            return v.price
+    return next((v.price for v in views if v.price is not None and v.checked), None)
 
 
 def _add_workers(
@@ -128,7 +147,7 @@ def _add_workers(
 
 
 def _adopted_prices(
-    cfg: Config,
+    fleet_price: PlanPrice | None,
     cloud: Cloud,
     listed: Mapping[str, VInstance],
     unknown: set[str],
@@ -143,7 +162,8 @@ def _adopted_prices(
     who = sorted(t for t in unknown if listed[t].plan in unpriced)
     return (
         f"{', '.join(who)}: adopted on plan(s) {', '.join(sorted(unpriced))}, which "
-        f"Vultr lists without a usable price; billed at {cfg.fleet.plan}'s price"
+        f"Vultr lists without a usable price; billed at "
+        f"{fleet_price.plan if fleet_price else 'the fleet plan'}'s price"
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget
+from vultrscale import budget, offerings
 from vultrscale.config import Config, FloorConfig, PolicyConfig, format_duration
 from vultrscale.model import (
     CAPACITY_STATES,
@@ -260,10 +260,10 @@ class _Sizing:
         demand: int | None = None
         if signals is not None:
             demand = signals.demand
-            desired = math.ceil(demand / self.cfg.queue.jobs_per_instance)
+            desired = self._desired(demand, staying)
             self.reasons.append(
                 f"demand {demand} job(s) (ready {signals.ready}, in flight {signals.in_flight}, "
-                f"expired leases {signals.expired_leases}) at {self.cfg.queue.jobs_per_instance} "
+                f"expired leases {signals.expired_leases}) at {self._per_instance()} "
                 f"per instance -> {desired} instance(s)"
             )
         else:
@@ -356,6 +356,27 @@ class _Sizing:
         parts = ", ".join(f"{n} {s.value}" for s, n in counts.items())
         tail = f"; {leaving} draining or deleting, not counted" if leaving else ""
         return f"capacity {len(capacity)}" + (f" ({parts})" if parts else "") + tail
+
+    def _desired(self, demand: int, staying: list[Instance]) -> int:
+        """Instances the demand asks for, each offering's instances at its own
+        ``jobs_per_instance`` (README "Offerings"); new ones at that of the plan creates are
+        priced at (the first usable offering's). ceil(demand / jobs_per_instance) when every
+        offering runs the queue's number."""
+        cfg, price = self.cfg, self.obs.price
+        slots = [offerings.jobs_per_instance(cfg, i.region, i.plan) for i in staying]
+        first = next(
+            (o for o in offerings.of(cfg) if price is not None and o.plan == price.plan),
+            offerings.of(cfg)[0],
+        )
+        return offerings.desired_instances(
+            demand, slots, offerings.jobs_per_instance(cfg, first.region, first.plan)
+        )
+
+    def _per_instance(self) -> str:
+        """Jobs per instance as the demand's reason says it."""
+        if any(o.jobs_per_instance for o in offerings.of(self.cfg)):
+            return "each offering's jobs"
+        return str(self.cfg.queue.jobs_per_instance)
 
     def _idle_since(self) -> datetime | None:
         """When the queue went idle; None when busy or when the queue could not be read."""
@@ -502,7 +523,7 @@ class _Sizing:
         if excess <= 0:
             return []
         drainable = [i for i in staying if i.state in _DRAINABLE]
-        drainable.sort(key=lambda i: (i.live_leases, _youngest_first(i)))
+        drainable.sort(key=lambda i: (i.live_leases, self._least_preferred_first(i)))
         chosen = drainable[:excess]
         if len(chosen) < excess:
             # Create intents cannot be drained; the reconcile pass settles them first.
@@ -526,6 +547,11 @@ class _Sizing:
                 )
             )
         return chosen
+
+    def _least_preferred_first(self, instance: Instance) -> tuple[int, float, str]:
+        """Scale-in order: the instances of the least preferred offering first (a more
+        preferred one that is usable again takes the fleet back), the youngest first within."""
+        return (-offerings.preference(self.cfg, instance), *_youngest_first(instance))
 
     def _scale_in_gate(self, idle_since: datetime | None) -> tuple[datetime | None, list[str]]:
         """The earliest time the idle window and the down cool-down allow a scale-in, and the
@@ -586,7 +612,7 @@ class _Sizing:
         # Never a busy instance for scale-in; the idle queue makes busy ones rare (a lease seen
         # in the ledger a moment after the signals were read) and they simply stay.
         idle = [i for i in staying if i.state in _DRAINABLE and not i.live_leases]
-        idle.sort(key=_youngest_first)
+        idle.sort(key=self._least_preferred_first)
         chosen: list[Instance] = []
         kept_for_billing: list[tuple[Instance, datetime]] = []
         for inst in idle:

@@ -29,7 +29,6 @@ from vultrscale.model import (
     LedgerRow,
     PassEvent,
     Plan,
-    PlanPrice,
     ServiceState,
     Signals,
     StoredReads,
@@ -39,6 +38,7 @@ from vultrscale.model import (
 if TYPE_CHECKING:
     from vultrscale.config import Config
     from vultrscale.errors import SSHError
+    from vultrscale.offerings import OfferingCheck
     from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
 
@@ -104,13 +104,22 @@ class FleetLedger(Protocol):
         ...
 
     def recorded_snapshot(self) -> str | None: ...
-    def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
-        """The plan's price as a check made within ``ttl`` before ``now`` found it (offered in
-        ``region``), shared by every pass of every process; None: ask the cloud."""
+    def offering_checks(
+        self, keys: Sequence[tuple[str, str]], now: datetime, ttl: timedelta
+    ) -> dict[tuple[str, str], OfferingCheck]:
+        """By (region, plan), the checks of those ``keys`` made within ``ttl`` before ``now``
+        (the plan's price, whether the region lists it), shared by every pass of every
+        process; one missing: ask the cloud."""
         ...
 
-    def save_plan_check(self, price: PlanPrice, region: str, now: datetime) -> None:
-        """Remember a check that passed (never a refused one)."""
+    def save_offering_check(self, check: OfferingCheck, now: datetime) -> None:
+        """Remember a check that found the plan's price (listed in its region or not); an
+        unknown plan, or one without a usable price, is not remembered."""
+        ...
+
+    def mark_unavailable(self, region: str, plan: str, until: datetime, reason: str) -> None:
+        """Remember that Vultr refused a create on ``region``/``plan``: every pass of the fleet
+        skips the offering until ``until`` (``StoredReads.marks``)."""
         ...
 
     def insert_intent(
@@ -224,17 +233,26 @@ class DrainTransport(Protocol):
     def close(self) -> None: ...
 
 
+class UserDataRenderer(Protocol):
+    """The user-data of a new instance: its label, its host key pair (private, public) and the
+    jobs its worker runs at once (its offering's ``jobs_per_instance``; None: the config's)."""
+
+    def __call__(
+        self, label: str, private: str, public: str, concurrency: int | None = None
+    ) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PriceCheck:
-    """A plan check this process made and saved in the ledger, and when."""
+    """The offering checks this process made and saved in the ledger, and when."""
 
-    price: PlanPrice
+    checks: tuple[OfferingCheck, ...]
     at: datetime
 
 
 @dataclass(slots=True)
 class PassCache:
-    """What one process's passes keep for the next one: the plan check it made (fresh as long
+    """What one process's passes keep for the next one: the offering checks it made (fresh as long
     as its copy in the ledger, ``reconcile.PRICE_TTL``) and the snapshot it found complete.
     The only state a pass leaves in its parts; a new process starts with an empty one."""
 
@@ -251,7 +269,7 @@ class Parts:
     drain: DrainTransport
     clock: Clock
     keygen: Callable[[], tuple[str, str]]  # -> (private OpenSSH PEM, public line)
-    render_user_data: Callable[[str, str, str], str]  # (label, host private, host public)
+    render_user_data: UserDataRenderer
     # Local preconditions, each raising UsageError: run before anything is changed.
     preflight: Sequence[Callable[[], object]] = ()
     # Local checks that depend on the plan (the scaler's key, loaded only by a pass that drains

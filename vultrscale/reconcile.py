@@ -19,6 +19,7 @@ draining mark before the SSH stop), and a pass never waits for a drain to finish
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 import string
@@ -29,8 +30,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from vultrscale import offerings
 from vultrscale.clock import Clock
-from vultrscale.config import Config
+from vultrscale.config import Config, Offering, format_duration
 from vultrscale.decision import (
     Adopt,
     Create,
@@ -67,17 +69,20 @@ from vultrscale.model import (
     Observation,
     PassEvent,
     Plan,
-    PlanPrice,
 )
 from vultrscale.observe import observe
+from vultrscale.offerings import Choice, OfferingCheck
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, PriceCheck, QueueSignals
 from vultrscale.ports import Parts as Parts  # re-exported: the pass's callers build them
 from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     AuthError,
+    BadRequest,
+    InstanceLimit,
     InstanceLocked,
     NotFound,
+    OfferingUnavailable,
     VultrError,
     unknown_region,
 )
@@ -108,6 +113,9 @@ class PassResult:
     errors: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     pass_id: int | None = None  # its fleet_events id (the pass id `events` shows); None: unrecorded
+    # Creates Vultr refused this pass: (offering name, "unavailable" | "unclassified" |
+    # "instance_limit"), for the metrics.
+    refusals: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def actions(self) -> tuple[Action, ...]:
@@ -181,22 +189,23 @@ def _checked_pass(
     try:
         for check in checks:
             check()
-        price, api_error, refused = None, None, None
+        offered: dict[tuple[str, str], OfferingCheck] = {}
+        api_error, refused = None, None
         try:
-            price = _price(cfg, parts, ledger, result.at, save=not result.dry_run)
+            offered = _offering_checks(cfg, parts, ledger, result.at, save=not result.dry_run)
+            # No offering's plan, region or price passes: nothing may be created.
+            refused = _refusal(cfg, offered)
         except AuthError:
             raise
         except VultrError as exc:
             api_error = f"Vultr API: {exc}"
-        except UsageError as exc:  # the plan, its region or its price: nothing may be created
-            refused = exc
         reads = observe(
             cfg,
             parts,
             ledger,
             signals,
             result.at,
-            price,
+            offered,
             api_error,
             refused,
             probe=not result.dry_run,
@@ -263,63 +272,88 @@ def _record(ledger: FleetLedger, result: PassResult, *, quiet: bool) -> None:
 # --- check -------------------------------------------------------------------------------------
 
 
-def _price(
+def _offering_checks(
     cfg: Config, parts: Parts, ledger: FleetLedger, now: datetime, *, save: bool
-) -> PlanPrice:
-    """The plan's price, checked with Vultr at most every PRICE_TTL (the check is shared
-    through the ledger by every pass of every process): an unknown plan, a plan not in the
-    region and a ceiling below one instance-month are refused (exit 2) before anything is
-    touched. ``save``: remember a check that passed (a dry run writes nothing)."""
-    fleet = cfg.fleet
-    mine = parts.cache.price_check  # a check this process made and saved
-    price: PlanPrice | None
+) -> dict[tuple[str, str], OfferingCheck]:
+    """By (region, plan), what Vultr says of each offering of the fleet: its plan's price and
+    whether its region's availability lists it. Asked at most every PRICE_TTL (the checks are
+    shared through the ledger by every pass of every process), so a steady pass asks nothing.
+    ``save``: remember the checks made (a dry run writes nothing)."""
+    keys = [(o.region, o.plan) for o in offerings.of(cfg)]
+    mine = parts.cache.price_check  # checks this process made and saved
     if mine is not None and mine.at <= now < mine.at + PRICE_TTL:
-        price = mine.price  # as fresh as its copy in the ledger: the loop need not ask it
-    else:
-        price = ledger.plan_check(fleet.plan, fleet.region, now, PRICE_TTL)
-        if price is None:
-            price = _check_plan(cfg, parts.cloud)
-            if save:
-                ledger.save_plan_check(price, fleet.region, now)
-                parts.cache.price_check = PriceCheck(price, now)
-    ceiling = cfg.budget.monthly_ceiling_usd
-    if cfg.policy.max_instances > 0 and ceiling < price.monthly:
-        raise UsageError(
-            f"budget.monthly_ceiling_usd ({ceiling:g}) is lower than one instance-month of "
-            f"{fleet.plan} (${price.monthly:g})",
-            hint="Raise the ceiling or pick a cheaper plan.",
-        )
-    return price
+        cached = {(c.region, c.plan): c for c in mine.checks}
+        if all(k in cached for k in keys):  # as fresh as their copy in the ledger
+            return cached
+    checks = ledger.offering_checks(keys, now, PRICE_TTL)
+    missing = [k for k in keys if k not in checks]
+    for region, plan in missing:
+        check = _check_offering(parts.cloud, region, plan, listed=bool(cfg.fleet.offerings))
+        checks[(region, plan)] = check
+        if save:
+            ledger.save_offering_check(check, now)
+    if save and missing and len(missing) == len(keys):
+        parts.cache.price_check = PriceCheck(tuple(checks.values()), now)
+    return checks
 
 
-def _check_plan(cfg: Config, cloud: Cloud) -> PlanPrice:
-    """Ask Vultr for the plan's price and whether the fleet's region offers it."""
-    fleet = cfg.fleet
+def _check_offering(cloud: Cloud, region: str, plan: str, *, listed: bool) -> OfferingCheck:
+    """Ask Vultr for the plan's price and whether the region's availability lists it.
+    ``listed``: the offering is one of ``[[fleet.offerings]]`` (else fleet.region/plan)."""
     try:
-        plan = cloud.get_plan(fleet.plan)
+        vplan = cloud.get_plan(plan)
     except NotFound:
-        raise UsageError(
-            f"fleet.plan {fleet.plan!r} is not a Vultr plan",
-            hint="Pick a plan id from https://api.vultr.com/v2/plans (e.g. vc2-1c-2gb).",
-        ) from None
-    try:
-        available = cloud.region_availability(fleet.region)
-    except NotFound:
-        raise unknown_region(fleet.region) from None
-    if fleet.plan not in available:
-        raise UsageError(
-            f"plan {fleet.plan!r} is not offered in region {fleet.region!r}",
-            hint="Choose another plan or region; GET /v2/regions/<id>/availability lists them.",
+        return OfferingCheck(
+            region,
+            plan,
+            None,
+            False,
+            f"{'plan' if listed else 'fleet.plan'} {plan!r} is not a Vultr plan",
+            "Pick a plan id from https://api.vultr.com/v2/plans (e.g. vc2-1c-2gb).",
         )
-    price = priced(plan)
+    try:
+        available = cloud.region_availability(region)
+    except NotFound:
+        unknown = unknown_region(region)
+        problem = f"region {region!r} is not a Vultr region" if listed else unknown.message
+        return OfferingCheck(region, plan, None, False, problem, unknown.hint or "")
+    price = priced(vplan)
     if price is None:
-        raise UsageError(
-            f"Vultr lists plan {fleet.plan!r} without a usable price (monthly_cost read as "
-            f"{plan.monthly_cost!r}, hourly_cost {plan.hourly_cost!r}): the budget cannot be "
+        return OfferingCheck(
+            region,
+            plan,
+            None,
+            plan in available,
+            f"Vultr lists plan {plan!r} without a usable price (monthly_cost read as "
+            f"{vplan.monthly_cost!r}, hourly_cost {vplan.hourly_cost!r}): the budget cannot be "
             "held, so nothing is created",
-            hint="Check GET /v2/plans for the plan; pick another plan if it has no price.",
+            "Check GET /v2/plans for the plan; pick another plan if it has no price.",
         )
-    return price
+    return OfferingCheck.of(region, plan, price, plan in available)
+
+
+def _refusal(cfg: Config, checks: dict[tuple[str, str], OfferingCheck]) -> UsageError | None:
+    """The refusal of every create when no offering can be used (exit 2): an unknown plan or
+    region, a plan its region does not offer, no usable price, a ceiling below one
+    instance-month. Each offering is named with why; None while one can be used."""
+    why: list[tuple[Offering, str, str]] = []
+    for o in offerings.of(cfg):
+        check = checks[(o.region, o.plan)]
+        if not check.usable:
+            why.append((o, check.problem, check.hint))
+        elif check.price is not None and (too_dear := offerings.unaffordable(cfg, check.price)):
+            why.append((o, too_dear, "Raise the ceiling or pick a cheaper plan."))
+        else:
+            return None
+    if len(why) == 1:
+        _, problem, hint = why[0]
+        return UsageError(problem, hint=hint)
+    return UsageError(
+        "no offering of the fleet can be created on: "
+        + "; ".join(f"{o.name}: {problem}" for o, problem, _ in why),
+        hint="Fix or replace the [[fleet.offerings]] named; GET /v2/plans and "
+        "GET /v2/regions/<id>/availability list what Vultr offers.",
+    )
 
 
 def _snapshot(cfg: Config, parts: Parts, ledger: FleetLedger) -> str:
@@ -511,47 +545,111 @@ def _create(
     result: PassResult,
 ) -> int:
     """Create ``step.count`` instances, one POST each, each intent written right before its
-    POST; the first refused or unclear POST ends the step. Returns how many Vultr accepted."""
-    f, price = cfg.fleet, step.price
+    POST, on the step's offerings in order (``Choice.upto`` bounds each). A create refused for
+    the offering (sold out, not offered; or in words the scaler does not know) marks it
+    unavailable for ``fleet.unavailable_for`` and the step goes on with the next offering; the
+    account's instance limit, an unclear outcome or any other error ends the step. Returns how
+    many Vultr accepted."""
     created = 0
-    for _ in range(step.count):
-        label = new_label(cfg, parts.rng, now)
-        private, public = parts.keygen()
-        user_data = parts.render_user_data(label, private, public)
-        ledger.insert_intent(
-            label=label,
-            plan=step.plan,
-            region=step.region,
-            hourly_rate=price.hourly,
-            monthly_cost=price.monthly,
-            host_key=public,
-            now=now,
-        )
-        try:
-            inst = parts.cloud.create_instance(
-                region=step.region,
-                plan=step.plan,
-                label=label,
-                tags=[f.tag],
-                snapshot_id=snapshot,
-                user_data=user_data,
-                hostname=label,
-                attach_vpc=list(f.vpc_ids),
-                firewall_group_id=f.firewall_group_id or None,
-            )
-        except AmbiguousCreate as exc:
-            result.errors.append(
-                f"{label}: create outcome unknown ({exc}); the next pass looks it up by label"
-            )
-            return created
-        except VultrError as exc:
-            ledger.transition(label, InstanceState.GONE, now, last_error=str(exc))
-            result.errors.append(f"{label}: create refused: {exc}")
-            return created
-        created += 1
-        ledger.transition(label, InstanceState.PENDING, now, instance_id=inst.id)
-        result.note(label, f"created {inst.id}")
+    # A step built without its choices (by hand) goes to its one plan and region.
+    choices = step.choices or (Choice(Offering(step.region, step.plan), step.price, step.count),)
+    for choice in choices:
+        while created < min(step.count, choice.upto):
+            outcome = _create_one(cfg, parts, ledger, choice, snapshot, now, result)
+            if outcome is _Outcome.CREATED:
+                created += 1
+            elif outcome is _Outcome.NEXT_OFFERING:
+                break
+            else:
+                return created
     return created
+
+
+class _Outcome(enum.Enum):
+    CREATED = "created"
+    NEXT_OFFERING = "next offering"
+    STOP = "stop"
+
+
+def _create_one(
+    cfg: Config,
+    parts: Parts,
+    ledger: FleetLedger,
+    choice: Choice,
+    snapshot: str,
+    now: datetime,
+    result: PassResult,
+) -> _Outcome:
+    """One intent and its POST on ``choice``'s offering, and what the step does next."""
+    f, o, price = cfg.fleet, choice.offering, choice.price
+    label = new_label(cfg, parts.rng, now)
+    private, public = parts.keygen()
+    # A worker runs as many jobs at once as its offering is sized for (asked only then: a
+    # renderer written before offerings takes three arguments).
+    if o.jobs_per_instance:
+        user_data = parts.render_user_data(label, private, public, o.jobs_per_instance)
+    else:
+        user_data = parts.render_user_data(label, private, public)
+    ledger.insert_intent(
+        label=label,
+        plan=o.plan,
+        region=o.region,
+        hourly_rate=price.hourly,
+        monthly_cost=price.monthly,
+        host_key=public,
+        now=now,
+    )
+    try:
+        inst = parts.cloud.create_instance(
+            region=o.region,
+            plan=o.plan,
+            label=label,
+            tags=[f.tag],
+            snapshot_id=snapshot,
+            user_data=user_data,
+            hostname=label,
+            attach_vpc=list(f.vpc_ids),
+            firewall_group_id=f.firewall_group_id or None,
+        )
+    except AmbiguousCreate as exc:  # never POSTed again blindly: the next pass looks it up
+        result.errors.append(
+            f"{label}: create outcome unknown on {o.name} ({exc}); the next pass looks it up "
+            "by label"
+        )
+        return _Outcome.STOP
+    except InstanceLimit as exc:
+        ledger.transition(label, InstanceState.GONE, now, last_error=str(exc))
+        result.refusals.append((o.name, "instance_limit"))
+        result.errors.append(
+            f"{label}: create refused on {o.name}: the account is at its instance limit "
+            f"({exc.api_message or exc}); no offering is tried this pass ({exc.hint})"
+        )
+        return _Outcome.STOP
+    except BadRequest as exc:
+        # Sold out or not offered there, or words the scaler does not know (reported as
+        # Vultr gave them): that offering is skipped for a while, the next one is tried.
+        kind = "unavailable" if isinstance(exc, OfferingUnavailable) else "unclassified"
+        ledger.transition(label, InstanceState.GONE, now, last_error=str(exc))
+        until = now + f.unavailable_for
+        words = exc.api_message or str(exc)
+        ledger.mark_unavailable(o.region, o.plan, until, words)
+        result.refusals.append((o.name, kind))
+        result.note(
+            label,
+            f"create refused on {o.name} ({'unavailable' if kind == 'unavailable' else 'refused'}"
+            f": {words}); {o.name} skipped for {format_duration(f.unavailable_for)}, the next "
+            "offering is tried",
+        )
+        if kind == "unclassified":
+            result.errors.append(f"{label}: create refused on {o.name}: {words}")
+        return _Outcome.NEXT_OFFERING
+    except VultrError as exc:
+        ledger.transition(label, InstanceState.GONE, now, last_error=str(exc))
+        result.errors.append(f"{label}: create refused on {o.name}: {exc}")
+        return _Outcome.STOP
+    ledger.transition(label, InstanceState.PENDING, now, instance_id=inst.id)
+    result.note(label, f"created {inst.id} on {o.name}")
+    return _Outcome.CREATED
 
 
 def new_label(cfg: Config, rng: random.Random, now: datetime) -> str:

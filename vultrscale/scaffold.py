@@ -427,6 +427,13 @@ _CONFIG = """\
 name = "workers"              # one fleet per name; several fleets may share a database
 region = {region}
 plan = {plan}
+# Or, instead of region and plan, where the fleet may run in order of preference (a create
+# refused there, sold out say, goes to the next; README "Offerings"):
+# [[fleet.offerings]]
+# region = "ewr"
+# plan = "vc2-1c-2gb"
+# jobs_per_instance = 4       # optional: queue.jobs_per_instance
+unavailable_for = "3m"        # how long an offering whose create was refused is skipped
 snapshot_id = {snapshot}      # empty: the one recorded by `vultrscale snapshot`
 tag = "vultrscale-workers"    # every instance we own carries it; we list by it
 label_prefix = "worker"       # labels are <prefix>-<unix-ts>-<4 random chars>

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from vultrscale.model import Instance, Observation, Plan
+
+if TYPE_CHECKING:
+    from vultrscale.offerings import OfferingView
 
 _STATE_STYLE = {
     "creating": "yellow",
@@ -76,15 +79,23 @@ def instance_rows(instances: tuple[Instance, ...], now: datetime) -> list[dict[s
             "live_leases": i.live_leases,
             "worker_last_seen": i.worker_last_seen.isoformat() if i.worker_last_seen else None,
             "billed_usd": round(i.billed_usd, 4),
+            "offering": f"{i.region}/{i.plan}" if i.plan else None,
         }
         for i in instances
     ]
 
 
-def status_document(obs: Observation, plan: Plan, now: datetime, ceiling: float) -> dict[str, Any]:
+def status_document(
+    obs: Observation,
+    plan: Plan,
+    now: datetime,
+    ceiling: float,
+    offerings: Sequence[OfferingView] = (),
+) -> dict[str, Any]:
     """Everything `vultrscale status --json` prints."""
     sig = obs.signals
     return {
+        "offerings": [v.row(now) for v in offerings],
         "at": now.isoformat(),
         "instances": instance_rows(obs.instances, now),
         "queue": None if sig is None else sig.summary(),
@@ -106,12 +117,38 @@ def _round(v: float | None) -> float | None:
 
 
 def render(
-    obs: Observation, plan: Plan, now: datetime, ceiling: float, fleet: str
+    obs: Observation,
+    plan: Plan,
+    now: datetime,
+    ceiling: float,
+    fleet: str,
+    offerings: Sequence[OfferingView] = (),
 ) -> RenderableType:
     """The fleet table and the summary under it; fits 80 columns."""
     lines: list[RenderableType] = [fleet_table(obs.instances, now, fleet)]
     lines += summary_lines(obs, plan, ceiling)
+    lines += offering_lines(offerings, now)
     return Group(*lines)
+
+
+def offering_lines(offerings: Sequence[OfferingView], now: datetime) -> list[Text]:
+    """The offerings in order of preference: price, usable or why skipped, the time left on a
+    remembered refusal and the refusals counted (README "Offerings")."""
+    if not offerings:
+        return []
+    lines = [Text("offerings (in order of preference):")]
+    for n, v in enumerate(offerings, start=1):
+        price = f"${v.price.monthly:.2f}/month" if v.price else "price unknown"
+        refused = f"; {v.refusals} refusal(s) so far" if v.refusals else ""
+        if v.usable:
+            lines.append(plain(f"  {n}. {v.offering.name} {price}: usable{refused}"))
+            continue
+        left = ""
+        if v.until is not None and v.until > now:
+            left = f" [unavailable {age_s((v.until - now).total_seconds())} more]"
+        text = f"  {n}. {v.offering.name} {price}: skipped{left}: {v.skip}{refused}"
+        lines.append(plain(text, style="yellow"))
+    return lines
 
 
 def fleet_table(instances: tuple[Instance, ...], now: datetime, fleet: str) -> Table:

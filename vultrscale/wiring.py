@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from vultrscale.clock import Deadline
     from vultrscale.config import Config
     from vultrscale.model import Plan
-    from vultrscale.ports import Parts
+    from vultrscale.ports import Parts, UserDataRenderer
 
 DB_HINT = (
     "Set DATABASE_URL=postgresql://user:password@host/db in the environment or in the .env next "
@@ -48,19 +48,17 @@ def api_key(cfg: Config) -> str:
     return require(cfg, cfg.secrets.api_key.reveal(), "VULTR_API_KEY", API_KEY_HINT)
 
 
-def user_data_renderer(
-    cfg: Config, scaler_public: str | None = None
-) -> Callable[[str, str, str], str]:
+def user_data_renderer(cfg: Config, scaler_public: str | None = None) -> UserDataRenderer:
     """``render(label, host private, host public) -> user-data`` for new instances; the
     scaler's public key line is read from ``fleet.ssh_key`` at each create unless given (a key
     replaced while ``--loop`` runs is the one new instances authorize)."""
 
-    def render(label: str, private: str, public: str) -> str:
+    def render(label: str, private: str, public: str, concurrency: int | None = None) -> str:
         from vultrscale import cloudinit, ssh
 
         scaler_key = scaler_public or ssh.public_key_line(cfg.fleet.ssh_key)
         return cloudinit.render_user_data(
-            cfg, label, private, public, scaler_key, show_secrets=True
+            cfg, label, private, public, scaler_key, show_secrets=True, concurrency=concurrency
         )
 
     return render

@@ -59,6 +59,7 @@ def test_migrate_is_idempotent_and_versioned(pg_url: str) -> None:
         "fleet_state",
         "fleet_snapshots",
         "plan_checks",
+        "offering_marks",
         "vultrscale_schema",
     }
 

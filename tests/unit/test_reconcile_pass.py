@@ -490,9 +490,23 @@ def test_a_dry_run_remembers_no_plan_check(tmp_path: Path) -> None:
     assert "get_plan" in cloud.calls
 
 
-def test_a_refused_plan_is_never_remembered(tmp_path: Path) -> None:
+def test_a_plan_its_region_does_not_list_is_remembered_as_not_listed(tmp_path: Path) -> None:
+    """Availability changes like stock (README "Offerings"): cached for the TTL as any check,
+    so a cron pass on a fleet whose first offering is not listed still makes one request."""
     fleet = Fleet(tmp_path, fleet={"region": "ams"})  # the memory cloud offers it in ewr only
     with pytest.raises(UsageError, match="not offered in region"):
+        fleet.run()
+    ((check, _),) = fleet.ledger.plan_checks.values()
+    assert (check.region, check.listed) == ("ams", False)
+    parts, cloud = fresh_process(fleet)
+    with pytest.raises(UsageError, match="not offered in region"):
+        fleet.run(parts)
+    assert cloud.calls == ["list_instances"]  # the check was not asked again
+
+
+def test_an_unknown_plan_is_never_remembered(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path, fleet={"plan": "vc2-9c-99gb"})
+    with pytest.raises(UsageError, match="not a Vultr plan"):
         fleet.run()
     assert fleet.ledger.plan_checks == {}
 

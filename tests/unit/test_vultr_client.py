@@ -21,8 +21,10 @@ from vultrscale.vultr.errors import (
     ApiUnreachable,
     AuthError,
     BadRequest,
+    InstanceLimit,
     InstanceLocked,
     NotFound,
+    OfferingUnavailable,
     RateLimited,
     ServerError,
     VultrError,
@@ -898,3 +900,47 @@ def test_the_sockets_of_the_api_and_of_an_environment_proxy_are_all_bounded(
     for pool in pools:
         assert isinstance(pool, httpcore.ConnectionPool)
         assert isinstance(pool._network_backend, client_mod._LimitedBackend)
+
+
+@pytest.mark.parametrize(
+    "status, text, kind",
+    [
+        (
+            400,
+            "Plan is not available in the selected datacenter. This could mean you have chosen "
+            "the wrong plan for this datacenter, or the location you have selected does not have "
+            "any more capacity.",
+            OfferingUnavailable,
+        ),
+        (400, "Invalid plan chosen.", OfferingUnavailable),
+        (
+            400,
+            "You have reached the maximum number of active virtual machines for this account",
+            InstanceLimit,
+        ),
+        (403, "Server add failed: instance limit reached", InstanceLimit),
+        (400, "Invalid snapshot_id", BadRequest),
+    ],
+    ids=["v1-sold-out", "invalid-plan", "v1-limit", "limit-403", "unknown"],
+)
+def test_a_refused_create_is_classified_by_its_words_and_never_retried(
+    api: respx.MockRouter, client: VultrClient, status: int, text: str, kind: type
+) -> None:
+    route = api.post("/v2/instances").mock(
+        return_value=httpx.Response(status, json={"error": text, "status": status})
+    )
+    with pytest.raises(BadRequest) as caught:
+        client.create_instance(region="ewr", plan="vc2-1c-2gb", label="x", tags=[], os_id=1)
+    assert type(caught.value) is kind and caught.value.api_message == text
+    assert route.call_count == 1
+
+
+def test_only_a_create_is_classified_as_a_refusal_of_its_offering(
+    api: respx.MockRouter, client: VultrClient
+) -> None:
+    api.post("/v2/snapshots").mock(
+        return_value=httpx.Response(400, json={"error": "Snapshot limit reached", "status": 400})
+    )
+    with pytest.raises(BadRequest) as caught:
+        client.create_snapshot("cb676a46-66fd-4dfb-b839-443f2e6c0b60")
+    assert type(caught.value) is BadRequest

@@ -222,13 +222,16 @@ def status_cmd(
 
     def view(result: PassResult, now: datetime) -> status.RenderableType:
         assert result.observation is not None and result.plan is not None
-        return status.render(result.observation, result.plan, now, ceiling, cfg.fleet.name)
+        offered = result.decision.offerings if result.decision else ()
+        return status.render(result.observation, result.plan, now, ceiling, cfg.fleet.name, offered)
 
     def show(result: PassResult, now: datetime) -> None:
         """One refresh printed after the last: a document with --json, else the tables."""
         if as_json:
             assert result.observation is not None and result.plan is not None
-            print_json(status.status_document(result.observation, result.plan, now, ceiling))
+            offered = result.decision.offerings if result.decision else ()
+            doc = status.status_document(result.observation, result.plan, now, ceiling, offered)
+            print_json(doc)
         else:
             out.print(view(result, now))
 

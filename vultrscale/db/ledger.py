@@ -31,13 +31,13 @@ from vultrscale.model import (
     InstanceState,
     LedgerRow,
     PassEvent,
-    PlanPrice,
     Signals,
     StoredReads,
     WorkerView,
     posts_intent,
     retired_label,
 )
+from vultrscale.offerings import OfferingCheck
 from vultrscale.ports import QueueSignals, Session
 
 if TYPE_CHECKING:
@@ -193,6 +193,7 @@ def reads(
         conn.cursor(binary=True) as in_rows,
         conn.cursor() as in_workers,
         conn.cursor() as in_state,
+        conn.cursor() as in_marks,
     ):
         sent = None
         try:
@@ -203,6 +204,7 @@ def reads(
                 in_rows.execute(_ROWS, (fleet, since, since))
                 in_workers.execute(_workers_query(None), _workers_params(fleet, seen_within, None))
                 in_state.execute(_FLEET_STATE, (fleet,))
+                in_marks.execute(plan_checks.MARKS, (fleet,))
         except psycopg.Error as exc:
             if sent is None or sent.answered:
                 raise  # the ledger's own error
@@ -224,6 +226,7 @@ def reads(
             _fleet_state(in_state.fetchone()),
             signals,
             signal_error,
+            plan_checks.marks(in_marks.fetchall()),
         )
 
 
@@ -633,13 +636,25 @@ class PgLedger:
     def recorded_snapshot(self) -> str | None:
         return recorded_snapshot(self.conn, self.fleet)
 
-    def plan_check(self, plan: str, region: str, now: datetime, ttl: timedelta) -> PlanPrice | None:
-        with self._t("reading the plan check"):
-            return plan_checks.get(self.conn, plan, region, now, ttl)
+    def offering_checks(
+        self, keys: Sequence[tuple[str, str]], now: datetime, ttl: timedelta
+    ) -> dict[tuple[str, str], OfferingCheck]:
+        with self._t("reading the offering checks"):
+            got = plan_checks.get_many(self.conn, list(keys), now, ttl)
+        return {
+            key: OfferingCheck.of(key[0], key[1], price, listed)
+            for key, (price, listed) in got.items()
+        }
 
-    def save_plan_check(self, price: PlanPrice, region: str, now: datetime) -> None:
-        with self._t("saving the plan check"):
-            plan_checks.put(self.conn, price, region, now)
+    def save_offering_check(self, check: OfferingCheck, now: datetime) -> None:
+        if check.price is None:
+            return  # an unknown plan, or one without a price: asked again next pass
+        with self._t("saving the offering check"):
+            plan_checks.put(self.conn, check.price, check.region, now, listed=check.listed)
+
+    def mark_unavailable(self, region: str, plan: str, until: datetime, reason: str) -> None:
+        with self._t(f"remembering the refusal of {region}/{plan}"):
+            plan_checks.mark(self.conn, self.fleet, region, plan, until, reason)
 
     def insert_intent(self, **kw: Any) -> None:
         with self._t(f"writing the create intent of {kw['label']}"):

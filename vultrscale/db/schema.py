@@ -164,7 +164,31 @@ _V6 = """
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS started_at timestamptz;
 """
 
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2), (4, _V4), (5, _V5), (6, _V6))
+# v7: offerings (README "Offerings"). A plan check now also remembers a plan its region's
+# availability does not list (an offering skipped, not a refused pass: asked again after the
+# TTL, not on every pass). offering_marks: a create Vultr refused on a region and plan, skipped
+# by every pass of the fleet until ``until``; ``refusals`` counts them all (never reset).
+_V7 = """
+ALTER TABLE plan_checks ADD COLUMN listed boolean NOT NULL DEFAULT true;
+CREATE TABLE offering_marks (
+    fleet text NOT NULL,
+    region text NOT NULL,
+    plan text NOT NULL,
+    until timestamptz NOT NULL,
+    reason text NOT NULL,
+    refusals bigint NOT NULL DEFAULT 1,
+    PRIMARY KEY (fleet, region, plan)
+);
+"""
+
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (1, _V1),
+    (2, _V2),
+    (4, _V4),
+    (5, _V5),
+    (6, _V6),
+    (7, _V7),
+)
 """(version, SQL) in order. Append new versions; never edit one that has shipped. Versions
 are applied when missing, not only when above the highest applied one, so versions numbered
 apart on parallel branches all land after a merge."""

@@ -58,6 +58,7 @@ from vultrscale.vultr.errors import (
     RateLimited,
     ServerError,
     VultrError,
+    create_refusal,
 )
 from vultrscale.vultr.models import VAccount, VCharge, VInstance, VPlan, VRegion, VSnapshot
 
@@ -776,6 +777,11 @@ class VultrClient:
             raise ServerError(text, status=status, api_message=message)
         if status == 404 or (by_id and status == 400 and _GONE.search(message)):
             raise NotFound(text, status=status, api_message=message)
+        kind = create_refusal(message) if creating and path == "/v2/instances" else BadRequest
+        if kind is not BadRequest and 400 <= status < 500:
+            # A refused create: sold out, not offered there, the account's limit (README
+            # "Offerings"); the pass tries the next offering or stops its creates.
+            raise kind(text, status=status, api_message=message)
         hint = None
         if status == 403:
             hint = "The API key may lack the permission (ACL) for this action."
