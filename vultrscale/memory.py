@@ -43,6 +43,7 @@ from vultrscale.model import (
 )
 from vultrscale.offerings import OfferingCheck
 from vultrscale.ports import QueueSignals, Session, read_apart
+from vultrscale.vultr import refusals
 from vultrscale.vultr.errors import (
     BadRequest,
     InstanceLimit,
@@ -105,16 +106,12 @@ class MemoryCloud:
         """The refusal Vultr would answer a create on ``region``/``plan`` with, if any: the
         account's limit first (it holds whatever the plan), then the stock."""
         if self.instance_limit is not None and len(self.instances) >= self.instance_limit:
-            text = "You have reached the maximum number of active virtual machines for this account"
+            text = refusals.CREATE_FAILED + refusals.INSTANCE_LIMIT
             return InstanceLimit(
                 f"POST /v2/instances failed: 400 {text}", status=400, api_message=text
             )
         if (region, plan) in self.sold_out or plan not in self.regions.get(region, set()):
-            text = (
-                "Plan is not available in the selected datacenter. This could mean you have "
-                "chosen the wrong plan for this datacenter, or the location you have selected "
-                "does not have any more capacity."
-            )
+            text = refusals.CREATE_FAILED + refusals.SOLD_OUT
             return OfferingUnavailable(
                 f"POST /v2/instances failed: 400 {text}", status=400, api_message=text
             )

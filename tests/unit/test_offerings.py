@@ -344,7 +344,8 @@ def test_a_sold_out_first_offering_sends_the_creates_to_the_next_in_the_same_pas
     assert mark.until == NOW + timedelta(minutes=3) and "not available" in mark.reason
     texts = [r["result"] for r in result.results]
     assert any(
-        t.startswith("create refused on ewr/vc2-1c-2gb (unavailable: Plan is") for t in texts
+        t.startswith("create refused on ewr/vc2-1c-2gb (unavailable: Server add failed: Plan is")
+        for t in texts
     )
     assert sum(t.endswith("on fra/vc2-1c-2gb") and t.startswith("created ") for t in texts) == 3
     intents = [r for r in world.ledger.instances.values() if r.region == "ewr"]
@@ -366,7 +367,9 @@ def test_a_remembered_refusal_is_skipped_by_the_next_process_until_it_expires(
     assert world.regions() == ["fra", "fra"]  # ewr not asked: remembered for 3 minutes
     assert cloud.calls.count("create_instance") == 1
     skipped = [r for r in result.results if r["label"] == "offering ewr/vc2-1c-2gb"]
-    assert skipped and skipped[0]["result"].startswith("skipped: create refused: Plan is not")
+    assert skipped and skipped[0]["result"].startswith(
+        "skipped: create refused: Server add failed: Plan is not"
+    )
     assert skipped[0]["result"].endswith("capacity.; skipped 120s more")
     assert result.decision is not None
     shown = [t.plain for t in status.offering_lines(result.decision.offerings, world.clock.now())]

@@ -44,8 +44,7 @@ from vultrscale.model import (
 )
 from vultrscale.ports import Parts
 from vultrscale.simulate.world import World
-from vultrscale.vultr import refusals
-from vultrscale.vultr.errors import BadRequest, InstanceLocked, RateLimited
+from vultrscale.vultr.errors import InstanceLocked, RateLimited
 from vultrscale.vultr.models import VInstance, VPlan
 
 SNAPSHOT = "snap-simulated"
@@ -101,13 +100,13 @@ class WorldCloud(MemoryCloud):
 
     def create_instance(self, **kwargs: Any) -> VInstance:
         self._api()
-        if self.world.stocked_out((kwargs["region"], kwargs["plan"])):
-            words = refusals.CREATE_FAILED + refusals.SOLD_OUT  # as Vultr says it
-            raise BadRequest(
-                f"POST /v2/instances failed: 400 {words} (simulated stock-out)",
-                status=400,
-                api_message=words,
-            )
+        # The world's stock-out windows sell the offering out in the memory cloud, whose rule
+        # refuses the create as Vultr words it (``MemoryCloud.sell_out``).
+        offering = (kwargs["region"], kwargs["plan"])
+        if self.world.stocked_out(offering):
+            self.sell_out(*offering)
+        else:
+            self.restock(*offering)
         v = super().create_instance(**kwargs)
         inst = self.world.create(v.label)
         # Vultr shows it active (an IP, deletable) when the simulated boot says so.

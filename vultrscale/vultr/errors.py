@@ -6,9 +6,8 @@ The type decides what a caller does next: ``NotFound`` is an answer, ``InstanceL
 
 from __future__ import annotations
 
-import re
-
 from vultrscale.errors import EXIT_USAGE, RuntimeFailure, UsageError
+from vultrscale.vultr import refusals
 
 AUTH_HINT = (
     "check VULTR_API_KEY; if the key has an IP allow-list, add this machine's address "
@@ -66,31 +65,14 @@ class InstanceLimit(BadRequest):
     default_hint = "Ask Vultr to raise the account's instance limit, or lower policy.max_instances."
 
 
-# Vultr's words for a refused create (README "Offerings"). v2's own wording for a sold-out plan
-# is not published; these are the v1 texts public programs match ("Plan is not available in
-# the selected datacenter ... does not have any more capacity", "Invalid plan chosen." for a
-# plan the region lacks) and the usual cloud wordings for capacity and account limits.
-_LIMIT_WORDS = re.compile(
-    r"maximum number of (active )?(virtual machines|instances|servers|vms)"
-    r"|(instance|server|vm)s? (count )?limit"
-    r"|limit of \d+ (instances|servers|virtual machines)"
-    r"|quota",
-    re.IGNORECASE,
-)
-_UNAVAILABLE_WORDS = re.compile(
-    r"not available|unavailable|no (more )?capacity|any more capacity|out of (stock|capacity)"
-    r"|sold out|insufficient capacity|invalid plan",
-    re.IGNORECASE,
-)
-
-
 def create_refusal(message: str) -> type[BadRequest]:
     """The kind of a create Vultr refused (4xx) with ``message``: ``InstanceLimit``,
     ``OfferingUnavailable``, or ``BadRequest`` when the words are none the scaler knows (the
     pass reports them as they are and counts the offering as unavailable)."""
-    if _LIMIT_WORDS.search(message):
+    kind = refusals.refusal(message)
+    if kind is refusals.Refusal.INSTANCE_LIMIT:
         return InstanceLimit
-    if _UNAVAILABLE_WORDS.search(message):
+    if kind is refusals.Refusal.UNAVAILABLE:
         return OfferingUnavailable
     return BadRequest
 

@@ -43,13 +43,18 @@ class Refusal(enum.Enum):
     INSTANCE_LIMIT = "instance limit"  # the account's cap: no offering can be created
 
 
+# The telling phrases: Vultr's words above, and the usual cloud wordings for capacity and
+# account limits (v2's own wording for a sold-out plan is not published).
 _LIMIT = re.compile(
-    r"maximum number of (active )?(virtual machines|instances|servers)|instance limit",
+    r"maximum number of (active )?(virtual machines|instances|servers|vms)"
+    r"|(instance|server|vm)s? (count )?limit"
+    r"|limit of \d+ (instances|servers|virtual machines)"
+    r"|quota",
     re.IGNORECASE,
 )
 _UNAVAILABLE = re.compile(
-    r"not available in the selected|any more capacity|out of (stock|capacity)|sold.?out|"
-    r"invalid plan chosen",
+    r"not available|unavailable|no (more )?capacity|any more capacity|out of (stock|capacity)"
+    r"|sold.?out|insufficient capacity|invalid plan",
     re.IGNORECASE,
 )
 
