@@ -358,7 +358,10 @@ def _instance(cfg: Config, reads: Readings, row: LedgerRow, billed: float) -> In
             "boot_since": row.boot_since,
             "service": service if isinstance(service, ServiceState) else None,
             "revivable": lifecycle.revivable(
-                before.state if before else row.state, service, target(cfg, row, v) is not None
+                before.state if before else row.state,
+                service,
+                target(cfg, row, v) is not None,
+                (before or row).last_error,
             ),
             "plan": row.plan or "",
             "region": row.region or "",

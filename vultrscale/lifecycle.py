@@ -411,17 +411,31 @@ REVIVABLE = frozenset(
 )
 
 
-def revivable(state: InstanceState, service: ServiceState | str | None, reachable: bool) -> bool:
+# A revive whose start failed leaves this at the head of the row's last_error (it drains
+# again, reconcile._start): never revived again, or a host that refuses every start (an image
+# baked before the sudoers rule allowed it) would be revived and refused every pass, holding
+# back the create that replaces it.
+START_FAILED = "systemctl start failed"
+
+
+def revivable(
+    state: InstanceState,
+    service: ServiceState | str | None,
+    reachable: bool,
+    last_error: str | None = None,
+) -> bool:
     """Can this instance's worker be started again instead of booting a new instance?
 
     ``state`` is its ledger row's state as the pass read it: only DRAINING, never DELETING
     (once its delete has been sent, the instance may vanish under the worker). A delete that
     this pass's drain verdict would start has not been sent yet: the row still reads DRAINING
     and may be revived instead. ``service``: what `systemctl is-active` said this pass (an
-    SSH error or no target: a string; not asked: None); ``reachable``: it has an SSH target."""
+    SSH error or no target: a string; not asked: None); ``reachable``: it has an SSH target;
+    ``last_error``: its row's (a start that failed before: ``START_FAILED``)."""
     return (
         state is InstanceState.DRAINING
         and reachable
         and isinstance(service, ServiceState)
         and service in REVIVABLE
+        and not (last_error or "").startswith(START_FAILED)
     )

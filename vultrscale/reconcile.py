@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from vultrscale import offerings
+from vultrscale import lifecycle, offerings
 from vultrscale.clock import Clock
 from vultrscale.config import Config, Offering, format_duration
 from vultrscale.decision import (
@@ -446,9 +446,9 @@ def apply(
             case Revive(label, target, reason):
                 # The order and why it is kill-safe: decision.Revive.
                 ledger.revive(label, now)
-                revived += 1
                 result.note(label, f"revive: {reason}")
-                _start(parts.drain, ledger, target, result)
+                # Only a start sent is a scale-up (its cool-down): a refused one adds nothing.
+                revived += _start(parts.drain, ledger, target, now, result)
             case Create():
                 created += _create(cfg, parts, ledger, step, snapshot, now, result)
             case SaveFleetState(before, last_scale_down, idle_since):
@@ -488,15 +488,31 @@ def _stop(
 
 
 def _start(
-    drain: DrainTransport, ledger: FleetLedger, target: HostTarget, result: PassResult
-) -> None:
-    """`systemctl start --no-block` on a revived instance; a refusal is that host's error."""
+    drain: DrainTransport,
+    ledger: FleetLedger,
+    target: HostTarget,
+    now: datetime,
+    result: PassResult,
+) -> int:
+    """`systemctl start --no-block` on a revived instance (1 when sent); a refusal is that
+    host's error, and the instance goes back to draining (row and workers' flag), never to be
+    revived again (``lifecycle.START_FAILED``): counted as capacity it would hold back a
+    create until ``boot_timeout`` replaced it. Draining again, the next pass stops it again
+    or deletes it, and creates what is missing. Were the start carried out after all (the
+    answer lost), its worker reads its flag and claims nothing; the stop sent again drains
+    it: no job is lost either way."""
     ledger.extend_lock(fan_out_bound_s(1))  # SSH is not under the pass's deadline (see _stop)
     err = drain.start_many([target]).get(target.label)
     if err is not None:
-        result.errors.append(f"{target.label}: systemctl start failed: {err}")
-    else:
-        result.note(target.label, "worker started again: systemctl start --no-block sent")
+        ledger.mark_draining(target.label, now)
+        ledger.note_error(target.label, f"{lifecycle.START_FAILED}: {err}")  # not revived again
+        result.errors.append(
+            f"{target.label}: {lifecycle.START_FAILED}: {err}; back to draining (the next pass "
+            "creates in its place)"
+        )
+        return 0
+    result.note(target.label, "worker started again: systemctl start --no-block sent")
+    return 1
 
 
 def _delete(

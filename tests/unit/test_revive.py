@@ -264,7 +264,7 @@ def test_a_pass_revives_over_the_ports_and_the_worker_claims_again(tmp_path: Pat
     assert fleet.states()[a] == "running" and fleet.drain.starts == [a]
 
 
-def test_a_start_refused_is_the_instance_s_error_and_the_boot_timeout_still_guards_it(
+def test_a_start_refused_is_the_instance_s_error_and_it_drains_again_with_a_create_next_pass(
     tmp_path: Path,
 ) -> None:
     fleet, workers, a = _drained_while_work_returns(tmp_path)
@@ -273,8 +273,16 @@ def test_a_start_refused_is_the_instance_s_error_and_the_boot_timeout_still_guar
     )
     assert result.exit_code == 1
     assert any(e.startswith(f"{a}: systemctl start failed") for e in result.errors)
-    # Running in the ledger without a worker: booting at the next pass, replaced past
-    # boot_timeout (it holds no lease), never a second revive or a lost job.
+    # Back to draining, its worker flagged: not counted as capacity, so the next pass creates
+    # in its place at once (not after boot_timeout), and never a lost job.
+    assert fleet.states()[a] == "draining"
+    before = fleet.cloud.posts
+    # past the cool-down of this pass's own create of the third instance: the next pass deletes
+    # it (inactive; at max_instances=3 it still counts), the one after creates in its place
+    fleet.clock.advance(fleet.cfg.policy.scale_up_cooldown.total_seconds() + 1)
+    again = [fleet.run(), fleet.run()]  # the start is not tried again
+    assert fleet.cloud.posts == before + 1
+    assert not [r for p in again for r in p.results if r["result"].startswith("revive")]
     for _ in range(20):
         fleet.clock.advance(61)
         workers.report()
