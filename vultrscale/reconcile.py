@@ -25,10 +25,11 @@ import string
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from vultrscale import forecast
 from vultrscale.clock import Clock
 from vultrscale.config import Config
 from vultrscale.decision import (
@@ -40,6 +41,7 @@ from vultrscale.decision import (
     MarkDraining,
     Move,
     Note,
+    Readings,
     RetryDelete,
     SaveFleetState,
     StartDelete,
@@ -200,6 +202,7 @@ def _checked_pass(
             refused,
             probe=not result.dry_run,
         )
+        reads = _forecast(cfg, parts, ledger, reads, save=not result.dry_run)
         decision = decide(reads, cfg)
         if decision.refused_outright and refused is not None:  # nothing to wind down
             raise refused
@@ -289,6 +292,36 @@ def _price(
             hint="Raise the ceiling or pick a cheaper plan.",
         )
     return price
+
+
+def _forecast(
+    cfg: Config, parts: Parts, ledger: FleetLedger, reads: Readings, *, save: bool
+) -> Readings:
+    """The readings with a fresh forecast profile: the cached one while it is fresh, else one
+    computed from the queue's history and saved for every pass (``save``; a dry run writes
+    nothing). The history is scanned once per ``policy.forecast.refresh``, not every pass.
+    A history that cannot be read keeps the cached profile, if any, and never fails the pass:
+    the forecast only ever raises a floor."""
+    fc = cfg.policy.forecast
+    cached = reads.forecast
+    if fc.mode == "off" or parts.history is None or (cached and cached.fresh(fc, reads.now)):
+        return reads
+    try:
+        found = parts.history.buckets(reads.now - fc.weeks * forecast.WEEK, reads.now, fc.slot)
+    except DatabaseError as exc:
+        log.warning("the floor forecast keeps its last profile: %s", exc)
+        return reads if cached is not None and cached.fits(fc) else replace(reads, forecast=None)
+    profile = forecast.compute(
+        found,
+        reads.now,
+        slot=fc.slot,
+        weeks=fc.weeks,
+        quantile=fc.quantile,
+        min_history=fc.min_history,
+    )
+    if save:
+        ledger.save_forecast_profile(profile)
+    return replace(reads, forecast=profile)
 
 
 def _check_plan(cfg: Config, cloud: Cloud) -> PlanPrice:

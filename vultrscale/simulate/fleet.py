@@ -22,14 +22,16 @@ were. The simulator keeps no model of its own of when the policy acts.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from vultrscale import budget, decision, lifecycle, reconcile
+from vultrscale import budget, decision, forecast, lifecycle, reconcile
 from vultrscale.config import Config, Secret
 from vultrscale.errors import HostUnreachable, SSHError
+from vultrscale.forecast import Bucket
 from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_parts
 from vultrscale.model import (
     HostTarget,
@@ -147,6 +149,32 @@ class WorldDrain:
 
     def close(self) -> None:
         pass
+
+
+class WorldHistory:
+    """The JobHistory port over the replayed past only: the jobs that arrived before the
+    world's now, each with its run time once it has finished by then. A replay's forecast
+    never reads the trace's future (README "Floor forecast")."""
+
+    def __init__(self, world: World, epoch: datetime) -> None:
+        self.world = world
+        self.epoch = budget.utc(epoch)
+        self._due: list[datetime] = []  # arrival times as datetimes, made once, as reached
+
+    def buckets(self, since: datetime, until: datetime, width: timedelta) -> list[Bucket]:
+        world, epoch = self.world, self.epoch
+        now = epoch + timedelta(seconds=world.now)
+        until = min(until, now)
+        stop = bisect.bisect_left(world.arrival, (until - epoch).total_seconds())
+        start = bisect.bisect_left(world.arrival, (since - epoch).total_seconds())
+        due = self._due
+        while len(due) < stop:
+            due.append(epoch + timedelta(seconds=world.arrival[len(due)]))
+        finished, duration = world.finished_at, world.duration
+        jobs = (
+            (due[j], duration[j] if finished[j] is not None else None) for j in range(start, stop)
+        )
+        return forecast.buckets(jobs, since, until, width)
 
 
 class SimLedger(MemoryLedger):
@@ -273,7 +301,9 @@ class Vultrscale:
             hourly_cost=self.price.hourly,
         )
         cloud = WorldCloud(world, clock, plan, self.cfg.fleet.region, self.cfg.fleet.snapshot_id)
-        parts = memory_parts(clock, cloud, self.ledger, self.signals, WorldDrain(world))  # type: ignore[arg-type]
+        history = WorldHistory(world, self.epoch)
+        drain = WorldDrain(world)
+        parts = memory_parts(clock, cloud, self.ledger, self.signals, drain, history=history)  # type: ignore[arg-type]
         self._parts = parts
 
     def tick(self, world: World) -> None:
