@@ -95,7 +95,7 @@ class Profile:
         return {
             "computed_at": self.computed_at.isoformat(),
             "slot_seconds": self.slot.total_seconds(),
-            "loads": [round(x, 4) for x in self.loads],
+            "loads": list(self.loads),
             "history_seconds": self.history.total_seconds(),
             "min_history_seconds": self.min_history.total_seconds(),
             "weeks": self.weeks,
