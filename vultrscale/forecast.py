@@ -292,7 +292,7 @@ class SlotForecast:
     start: datetime
     load: float  # jobs running at once
     need: int  # instances that load asks for
-    floor: int  # the floor the forecast sets at the slot's start (one lead ahead, capped)
+    floor: int  # the highest floor the forecast sets during the slot (one lead ahead, capped)
 
 
 def horizon(
@@ -308,12 +308,18 @@ def horizon(
     out: list[SlotForecast] = []
     t = slot_start(start, profile.slot)
     end = start + timedelta(hours=hours)
+    last = profile.slot - timedelta(microseconds=1)
     while t < end:
-        f = floor_at(
-            profile, t, lead, jobs_per_instance=jobs_per_instance, max_instances=max_instances
+        # floor_at looks at t and t + lead: its first and last moment in the slot see every
+        # slot it looks at in between.
+        highest = max(
+            floor_at(
+                profile, at, lead, jobs_per_instance=jobs_per_instance, max_instances=max_instances
+            ).floor
+            for at in (t, t + last)
         )
         load = profile.loads[slot_index(t, profile.slot)]
-        out.append(SlotForecast(t, load, need(profile, t, jobs_per_instance), f.floor))
+        out.append(SlotForecast(t, load, need(profile, t, jobs_per_instance), highest))
         t += profile.slot
     return out
 

@@ -319,7 +319,8 @@ class Plan:
     month_to_date_usd: float | None = None  # this UTC month's bill so far (None: price unknown)
     committed_usd: float | None = None  # month to date + the current fleet run to month end
     # The floor forecast (``policy.forecast``): its mode ("off": none), the floor it asks
-    # (acted on only in mode "scale") and where that comes from.
+    # (acted on only in mode "scale"; None: off, or too little history) and where that comes
+    # from (or why there is none).
     forecast_mode: str = "off"
     forecast_floor: int | None = None
     forecast_source: str = ""

@@ -381,7 +381,7 @@ class _Sizing:
             month_to_date_usd=check.month_to_date_usd if check else None,
             committed_usd=check.committed_usd if check else None,
             forecast_mode=pol.forecast.mode,
-            forecast_floor=None if predicted is None else predicted.floor,
+            forecast_floor=predicted.floor if predicted and predicted.usable else None,
             forecast_source="" if predicted is None else predicted.source,
         )
 

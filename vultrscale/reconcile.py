@@ -71,7 +71,14 @@ from vultrscale.model import (
     PlanPrice,
 )
 from vultrscale.observe import observe
-from vultrscale.ports import Cloud, DrainTransport, FleetLedger, PriceCheck, QueueSignals
+from vultrscale.ports import (
+    Cloud,
+    DrainTransport,
+    FleetLedger,
+    JobHistory,
+    PriceCheck,
+    QueueSignals,
+)
 from vultrscale.ports import Parts as Parts  # re-exported: the pass's callers build them
 from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import (
@@ -307,21 +314,32 @@ def _forecast(
     if fc.mode == "off" or parts.history is None or (cached and cached.fresh(fc, reads.now)):
         return reads
     try:
-        found = parts.history.buckets(reads.now - fc.weeks * forecast.WEEK, reads.now, fc.slot)
+        profile = forecast_profile(cfg, parts.history, cached, reads.now)
     except DatabaseError as exc:
         log.warning("the floor forecast keeps its last profile: %s", exc)
         return reads if cached is not None and cached.fits(fc) else replace(reads, forecast=None)
-    profile = forecast.compute(
-        found,
-        reads.now,
+    if save:
+        ledger.save_forecast_profile(profile)
+    return replace(reads, forecast=profile)
+
+
+def forecast_profile(
+    cfg: Config, history: JobHistory, cached: forecast.Profile | None, now: datetime
+) -> forecast.Profile:
+    """The forecast profile at ``now``: ``cached`` while it is fresh, else computed from
+    ``history`` over the weeks ``policy.forecast`` looks back (``DatabaseError`` when it
+    cannot be read). The pass and `vultrscale forecast` both take it from here."""
+    fc = cfg.policy.forecast
+    if cached is not None and cached.fresh(fc, now):
+        return cached
+    return forecast.compute(
+        history.buckets(now - fc.weeks * forecast.WEEK, now, fc.slot),
+        now,
         slot=fc.slot,
         weeks=fc.weeks,
         quantile=fc.quantile,
         min_history=fc.min_history,
     )
-    if save:
-        ledger.save_forecast_profile(profile)
-    return replace(reads, forecast=profile)
 
 
 def _check_plan(cfg: Config, cloud: Cloud) -> PlanPrice:

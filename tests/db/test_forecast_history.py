@@ -5,11 +5,13 @@ process, recomputed only once per ``policy.forecast.refresh``."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 
-from vultrscale import forecast
+from vultrscale import cli, forecast
 from vultrscale.clock import FakeClock
 from vultrscale.config import Config, FleetConfig, ForecastConfig, PolicyConfig, Secret, Secrets
 from vultrscale.db.history import PgHistory
@@ -151,3 +153,58 @@ def test_mode_off_reads_no_profile_and_scans_no_history(db_url: str) -> None:
     assert history.scans == 0 and result.plan is not None and result.plan.forecast_floor is None
     with psycopg.connect(db_url, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM forecast_profiles").fetchone() == (0,)
+
+
+# --- `vultrscale forecast` ---------------------------------------------------------------------
+
+
+def test_forecast_json_shows_the_coming_surge_and_its_floor_one_lead_ahead(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = datetime.now(UTC)
+    surge = forecast.slot_start(now + 3 * HOUR, HOUR)  # three hours from now, every week
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for weeks_ago in (1, 2):
+            start = surge - weeks_ago * WEEK
+            _insert(conn, start - 20 * HOUR, 30.0)  # the history reaches back this far
+            for i in range(360):  # 6 jobs at once for the hour
+                _insert(conn, start + timedelta(seconds=10 * i), 60.0)
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert cli.main(["forecast", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["mode"], doc["usable"], doc["note"], doc["lead_seconds"]) == (
+        "observe",
+        True,
+        None,
+        15 * 60.0,
+    )
+    assert doc["profile"] == "computed now from the jobs table"
+    slots = {s["start"]: s for s in doc["slots"]}
+    assert len(doc["slots"]) in (48, 49)  # from the slot holding now, 48 hours on
+    at = slots[surge.isoformat()]
+    assert (at["jobs_at_once"], at["needs"], at["floor"]) == (6.0, 2, 2)
+    before = slots[(surge - HOUR).isoformat()]  # its floor rises one lead (15m) ahead
+    assert (before["needs"], before["floor"]) == (0, 2)
+    assert slots[(surge - 2 * HOUR).isoformat()]["floor"] == 0
+
+
+def test_forecast_with_too_little_history_says_so_and_exits_0(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        _insert(conn, datetime.now(UTC) - timedelta(days=2), 60.0)
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert cli.main(["forecast", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["usable"] is False and doc["slots"] == []
+    assert doc["note"].startswith("too little history: 2d of jobs, 7d needed")
+    assert cli.main(["forecast"]) == 0
+    assert "no forecast: too little history" in capsys.readouterr().out
+
+
+def test_forecast_of_a_foreign_queue_preset_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VULTRSCALE_QUEUE_PRESET", "procrastinate")
+    assert cli.main(["forecast"]) == 2
+    assert "the forecast reads the built-in queue's jobs table" in capsys.readouterr().err

@@ -3,6 +3,7 @@ an argument: every "now" below is a fixed moment, no clock runs."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -185,6 +186,31 @@ def test_the_creates_it_plans_say_the_floor_is_the_forecasts() -> None:
     plan = policy.decide(obs(p), cfg("scale"), SURGE)
     creates = [a for a in plan.actions if a.kind is ActionKind.CREATE]
     assert creates and creates[0].reason.startswith("the floor is 2 instance(s)")
+
+
+def test_the_forecast_floor_is_a_metric_unknown_without_enough_history() -> None:
+    from vultrscale.metrics import Metrics
+    from vultrscale.reconcile import PassResult
+
+    m = Metrics("workers")
+    p = profile_of(surge_history(2), MONDAY + 2 * WEEK)
+    for profile, expected in ((p, 2.0), (None, math.nan)):
+        plan = policy.decide(obs(profile), cfg("observe"), SURGE)
+        m.observe(PassResult(0, SURGE, plan=plan, observation=obs(profile)))
+        got = m.registry.get_sample_value("vultrscale_forecast_floor", {"fleet": "workers"})
+        assert got == expected or (math.isnan(expected) and got is not None and math.isnan(got))
+
+
+def test_status_shows_the_forecast_floor_and_its_source() -> None:
+    from vultrscale.status import summary_lines
+
+    p = profile_of(surge_history(2), MONDAY + 2 * WEEK)
+    plan = policy.decide(obs(p), cfg("observe"), SURGE)
+    lines = [t.plain for t in summary_lines(obs(p), plan, 1000.0)]
+    assert (
+        "forecast (observe: observed, not applied): floor 2; forecast: Mon 09:00-10:00 UTC "
+        "(15m ahead) runs 6.00 job(s) at once" in "\n".join(lines)
+    )
 
 
 # --- config ------------------------------------------------------------------------------------
