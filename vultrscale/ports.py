@@ -268,6 +268,9 @@ class PassCache:
 
     price_check: PriceCheck | None = None
     snapshot: str | None = None
+    # The forecast profile this process computed last: a dry run (`status --watch`) saves
+    # none in the ledger, and must not scan the queue's history on every refresh.
+    profile: Profile | None = None
 
 
 @dataclass(frozen=True)

@@ -313,11 +313,15 @@ def _forecast(
     cached = reads.forecast
     if fc.mode == "off" or parts.history is None or (cached and cached.fresh(fc, reads.now)):
         return reads
+    mine = parts.cache.profile
+    if mine is not None and mine.fresh(fc, reads.now):
+        return replace(reads, forecast=mine)
     try:
         profile = forecast_profile(cfg, parts.history, cached, reads.now)
     except DatabaseError as exc:
         log.warning("the floor forecast keeps its last profile: %s", exc)
         return reads if cached is not None and cached.fits(fc) else replace(reads, forecast=None)
+    parts.cache.profile = profile
     if save:
         ledger.save_forecast_profile(profile)
     return replace(reads, forecast=profile)

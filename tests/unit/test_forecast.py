@@ -213,6 +213,47 @@ def test_status_shows_the_forecast_floor_and_its_source() -> None:
     )
 
 
+class Counted(MemoryHistory):
+    scans: int = 0
+
+    def buckets(self, since: datetime, until: datetime, width: timedelta) -> list:
+        self.scans += 1
+        return super().buckets(since, until, width)
+
+
+def test_dry_runs_scan_the_history_once_per_refresh_though_they_save_nothing() -> None:
+    """`status --watch` is a dry-run pass every few seconds: it saves no profile in the
+    ledger, and keeps the one it computed for the refresh's length."""
+    from vultrscale.clock import FakeClock
+    from vultrscale.config import FleetConfig, Secret, Secrets
+    from vultrscale.memory import (
+        SNAPSHOT,
+        MemoryCloud,
+        MemoryDrain,
+        MemoryLedger,
+        MemorySignals,
+        memory_parts,
+    )
+    from vultrscale.reconcile import run_pass
+
+    clock = FakeClock(SURGE)
+    history = Counted(surge_history(2))
+    ledger = MemoryLedger("workers")
+    parts = memory_parts(
+        clock, MemoryCloud(clock), ledger, MemorySignals(), MemoryDrain(), history=history
+    )
+    config = Config(
+        fleet=FleetConfig(snapshot_id=SNAPSHOT),
+        policy=PolicyConfig(forecast=ForecastConfig(mode="scale")),
+        secrets=Secrets(worker_database_url=Secret("postgresql://w@db.invalid/q")),
+    )
+    for _ in range(4):  # at 0, 20, 40 and 60 minutes
+        result = run_pass(config, parts, dry_run=True, take_lock=False)
+        assert result.plan is not None and result.plan.forecast_floor == 2
+        clock.advance(20 * 60)
+    assert history.scans == 2 and ledger.profile is None  # at 0 and 60 minutes: once an hour
+
+
 # --- config ------------------------------------------------------------------------------------
 
 
