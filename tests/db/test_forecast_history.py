@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -159,7 +160,10 @@ def test_mode_off_reads_no_profile_and_scans_no_history(db_url: str) -> None:
 
 
 def test_forecast_json_shows_the_coming_surge_and_its_floor_one_lead_ahead(
-    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     now = datetime.now(UTC)
     surge = forecast.slot_start(now + 3 * HOUR, HOUR)  # three hours from now, every week
@@ -186,6 +190,12 @@ def test_forecast_json_shows_the_coming_surge_and_its_floor_one_lead_ahead(
     before = slots[(surge - HOUR).isoformat()]  # its floor rises one lead (15m) ahead
     assert (before["needs"], before["floor"]) == (0, 2)
     assert slots[(surge - 2 * HOUR).isoformat()]["floor"] == 0
+    # The same as a table and as a picture.
+    png = tmp_path / "week.png"
+    assert cli.main(["forecast", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "mode observe (observes only)" in out and "next 48 hours (UTC)" in out
+    assert png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_forecast_with_too_little_history_says_so_and_exits_0(
