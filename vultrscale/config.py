@@ -283,6 +283,9 @@ class ForecastConfig:
     slot: timedelta = timedelta(hours=1)  # the week is cut into slots this long
     quantile: float = 0.75  # the high value kept per slot across the weeks (nearest rank)
     refresh: timedelta = timedelta(hours=1)  # the cached profile is recomputed this often
+    # A slot's load in instances (jobs at once / jobs_per_instance) has its fraction of an
+    # instance rounded up from this much on, else down: 0 keeps an instance for any load.
+    round_up_from: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -1231,6 +1234,11 @@ def _forecast_problems(pol: PolicyConfig) -> list[str]:
         p.append(
             f"policy.forecast.quantile: {fc.quantile!r} must be above 0 and at most 1 (0.75 "
             "keeps a high week's load per slot, 1 the highest week's)"
+        )
+    if not 0 <= fc.round_up_from < 1:
+        p.append(
+            f"policy.forecast.round_up_from: {fc.round_up_from!r} must be from 0 to below 1 "
+            "(0: any load asks for an instance; 0.5: half an instance's work or more)"
         )
     if fc.refresh < minute:
         p.append(f"policy.forecast.refresh: {format_duration(fc.refresh)} must be at least 1m")

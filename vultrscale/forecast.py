@@ -234,10 +234,13 @@ class FloorForecast:
     usable: bool
 
 
-def need(profile: Profile, t: datetime, jobs_per_instance: int) -> int:
-    """Instances the load of ``t``'s slot asks for (rounded up)."""
-    load = profile.loads[slot_index(t, profile.slot)]
-    return max(0, math.ceil(load / jobs_per_instance - _EPSILON))
+def need(profile: Profile, t: datetime, jobs_per_instance: int, round_up_from: float = 0.0) -> int:
+    """Instances the load of ``t``'s slot asks for: load / jobs_per_instance, its fraction of
+    an instance rounded up once it reaches ``round_up_from`` (0: always, 0.5: half an
+    instance's work or more), else down."""
+    instances = profile.loads[slot_index(t, profile.slot)] / jobs_per_instance
+    whole = math.floor(instances + _EPSILON)
+    return whole + (1 if instances - whole > max(round_up_from, _EPSILON) - _EPSILON else 0)
 
 
 def floor_at(
@@ -247,6 +250,7 @@ def floor_at(
     *,
     jobs_per_instance: int,
     max_instances: int,
+    round_up_from: float = 0.0,
 ) -> FloorForecast:
     """The floor the forecast asks at ``now``: the larger need of the slot now and of the slot
     one ``lead`` ahead (so an instance created now is up when that slot begins, and is kept
@@ -256,8 +260,8 @@ def floor_at(
     if not profile.enough:
         return FloorForecast(0, 0, f"forecast: {profile.shortfall()}", False)
     ahead = now + lead
-    here_n = need(profile, now, jobs_per_instance)
-    ahead_n = need(profile, ahead, jobs_per_instance)
+    here_n = need(profile, now, jobs_per_instance, round_up_from)
+    ahead_n = need(profile, ahead, jobs_per_instance, round_up_from)
     looks_ahead = ahead_n >= here_n and ahead_n > 0
     at = ahead if looks_ahead else now
     wanted = max(here_n, ahead_n)
@@ -303,6 +307,7 @@ def horizon(
     *,
     jobs_per_instance: int,
     max_instances: int,
+    round_up_from: float = 0.0,
 ) -> list[SlotForecast]:
     """The slots from the one holding ``start`` over the next ``hours``."""
     out: list[SlotForecast] = []
@@ -314,12 +319,18 @@ def horizon(
         # slot it looks at in between.
         highest = max(
             floor_at(
-                profile, at, lead, jobs_per_instance=jobs_per_instance, max_instances=max_instances
+                profile,
+                at,
+                lead,
+                jobs_per_instance=jobs_per_instance,
+                max_instances=max_instances,
+                round_up_from=round_up_from,
             ).floor
             for at in (t, t + last)
         )
         load = profile.loads[slot_index(t, profile.slot)]
-        out.append(SlotForecast(t, load, need(profile, t, jobs_per_instance), highest))
+        n = need(profile, t, jobs_per_instance, round_up_from)
+        out.append(SlotForecast(t, load, n, highest))
         t += profile.slot
     return out
 

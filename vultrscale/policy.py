@@ -91,6 +91,7 @@ def forecast_floor(
         forecast_lead(observation, config),
         jobs_per_instance=config.queue.jobs_per_instance,
         max_instances=config.policy.max_instances,
+        round_up_from=config.policy.forecast.round_up_from,
     )
 
 

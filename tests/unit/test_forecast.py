@@ -86,6 +86,26 @@ def test_unfinished_jobs_count_at_the_mean_run_time() -> None:
     assert floor(p, MONDAY + 2 * WEEK + 9 * HOUR) == 2
 
 
+@pytest.mark.parametrize(
+    ("at_once", "round_up_from", "instances"),
+    [
+        (0.2, 0.0, 1),  # any load keeps an instance
+        (0.2, 0.5, 0),  # ...unless asked for half an instance's work at least
+        (2, 0.5, 1),  # half an instance's work
+        (5, 0.5, 1),  # 1.25 instances
+        (6, 0.5, 2),  # 1.5 instances
+        (8, 0.0, 2),  # 2 instances, whole
+    ],
+)
+def test_a_fraction_of_an_instance_is_rounded_up_from_round_up_from(
+    at_once: float, round_up_from: float, instances: int
+) -> None:
+    # 360 jobs in the hour: each of ``10 * at_once`` seconds makes ``at_once`` jobs at once.
+    p = profile_of(surge_history(2, run=10.0 * at_once), MONDAY + 2 * WEEK)
+    at = MONDAY + 2 * WEEK + 9 * HOUR
+    assert forecast.need(p, at, 4, round_up_from) == instances
+
+
 def test_too_little_history_says_so_and_asks_nothing() -> None:
     now = MONDAY + timedelta(days=3, hours=12)
     p = profile_of(surge_history(1), now)
@@ -273,9 +293,10 @@ def test_forecast_settings_are_read_from_the_table_the_environment_and_a_sweep()
         ("MIN_HISTORY", "60d", "policy.forecast.min_history: 1440h must be from 1m to the 4"),
         ("QUANTILE", "0", "policy.forecast.quantile: 0.0 must be above 0 and at most 1"),
         ("WEEKS", "0", "policy.forecast.weeks: 0 is out of range: allowed 1 to 52"),
+        ("ROUND_UP_FROM", "1", "policy.forecast.round_up_from: 1.0 must be from 0 to below 1"),
         ("WEEKZ", "3", "did you mean VULTRSCALE_POLICY_FORECAST_WEEKS?"),
     ],
-    ids=["mode", "slot", "min-history", "quantile", "weeks", "misspelled"],
+    ids=["mode", "slot", "min-history", "quantile", "weeks", "round-up-from", "misspelled"],
 )
 def test_bad_forecast_settings_are_named(key: str, value: str, says: str) -> None:
     with pytest.raises(ConfigError) as err:

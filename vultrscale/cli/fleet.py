@@ -373,7 +373,13 @@ def forecast_cmd(
     jobs, cap = cfg.queue.jobs_per_instance, cfg.policy.max_instances
     slots = (
         forecast.horizon(
-            profile, now, FORECAST_HOURS, lead, jobs_per_instance=jobs, max_instances=cap
+            profile,
+            now,
+            FORECAST_HOURS,
+            lead,
+            jobs_per_instance=jobs,
+            max_instances=cap,
+            round_up_from=cfg.policy.forecast.round_up_from,
         )
         if profile.enough
         else []
