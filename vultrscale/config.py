@@ -284,8 +284,9 @@ class ForecastConfig:
     quantile: float = 0.75  # the high value kept per slot across the weeks (nearest rank)
     refresh: timedelta = timedelta(hours=1)  # the cached profile is recomputed this often
     # A slot's load in instances (jobs at once / jobs_per_instance) has its fraction of an
-    # instance rounded up from this much on, else down: 0 keeps an instance for any load.
-    round_up_from: float = 0.0
+    # instance rounded up from this much on, else down: 0 keeps an instance for any load (a
+    # trickle of a job an hour kept one warm all day in simulate: +15% on a spiky week).
+    round_up_from: float = 0.5
 
 
 @dataclass(frozen=True)

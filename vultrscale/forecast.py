@@ -256,7 +256,9 @@ def floor_at(
     one ``lead`` ahead (so an instance created now is up when that slot begins, and is kept
     through its own), never above ``max_instances``."""
     if profile is None:
-        return FloorForecast(0, 0, "forecast: no profile yet (not computed)", False)
+        return FloorForecast(
+            0, 0, "forecast: no profile (none computed from the built-in queue's history)", False
+        )
     if not profile.enough:
         return FloorForecast(0, 0, f"forecast: {profile.shortfall()}", False)
     ahead = now + lead

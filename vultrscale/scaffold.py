@@ -481,6 +481,7 @@ min_history = "7d"            # less history than this: no forecast
 slot = "1h"                   # the week is cut into slots this long (UTC)
 quantile = 0.75               # per slot, a high week's load, not the highest
 refresh = "1h"                # the cached profile is recomputed this often
+round_up_from = 0.5           # a slot asks for an instance from half of one's work on
 
 [budget]
 monthly_ceiling_usd = 50.0
