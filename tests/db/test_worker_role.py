@@ -240,6 +240,7 @@ _FIRST_COLUMN = {
     "fleet_state": "fleet",
     "fleet_snapshots": "fleet",
     "plan_checks": "plan",
+    "forecast_profiles": "fleet",
     "vultrscale_schema": "version",
 }
 

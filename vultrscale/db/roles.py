@@ -65,6 +65,7 @@ SCALER_TABLES = (
     "fleet_state",
     "fleet_snapshots",
     "plan_checks",
+    "forecast_profiles",
     "vultrscale_schema",
 )
 """The scaler's own tables: the workers' role gets no privilege on them."""
