@@ -151,25 +151,58 @@ def slot_name(t: datetime, width: timedelta) -> str:
     return f"{_DAYS[start.weekday()]} {start:%H:%M}-{end:%H:%M} UTC"
 
 
+class Tally:
+    """Buckets of ``width`` built one job at a time: a job counted when it comes due, its run
+    time added when it finishes. The memory adapters' aggregation (``buckets``; the replay's
+    history keeps one across a whole replay); the Postgres adapter does the same in SQL
+    (``db.history.forecast_buckets``), and a test holds both to the same answer."""
+
+    def __init__(self, width: timedelta) -> None:
+        self.width = width
+        self._acc: dict[datetime, list[float]] = {}
+
+    def due(self, at: datetime) -> datetime:
+        """Count a job due ``at``; the start of its bucket (to name when it finishes)."""
+        key = slot_start(at, self.width)
+        b = self._acc.get(key)
+        if b is None:
+            self._acc[key] = [1, 0, 0.0]
+        else:
+            b[0] += 1
+        return key
+
+    def finished(self, bucket: datetime, run_seconds: float) -> None:
+        """A job of ``bucket`` finished after running ``run_seconds``."""
+        b = self._acc[bucket]
+        b[1] += 1
+        b[2] += run_seconds
+
+    def buckets(self, since: datetime | None = None) -> list[Bucket]:
+        """The buckets so far, oldest first; with ``since``, those that start at or after the
+        start of the bucket holding it."""
+        lo = None if since is None else slot_start(since, self.width)
+        return [
+            Bucket(s, int(a), int(f), r)
+            for s, (a, f, r) in sorted(self._acc.items())
+            if lo is None or s >= lo
+        ]
+
+
 def buckets(
     jobs: Iterable[tuple[datetime, float | None]],
     since: datetime,
     until: datetime,
     width: timedelta,
 ) -> list[Bucket]:
-    """The memory adapters' aggregation of (due at, run seconds or None if unfinished) jobs due
-    in [since, until) into buckets of ``width``; the Postgres adapter does the same in SQL
-    (``db.history.forecast_buckets``), and a test holds both to the same answer."""
-    acc: dict[datetime, list[float]] = {}
+    """(due at, run seconds or None if unfinished) jobs due in [since, until), in buckets of
+    ``width`` (``Tally``)."""
+    tally = Tally(width)
     for due, run in jobs:
-        if not since <= due < until:
-            continue
-        b = acc.setdefault(slot_start(due, width), [0, 0, 0.0])
-        b[0] += 1
-        if run is not None:
-            b[1] += 1
-            b[2] += run
-    return [Bucket(s, int(a), int(f), r) for s, (a, f, r) in sorted(acc.items())]
+        if since <= due < until:
+            key = tally.due(due)
+            if run is not None:
+                tally.finished(key, run)
+    return tally.buckets()
 
 
 def compute(

@@ -97,9 +97,10 @@ def forecast_floor(
 
 def forecast_changes(observation: Observation, config: Config, now: datetime) -> list[datetime]:
     """When the forecast floor may change: a slot boundary now or one lead ahead, and when
-    the profile is due to be recomputed (``decision.next_change``)."""
+    the profile is due to be recomputed (``decision.next_change``). Only in mode "scale": in
+    "observe" the floor changes a reason, never a step."""
     fc, profile = config.policy.forecast, observation.forecast
-    if fc.mode == "off" or profile is None:
+    if fc.mode != "scale" or profile is None:
         return []
     times = [profile.computed_at + fc.refresh]
     nxt = forecast.next_change(profile, now, forecast_lead(observation, config))

@@ -154,27 +154,36 @@ class WorldDrain:
 class WorldHistory:
     """The JobHistory port over the replayed past only: the jobs that arrived before the
     world's now, each with its run time once it has finished by then. A replay's forecast
-    never reads the trace's future (README "Floor forecast")."""
+    never reads the trace's future (README "Floor forecast").
+
+    The buckets are kept across the replay (``forecast.Tally``): each call adds the jobs
+    that arrived and finished since the last one, instead of bucketing weeks of jobs again."""
 
     def __init__(self, world: World, epoch: datetime) -> None:
         self.world = world
         self.epoch = budget.utc(epoch)
-        self._due: list[datetime] = []  # arrival times as datetimes, made once, as reached
+        self._tally: forecast.Tally | None = None
+        self._next = 0  # the first job not counted yet
+        self._running: dict[int, datetime] = {}  # counted, not finished: job -> its bucket
 
     def buckets(self, since: datetime, until: datetime, width: timedelta) -> list[Bucket]:
         world, epoch = self.world, self.epoch
-        now = epoch + timedelta(seconds=world.now)
-        until = min(until, now)
-        stop = bisect.bisect_left(world.arrival, (until - epoch).total_seconds())
-        start = bisect.bisect_left(world.arrival, (since - epoch).total_seconds())
-        due = self._due
-        while len(due) < stop:
-            due.append(epoch + timedelta(seconds=world.arrival[len(due)]))
-        finished, duration = world.finished_at, world.duration
-        jobs = (
-            (due[j], duration[j] if finished[j] is not None else None) for j in range(start, stop)
+        stop = bisect.bisect_left(
+            world.arrival,
+            (min(until, epoch + timedelta(seconds=world.now)) - epoch).total_seconds(),
         )
-        return forecast.buckets(jobs, since, until, width)
+        tally = self._tally
+        if tally is None or tally.width != width or stop < self._next:
+            tally = self._tally = forecast.Tally(width)
+            self._next, self._running = 0, {}
+        running = self._running
+        for j in range(self._next, stop):
+            running[j] = tally.due(epoch + timedelta(seconds=world.arrival[j]))
+        self._next = max(self._next, stop)
+        finished, duration = world.finished_at, world.duration
+        for j in [j for j in running if finished[j] is not None]:
+            tally.finished(running.pop(j), duration[j])
+        return tally.buckets(since)
 
 
 class SimLedger(MemoryLedger):
