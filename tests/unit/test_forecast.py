@@ -274,6 +274,56 @@ def test_dry_runs_scan_the_history_once_per_refresh_though_they_save_nothing() -
     assert history.scans == 2 and ledger.profile is None  # at 0 and 60 minutes: once an hour
 
 
+def test_an_idle_fleet_is_woken_one_lead_before_the_forecast_surge() -> None:
+    """``decision.next_change`` names the moment the forecast floor rises: a replay that skips
+    the passes of an idle world (and a loop that sleeps) does not sleep through it."""
+    from vultrscale import decision
+    from vultrscale.clock import FakeClock
+    from vultrscale.config import FleetConfig, Secret, Secrets
+    from vultrscale.memory import (
+        SNAPSHOT,
+        MemoryCloud,
+        MemoryDrain,
+        MemoryLedger,
+        MemorySignals,
+        memory_parts,
+    )
+    from vultrscale.reconcile import run_pass
+
+    night = MONDAY + 2 * WEEK + 4 * HOUR
+    for mode, woken in (("scale", night + 4 * HOUR + timedelta(minutes=45)), ("off", None)):
+        clock = FakeClock(night - timedelta(minutes=2))
+        parts = memory_parts(
+            clock,
+            MemoryCloud(clock),
+            MemoryLedger("workers"),
+            MemorySignals(),
+            MemoryDrain(),
+            history=MemoryHistory(surge_history(2)),
+        )
+        config = Config(
+            fleet=FleetConfig(snapshot_id=SNAPSHOT),
+            policy=PolicyConfig(forecast=ForecastConfig(mode=mode, refresh=timedelta(days=1))),
+            secrets=Secrets(worker_database_url=Secret("postgresql://w@db.invalid/q")),
+        )
+        run_pass(config, parts)  # notes when the queue went idle
+        clock.advance(120)  # past the idle window: nothing left to wait for but the forecast
+        result = run_pass(config, parts)
+        # Pass only at the times the decision names, as a skipping replay does.
+        for _ in range(12):
+            assert result.decision is not None and result.plan is not None
+            if result.plan.creates:
+                break
+            when = decision.next_change(config, result.decision)
+            assert when is not None
+            if woken is None:  # no forecast: nothing before the month's end
+                assert when == datetime(2026, 7, 1, tzinfo=UTC)
+                break
+            clock.advance(when - clock.now())
+            result = run_pass(config, parts)
+        assert woken is None or (clock.now(), result.plan and result.plan.creates) == (woken, 2)
+
+
 # --- config ------------------------------------------------------------------------------------
 
 
