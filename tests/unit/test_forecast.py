@@ -274,6 +274,42 @@ def test_dry_runs_scan_the_history_once_per_refresh_though_they_save_nothing() -
     assert history.scans == 2 and ledger.profile is None  # at 0 and 60 minutes: once an hour
 
 
+def test_a_history_that_cannot_be_read_keeps_the_last_profile_and_never_fails_the_pass() -> None:
+    from vultrscale.clock import FakeClock
+    from vultrscale.config import FleetConfig, Secret, Secrets
+    from vultrscale.memory import (
+        SNAPSHOT,
+        MemoryCloud,
+        MemoryDrain,
+        MemoryLedger,
+        MemorySignals,
+        memory_parts,
+    )
+    from vultrscale.reconcile import run_pass
+
+    clock = FakeClock(SURGE)
+    history = MemoryHistory(surge_history(2))
+    parts = memory_parts(
+        clock,
+        MemoryCloud(clock),
+        MemoryLedger("workers"),
+        MemorySignals(),
+        MemoryDrain(),
+        history=history,
+    )
+    config = Config(
+        fleet=FleetConfig(snapshot_id=SNAPSHOT),
+        policy=PolicyConfig(forecast=ForecastConfig(mode="observe")),
+        secrets=Secrets(worker_database_url=Secret("postgresql://w@db.invalid/q")),
+    )
+    assert run_pass(config, parts).plan.forecast_floor == 2  # type: ignore[union-attr]
+    history.error = "canceling statement due to statement timeout"
+    clock.advance(2 * 3600)  # the profile is due again; the history does not answer
+    result = run_pass(config, parts)
+    assert result.exit_code == 0 and not result.errors
+    assert result.plan is not None and result.plan.forecast_floor == 0  # 11:50: the old one's
+
+
 def test_an_idle_fleet_is_woken_one_lead_before_the_forecast_surge() -> None:
     """``decision.next_change`` names the moment the forecast floor rises: a replay that skips
     the passes of an idle world (and a loop that sleeps) does not sleep through it."""

@@ -125,5 +125,18 @@ class PgHistory:
         self.url, self.queue = url, queue
 
     def buckets(self, since: datetime, until: datetime, width: timedelta) -> list[Bucket]:
-        with pg.session(self.url, "cannot read the queue's history for the forecast") as conn:
-            return forecast_buckets(conn, since, until, width, self.queue)
+        doing = "cannot read the queue's history for the forecast"
+        # A pass waits on this scan holding the fleet's lock: a stalled statement or network
+        # is an error within PASS_STALL_S (the pass goes on with the profile it had), as the
+        # pass's own connection's are, never a pass held for TCP's 15 minutes.
+        conn = pg.connect(
+            self.url,
+            doing=doing,
+            statement_timeout_s=pg.PASS_STALL_S,
+            **pg.keepalives(pg.PASS_STALL_S),
+        )
+        try:
+            with pg.translated(doing, self.url), conn:
+                return forecast_buckets(conn, since, until, width, self.queue)
+        finally:
+            conn.close()
