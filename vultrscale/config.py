@@ -289,6 +289,27 @@ class FloorConfig:
     min_instances: int = 1
 
 
+FORECAST_MODES = ("off", "observe", "scale")
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    """``[policy.forecast]``: the floor forecast from the queue's history (``forecast``)."""
+
+    # off: not read at all; observe: computed and shown, never acted on (as AWS's predictive
+    # scaling starts); scale: it raises the floor.
+    mode: str = "observe"
+    weeks: int = 4  # weeks of history looked back
+    min_history: timedelta = timedelta(days=7)  # less history than this: no forecast
+    slot: timedelta = timedelta(hours=1)  # the week is cut into slots this long
+    quantile: float = 0.75  # the high value kept per slot across the weeks (nearest rank)
+    refresh: timedelta = timedelta(hours=1)  # the cached profile is recomputed this often
+    # A slot's load in instances (jobs at once / jobs_per_instance) has its fraction of an
+    # instance rounded up from this much on, else down: 0 keeps an instance for any load (a
+    # trickle of a job an hour kept one warm all day in simulate: +15% on a spiky week).
+    round_up_from: float = 0.5
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     min_instances: int = 0
@@ -304,6 +325,7 @@ class PolicyConfig:
     # Work returns while an instance drains (its delete not sent): start its worker again
     # rather than boot a new one (README "The decision").
     revive: bool = True
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
 
 
 @dataclass(frozen=True)
@@ -854,7 +876,7 @@ def _names_any(problem: str, keys: set[str]) -> bool:
 def setting_key_problem(dotted: str) -> str | None:
     """None if ``dotted`` names a setting (``policy.max_instances``), else what is wrong, with
     the nearest setting."""
-    keys = [f"{s}.{f.name}" for s, cls in _SECTIONS.items() for f in dataclasses.fields(cls)]
+    keys = setting_keys()
     if dotted in keys:
         return None
     close = difflib.get_close_matches(dotted, keys, n=1)
@@ -864,7 +886,7 @@ def setting_key_problem(dotted: str) -> str | None:
 
 def _env_name(section: str, key: str) -> str:
     """The variable that sets ``section.key``."""
-    return f"VULTRSCALE_{section.upper()}_{key.upper()}"
+    return f"VULTRSCALE_{section.replace('.', '_').upper()}_{key.upper()}"
 
 
 def _setting_names() -> list[str]:
@@ -922,6 +944,8 @@ def _build_section(
     ``failed``, and takes its default."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
+    if cls is PolicyConfig:
+        raw = _forecast_joined(raw)
     for key, value in raw.items():
         where = f"{section}.{key}"
         f = fields.get(key)
@@ -949,12 +973,49 @@ def _build_section(
                 kwargs[key] = _build_floors(value, problems)
             elif section == "fleet" and key == "offerings":
                 kwargs[key] = _build_offerings(value, raw, problems)
+            elif key == "forecast":
+                if not isinstance(value, dict):
+                    raise ValueError(
+                        f"policy.forecast: expected a [policy.forecast] table, got {shown(value)}"
+                    )
+                kwargs[key] = _build_section(
+                    "policy.forecast", ForecastConfig, value, problems, failed
+                )
             else:
                 kwargs[key] = _coerce(where, value, default)
         except ValueError as exc:
             problems.append(str(exc))
             failed.add(where)
     return cls(**kwargs)
+
+
+def _forecast_joined(raw: dict[str, Any]) -> dict[str, Any]:
+    """``[policy.forecast]`` keys set one at a time (``VULTRSCALE_POLICY_FORECAST_MODE``, a
+    sweep's ``policy.forecast.mode``) joined to the table the file may give."""
+    pieces = [k for k in raw if k.startswith(("forecast_", "forecast."))]
+    if not pieces:
+        return raw
+    out = dict(raw)
+    table = out.get("forecast")
+    joined = dict(table) if isinstance(table, dict) else {}
+    for k in pieces:
+        joined[k[len("forecast_") :]] = out.pop(k)
+    out["forecast"] = joined
+    return out
+
+
+def setting_keys() -> list[str]:
+    """Every dotted setting key, those of the tables inside a section too
+    (``policy.forecast.mode``)."""
+    out = []
+    for s, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            if dataclasses.is_dataclass(default) and not isinstance(default, type):
+                out += [f"{s}.{f.name}.{g.name}" for g in dataclasses.fields(default)]
+            else:
+                out.append(f"{s}.{f.name}")
+    return out
 
 
 def _coerce(where: str, value: Any, default: Any) -> Any:
@@ -1225,6 +1286,7 @@ def validate(cfg: Config) -> list[str]:
                 f"{where}.min_instances ({fl.min_instances}) is above policy.max_instances "
                 f"({pol.max_instances})"
             )
+    p += _forecast_problems(pol)
     if d.poll_interval <= timedelta(0):
         p.append("drain.poll_interval: must be longer than 0s")
     try:
@@ -1249,6 +1311,42 @@ def validate(cfg: Config) -> list[str]:
 # The one placeholder a custom query takes (signals runs it with {"queue": queue.queue}).
 _QUEUE_PLACEHOLDER = "%(queue)s"
 _NAMED_PLACEHOLDER = re.compile(r"%\((\w*)\)s")
+
+
+def _forecast_problems(pol: PolicyConfig) -> list[str]:
+    fc, p = pol.forecast, []
+    if fc.mode not in FORECAST_MODES:
+        p.append(
+            f"policy.forecast.mode: {shown(fc.mode)} must be off, observe or scale "
+            '("observe" shows what the forecast would do, "scale" acts on it)'
+        )
+    if not 1 <= fc.weeks <= 52:
+        p.append(f"policy.forecast.weeks: {fc.weeks} is out of range: allowed 1 to 52")
+    minute, week = timedelta(minutes=1), timedelta(days=7)
+    if not (timedelta(minutes=5) <= fc.slot <= timedelta(days=1)) or week % fc.slot:
+        p.append(
+            f"policy.forecast.slot: {format_duration(fc.slot)} must be from 5m to 1d and cut "
+            "the week into whole slots, e.g. 15m, 30m, 1h, 2h, 4h, 6h, 12h or 1d"
+        )
+    if fc.min_history < minute or fc.min_history > fc.weeks * week:
+        p.append(
+            f"policy.forecast.min_history: {format_duration(fc.min_history)} must be from 1m to "
+            f"the {fc.weeks} week(s) looked back (policy.forecast.weeks), e.g. 7d: one "
+            "whole week of jobs before the forecast acts"
+        )
+    if not 0 < fc.quantile <= 1:  # also false for NaN
+        p.append(
+            f"policy.forecast.quantile: {fc.quantile!r} must be above 0 and at most 1 (0.75 "
+            "keeps a high week's load per slot, 1 the highest week's)"
+        )
+    if not 0 <= fc.round_up_from < 1:
+        p.append(
+            f"policy.forecast.round_up_from: {fc.round_up_from!r} must be from 0 to below 1 "
+            "(0: any load asks for an instance; 0.5: half an instance's work or more)"
+        )
+    if fc.refresh < minute:
+        p.append(f"policy.forecast.refresh: {format_duration(fc.refresh)} must be at least 1m")
+    return p
 
 
 def _custom_sql_problem(text: str) -> str | None:

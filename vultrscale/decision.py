@@ -51,6 +51,7 @@ from vultrscale.model import (
 from vultrscale.offerings import Choice, OfferingView
 
 if TYPE_CHECKING:
+    from vultrscale.forecast import Profile
     from vultrscale.vultr.models import VInstance, VPlan
 
 
@@ -78,6 +79,8 @@ class Readings:
     # The fleet's offerings in order, each usable or skipped and why (README "Offerings");
     # empty: not checked (readings made without them), the fleet's one plan at ``price``.
     offerings: tuple[OfferingView, ...] = ()
+    # The floor forecast's profile (cached or just computed); None: off or none yet.
+    forecast: Profile | None = None
 
 
 # --- the steps ---------------------------------------------------------------------------------
@@ -415,6 +418,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         last_scale_up=_not_after(last_up, now),
         last_scale_down=_not_after(last_down, now),
         idle_since=_not_after(reads.state.idle_since, now),
+        forecast=reads.forecast,
     )
     plan = policy.decide(observation, cfg, now)
     # A revived instance's drain ends here: no verdict for it (no delete, no stop sent again),
@@ -644,6 +648,7 @@ def next_change(cfg: Config, decision: Decision) -> datetime | None:
         times.append(observation.last_scale_down + pol.scale_down_cooldown)
     if plan.idle_since is not None:
         times.append(plan.idle_since + pol.idle_before_scale_down)
+    times += policy.forecast_changes(observation, cfg, now)
     # A drain's deadline and grace, a boot timeout and an intent's grace are passed only after
     # them (``waited > deadline``): a pass at the very moment waits, the next instant acts.
     deadline = cfg.drain.timeout + lifecycle.DRAIN_MARGIN + _PAST

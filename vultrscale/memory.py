@@ -42,7 +42,7 @@ from vultrscale.model import (
     WorkerView,
 )
 from vultrscale.offerings import OfferingCheck
-from vultrscale.ports import QueueSignals, Session, read_apart
+from vultrscale.ports import JobHistory, QueueSignals, Session, read_apart
 from vultrscale.vultr import refusals
 from vultrscale.vultr.errors import (
     BadRequest,
@@ -55,6 +55,7 @@ from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
 if TYPE_CHECKING:
     from vultrscale.config import Config
+    from vultrscale.forecast import Bucket, Profile
     from vultrscale.ports import Parts
 
 PLAN = VPlan("vc2-1c-2gb", vcpu_count=1, ram=2048, monthly_cost=10.0, hourly_cost=0.015)
@@ -225,6 +226,7 @@ class MemoryLedger:
     plan_checks: dict[tuple[str, str], tuple[OfferingCheck, datetime]] = field(default_factory=dict)
     # (region, plan) -> the refused creates remembered (offering_marks).
     marks: dict[tuple[str, str], OfferingMark] = field(default_factory=dict)
+    profile: Profile | None = None  # the cached forecast profile (``forecast_profiles``)
 
     def lock(self) -> bool:
         self.lock_extensions.clear()  # one pass's: a long simulation keeps no history
@@ -253,10 +255,24 @@ class MemoryLedger:
     def fleet_state(self) -> FleetState:
         return self.state
 
-    def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
+    def reads(
+        self,
+        since: datetime,
+        seen_within: timedelta,
+        signals: QueueSignals,
+        *,
+        forecast: bool = False,
+    ) -> StoredReads:
         return replace(
-            read_apart(self, since, seen_within, signals), marks=tuple(self.marks.values())
+            read_apart(self, since, seen_within, signals, forecast=forecast),
+            marks=tuple(self.marks.values()),
         )
+
+    def forecast_profile(self) -> Profile | None:
+        return self.profile
+
+    def save_forecast_profile(self, profile: Profile) -> None:
+        self.profile = profile
 
     def recorded_snapshot(self) -> str | None:
         return self.snapshot
@@ -508,6 +524,22 @@ def _user_data(label: str, private: str, public: str, concurrency: int | None = 
     return f"#cloud-config\nhostname: {label}\n{jobs}"
 
 
+@dataclass
+class MemoryHistory:
+    """The JobHistory port over a list of jobs: (due at, run seconds, or None while it has not
+    finished), as the built-in queue's ``jobs`` table would hold them."""
+
+    jobs: list[tuple[datetime, float | None]] = field(default_factory=list)
+    error: str | None = None  # makes the history unreadable (a DatabaseError with this text)
+
+    def buckets(self, since: datetime, until: datetime, width: timedelta) -> list[Bucket]:
+        from vultrscale import forecast
+
+        if self.error is not None:
+            raise DatabaseError(self.error)
+        return forecast.buckets(self.jobs, since, until, width)
+
+
 def host_keys() -> Callable[[], tuple[str, str]]:
     """A keygen that numbers its keys: no cryptography in the unit tier or the simulator."""
     n = itertools.count(1)
@@ -523,6 +555,7 @@ def memory_parts(
     *,
     preflight: Sequence[Callable[[], object]] = (),
     seed: int = 0,
+    history: JobHistory | None = None,
 ) -> Parts:
     """The Parts of a pass wholly in memory."""
     from vultrscale.ports import Parts
@@ -536,4 +569,5 @@ def memory_parts(
         render_user_data=_user_data,
         preflight=preflight,
         rng=random.Random(seed),
+        history=history,
     )

@@ -118,6 +118,13 @@ class Metrics:
             ["fleet", "offering"],
             registry=r,
         )
+        self.forecast_floor = Gauge(
+            "vultrscale_forecast_floor",
+            "The floor the forecast from the queue's history asks (acted on only with "
+            "policy.forecast.mode = scale; NaN: off, or too little history)",
+            lbl,
+            registry=r,
+        )
         for code in _EXIT_CODES:
             self.passes.labels(fleet, code)
         for kind in ActionKind:
@@ -179,6 +186,8 @@ class Metrics:
             self.month_to_date.labels(f).set(_UNKNOWN if mtd is None else mtd)
             committed = plan.committed_usd
             self.committed.labels(f).set(_UNKNOWN if committed is None else committed)
+            fc = plan.forecast_floor
+            self.forecast_floor.labels(f).set(_UNKNOWN if fc is None else fc)
             if not result.dry_run:
                 for action in plan.actions:
                     self.actions.labels(f, action.kind.value).inc()

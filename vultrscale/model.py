@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from vultrscale.errors import DatabaseError
+    from vultrscale.forecast import Profile
 
 _T = TypeVar("_T")
 
@@ -176,6 +177,8 @@ class StoredReads:
     signal_error: DatabaseError | None = None
     # Offerings whose creates Vultr refused, remembered by earlier passes (any process).
     marks: tuple[OfferingMark, ...] = ()
+    # The cached forecast profile (``forecast_profiles``), read only with a forecast mode.
+    forecast: Profile | None = None
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,8 @@ class Observation:
     last_scale_up: datetime | None = None
     last_scale_down: datetime | None = None
     idle_since: datetime | None = None  # from the previous pass; policy returns the new one
+    # The floor forecast's per-slot profile (``forecast``); None: off, or none computed yet.
+    forecast: Profile | None = None
 
     def summary(self) -> dict[str, Any]:
         """What the pass saw, as the ledger, `--json` and `status` show it."""
@@ -334,6 +339,12 @@ class Plan:
     demand: int | None = None  # ready + in flight + expired leases; None: signals unreadable
     month_to_date_usd: float | None = None  # this UTC month's bill so far (None: price unknown)
     committed_usd: float | None = None  # month to date + the current fleet run to month end
+    # The floor forecast (``policy.forecast``): its mode ("off": none), the floor it asks
+    # (acted on only in mode "scale"; None: off, or too little history) and where that comes
+    # from (or why there is none).
+    forecast_mode: str = "off"
+    forecast_floor: int | None = None
+    forecast_source: str = ""
 
     def summary(self) -> dict[str, object]:
         """The decision as the ledger, `--json` and `status` show it."""
@@ -350,6 +361,13 @@ class Plan:
             "next_scale_in_at": self.next_scale_in_at.isoformat()
             if self.next_scale_in_at
             else None,
+            "forecast": None
+            if self.forecast_mode == "off"
+            else {
+                "mode": self.forecast_mode,
+                "floor": self.forecast_floor,
+                "source": self.forecast_source,
+            },
         }
 
     @property

@@ -48,7 +48,12 @@ def observe(
     offering passes, nothing may be created (the decision's to weigh)."""
     listing = _listing(parts, cfg.fleet.tag, skip=api_error is not None)
     # The rows, the workers, the fleet state and the queue's signals: one round trip to Postgres.
-    stored = ledger.reads(budget.month_bounds(now)[0], lifecycle.WORKER_SEEN_WITHIN, signals_port)
+    stored = ledger.reads(
+        budget.month_bounds(now)[0],
+        lifecycle.WORKER_SEEN_WITHIN,
+        signals_port,
+        forecast=cfg.policy.forecast.mode != "off",
+    )
     signals, signal_error = stored.signals, None
     if stored.signal_error is not None:
         signal_error = f"queue signals: {stored.signal_error}"
@@ -114,6 +119,7 @@ def observe(
         price_error=price_error,
         refused=refused,
         offerings=views,
+        forecast=stored.forecast,
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget, offerings
+from vultrscale import budget, forecast, offerings
 from vultrscale.config import Config, FloorConfig, PolicyConfig, format_duration
 from vultrscale.model import (
     CAPACITY_STATES,
@@ -74,6 +74,41 @@ def active_floors(policy: PolicyConfig, now: datetime) -> list[ActiveFloor]:
                 ActiveFloor(f"policy.floor[{i}] ({fl.cron}, {fl.timezone})", fl.min_instances)
             )
     return out
+
+
+def forecast_lead(observation: Observation | None, config: Config) -> timedelta:
+    """How far ahead the floor forecast looks: the time a new instance takes to be ready.
+    ``policy.boot_timeout`` (an upper bound of a boot) until the fleet's boot time is learned
+    from its ledger; the one place that choice is made."""
+    return config.policy.boot_timeout
+
+
+def forecast_floor(
+    observation: Observation, config: Config, now: datetime
+) -> forecast.FloorForecast | None:
+    """What the floor forecast asks at ``now`` (None: ``policy.forecast.mode = "off"``)."""
+    if config.policy.forecast.mode == "off":
+        return None
+    return forecast.floor_at(
+        observation.forecast,
+        now,
+        forecast_lead(observation, config),
+        jobs_per_instance=config.queue.jobs_per_instance,
+        max_instances=config.policy.max_instances,
+        round_up_from=config.policy.forecast.round_up_from,
+    )
+
+
+def forecast_changes(observation: Observation, config: Config, now: datetime) -> list[datetime]:
+    """When the forecast floor may change: a slot boundary now or one lead ahead, and when
+    the profile is due to be recomputed (``decision.next_change``). Only in mode "scale": in
+    "observe" the floor changes a reason, never a step."""
+    fc, profile = config.policy.forecast, observation.forecast
+    if fc.mode != "scale" or profile is None:
+        return []
+    times = [profile.computed_at + fc.refresh]
+    nxt = forecast.next_change(profile, now, forecast_lead(observation, config))
+    return times if nxt is None else [*times, nxt]
 
 
 def floor_matches(floor: FloorConfig, now: datetime) -> bool:
@@ -241,6 +276,17 @@ class _Sizing:
 
         # Floor.
         floors = active_floors(pol, now)
+        predicted = forecast_floor(obs, self.cfg, now)
+        if predicted is not None:
+            if pol.forecast.mode == "scale" and predicted.floor:
+                floors.append(ActiveFloor(predicted.source, predicted.floor))
+            elif predicted.floor:
+                self.reasons.append(
+                    f"forecast floor {predicted.floor} not applied (policy.forecast.mode = "
+                    f'"observe"): {predicted.source}'
+                )
+            elif not predicted.usable:
+                self.reasons.append(predicted.source)
         top = max(floors, key=lambda f: f.min_instances)
         floor = top.min_instances
         if floor:
@@ -345,6 +391,9 @@ class _Sizing:
             demand=demand,
             month_to_date_usd=check.month_to_date_usd if check else None,
             committed_usd=check.committed_usd if check else None,
+            forecast_mode=pol.forecast.mode,
+            forecast_floor=predicted.floor if predicted and predicted.usable else None,
+            forecast_source="" if predicted is None else predicted.source,
         )
 
     # --- pieces ---------------------------------------------------------------------------

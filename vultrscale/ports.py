@@ -38,6 +38,7 @@ from vultrscale.model import (
 if TYPE_CHECKING:
     from vultrscale.config import Config
     from vultrscale.errors import SSHError
+    from vultrscale.forecast import Bucket, Profile
     from vultrscale.offerings import OfferingCheck
     from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
@@ -97,10 +98,27 @@ class FleetLedger(Protocol):
         ...
 
     def fleet_state(self) -> FleetState: ...
-    def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
+    def reads(
+        self,
+        since: datetime,
+        seen_within: timedelta,
+        signals: QueueSignals,
+        *,
+        forecast: bool = False,
+    ) -> StoredReads:
         """``rows(since)``, ``workers(seen_within)``, ``fleet_state()`` and ``signals.read()``
         together: what a pass observes of Postgres, in one round trip to the real one (with the
-        vultrscale preset). Signals that cannot be read are the value's ``signal_error``."""
+        vultrscale preset). Signals that cannot be read are the value's ``signal_error``.
+        ``forecast``: the cached forecast profile too (``forecast_profile``)."""
+        ...
+
+    def forecast_profile(self) -> Profile | None:
+        """The fleet's cached forecast profile, however old (its age is the caller's to judge:
+        ``Profile.fresh``); None: none saved."""
+        ...
+
+    def save_forecast_profile(self, profile: Profile) -> None:
+        """Replace the fleet's cached forecast profile, for every pass of every process."""
         ...
 
     def recorded_snapshot(self) -> str | None: ...
@@ -185,6 +203,15 @@ class QueueSignals(Protocol):
     def read(self) -> Signals: ...
 
 
+class JobHistory(Protocol):
+    """The queue's own history, for the floor forecast: the jobs that became due in
+    [since, until), bucketed by ``width`` from ``forecast.WEEK_ORIGIN`` (arrivals, and the
+    finished ones with their run time). Raises ``DatabaseError`` when it cannot be read.
+    In a replay it sees only the replayed past."""
+
+    def buckets(self, since: datetime, until: datetime, width: timedelta) -> list[Bucket]: ...
+
+
 class Session(NamedTuple):
     """What a pass holds open while it runs: the ledger and the queue signals."""
 
@@ -202,7 +229,12 @@ class Store(Protocol):
 
 
 def read_apart(
-    ledger: FleetLedger, since: datetime, seen_within: timedelta, signals: QueueSignals
+    ledger: FleetLedger,
+    since: datetime,
+    seen_within: timedelta,
+    signals: QueueSignals,
+    *,
+    forecast: bool = False,
 ) -> StoredReads:
     """``FleetLedger.reads`` one read at a time, the signals first: for a ledger with no round
     trips to save (``memory.MemoryLedger``)."""
@@ -214,7 +246,12 @@ def read_apart(
     except DatabaseError as exc:
         error = exc
     return StoredReads(
-        ledger.rows(since), ledger.workers(seen_within), ledger.fleet_state(), read, error
+        ledger.rows(since),
+        ledger.workers(seen_within),
+        ledger.fleet_state(),
+        read,
+        error,
+        forecast=ledger.forecast_profile() if forecast else None,
     )
 
 
@@ -258,6 +295,9 @@ class PassCache:
 
     price_check: PriceCheck | None = None
     snapshot: str | None = None
+    # The forecast profile this process computed last: a dry run (`status --watch`) saves
+    # none in the ledger, and must not scan the queue's history on every refresh.
+    profile: Profile | None = None
 
 
 @dataclass(frozen=True)
@@ -282,6 +322,8 @@ class Parts:
     # both wait on the network, and the pass takes the longer of the two, not their sum. Off
     # for the in-memory ports, where a thread is pure cost.
     overlap_reads: bool = False
+    # The queue's history for the floor forecast; None: none to read (a foreign preset).
+    history: JobHistory | None = None
 
     def close(self) -> None:
         """Release the cloud's and the store's connections; the parts' owner calls it once,

@@ -26,11 +26,11 @@ import string
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from vultrscale import lifecycle, offerings
+from vultrscale import forecast, lifecycle, offerings
 from vultrscale.clock import Clock
 from vultrscale.config import Config, Offering, format_duration
 from vultrscale.decision import (
@@ -42,6 +42,7 @@ from vultrscale.decision import (
     MarkDraining,
     Move,
     Note,
+    Readings,
     RetryDelete,
     Revive,
     SaveFleetState,
@@ -72,7 +73,14 @@ from vultrscale.model import (
 )
 from vultrscale.observe import observe
 from vultrscale.offerings import Choice, OfferingCheck
-from vultrscale.ports import Cloud, DrainTransport, FleetLedger, PriceCheck, QueueSignals
+from vultrscale.ports import (
+    Cloud,
+    DrainTransport,
+    FleetLedger,
+    JobHistory,
+    PriceCheck,
+    QueueSignals,
+)
 from vultrscale.ports import Parts as Parts  # re-exported: the pass's callers build them
 from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import (
@@ -210,6 +218,7 @@ def _checked_pass(
             refused,
             probe=not result.dry_run,
         )
+        reads = _forecast(cfg, parts, ledger, reads, save=not result.dry_run)
         decision = decide(reads, cfg)
         if decision.refused_outright and refused is not None:  # nothing to wind down
             raise refused
@@ -295,6 +304,51 @@ def _offering_checks(
     if save and missing and len(missing) == len(keys):
         parts.cache.price_check = PriceCheck(tuple(checks.values()), now)
     return checks
+
+
+def _forecast(
+    cfg: Config, parts: Parts, ledger: FleetLedger, reads: Readings, *, save: bool
+) -> Readings:
+    """The readings with a fresh forecast profile: the cached one while it is fresh, else one
+    computed from the queue's history and saved for every pass (``save``; a dry run writes
+    nothing). The history is scanned once per ``policy.forecast.refresh``, not every pass.
+    A history that cannot be read keeps the cached profile, if any, and never fails the pass:
+    the forecast only ever raises a floor."""
+    fc = cfg.policy.forecast
+    cached = reads.forecast
+    if fc.mode == "off" or parts.history is None or (cached and cached.fresh(fc, reads.now)):
+        return reads
+    mine = parts.cache.profile
+    if mine is not None and mine.fresh(fc, reads.now):
+        return replace(reads, forecast=mine)
+    try:
+        profile = forecast_profile(cfg, parts.history, cached, reads.now)
+    except DatabaseError as exc:
+        log.warning("the floor forecast keeps its last profile: %s", exc)
+        return reads if cached is not None and cached.fits(fc) else replace(reads, forecast=None)
+    parts.cache.profile = profile
+    if save:
+        ledger.save_forecast_profile(profile)
+    return replace(reads, forecast=profile)
+
+
+def forecast_profile(
+    cfg: Config, history: JobHistory, cached: forecast.Profile | None, now: datetime
+) -> forecast.Profile:
+    """The forecast profile at ``now``: ``cached`` while it is fresh, else computed from
+    ``history`` over the weeks ``policy.forecast`` looks back (``DatabaseError`` when it
+    cannot be read). The pass and `vultrscale forecast` both take it from here."""
+    fc = cfg.policy.forecast
+    if cached is not None and cached.fresh(fc, now):
+        return cached
+    return forecast.compute(
+        history.buckets(now - fc.weeks * forecast.WEEK, now, fc.slot),
+        now,
+        slot=fc.slot,
+        weeks=fc.weeks,
+        quantile=fc.quantile,
+        min_history=fc.min_history,
+    )
 
 
 def _check_offering(cloud: Cloud, region: str, plan: str, *, listed: bool) -> OfferingCheck:

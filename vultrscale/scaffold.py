@@ -482,6 +482,15 @@ revive = true                 # start a draining instance's worker again before 
 # timezone = "Europe/Berlin"
 # min_instances = 1
 
+[policy.forecast]             # a floor learned from the queue's history (`vultrscale forecast`)
+mode = "observe"              # off | observe (say what it would do) | scale (raise the floor)
+weeks = 4                     # weeks of history looked back
+min_history = "7d"            # less history than this: no forecast
+slot = "1h"                   # the week is cut into slots this long (UTC)
+quantile = 0.75               # per slot, a high week's load, not the highest
+refresh = "1h"                # the cached profile is recomputed this often
+round_up_from = 0.5           # a slot asks for an instance from half of one's work on
+
 [budget]
 monthly_ceiling_usd = 50.0
 

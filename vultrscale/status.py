@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
@@ -14,6 +14,7 @@ from rich.text import Text
 from vultrscale.model import Instance, Observation, Plan
 
 if TYPE_CHECKING:
+    from vultrscale.forecast import SlotForecast
     from vultrscale.offerings import OfferingView
 
 _STATE_STYLE = {
@@ -210,6 +211,15 @@ def summary_lines(obs: Observation, plan: Plan, ceiling: float) -> list[Text]:
         lines.append(
             Text(f"next scale-in possible at {plan.next_scale_in_at:%Y-%m-%d %H:%M:%S} UTC")
         )
+    if plan.forecast_mode != "off":
+        acts = "acts" if plan.forecast_mode == "scale" else "observed, not applied"
+        lines.append(
+            plain(
+                f"forecast ({plan.forecast_mode}: {acts}): floor "
+                f"{'-' if plan.forecast_floor is None else plan.forecast_floor}; "
+                f"{plan.forecast_source}"
+            )
+        )
     return lines
 
 
@@ -276,5 +286,45 @@ def events_table(events: list[dict[str, Any]]) -> Table:
             str(e.get("exit_code")),
             plain(summary),
             Text("\n").join(plain(d) for d in details) if details else Text("-"),
+        )
+    return table
+
+
+def forecast_rows(slots: Sequence[SlotForecast], slot: timedelta) -> list[dict[str, Any]]:
+    """The coming slots as `vultrscale forecast --json` lists them."""
+    return [
+        {
+            "start": f.start.isoformat(),
+            "end": (f.start + slot).isoformat(),
+            "jobs_at_once": round(f.load, 3),
+            "needs": f.need,
+            "floor": f.floor,
+        }
+        for f in slots
+    ]
+
+
+def forecast_table(slots: Sequence[SlotForecast], slot: timedelta, title: str) -> Table:
+    """The coming slots, runs of slots that ask the same joined into one row."""
+    table = Table(title=title, title_justify="left")
+    for name, justify in (("from", "left"), ("to", "left"), ("jobs at once", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table.add_column("needs", justify="right")
+    table.add_column("floor", justify="right")
+    runs: list[list[SlotForecast]] = []
+    for f in slots:
+        if runs and (runs[-1][-1].need, runs[-1][-1].floor) == (f.need, f.floor):
+            runs[-1].append(f)
+        else:
+            runs.append([f])
+    for run in runs:
+        first, last = run[0], run[-1]
+        top = max(f.load for f in run)
+        table.add_row(
+            f"{first.start:%a %H:%M}",
+            f"{last.start + slot:%a %H:%M}",
+            f"{top:.2f}",
+            str(first.need),
+            Text(str(first.floor), style="bold" if first.floor else "dim"),
         )
     return table

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from vultrscale.clock import Deadline
     from vultrscale.config import Config
     from vultrscale.model import Plan
-    from vultrscale.ports import Parts, UserDataRenderer
+    from vultrscale.ports import JobHistory, Parts, UserDataRenderer
 
 DB_HINT = (
     "Set DATABASE_URL=postgresql://user:password@host/db in the environment or in the .env next "
@@ -160,4 +160,15 @@ def build_parts(cfg: Config) -> Parts:
         preflight=(key_usable,),
         before_changes=key_loads,
         overlap_reads=True,
+        history=job_history(cfg, db_url),
     )
+
+
+def job_history(cfg: Config, db_url: str) -> JobHistory | None:
+    """The queue's history for the floor forecast: the built-in queue's ``jobs`` table; None
+    for another preset (its tables hold no run times the forecast reads)."""
+    if cfg.policy.forecast.mode == "off" or cfg.queue.preset != "vultrscale":
+        return None
+    from vultrscale.db.history import PgHistory
+
+    return PgHistory(db_url, cfg.queue.queue)

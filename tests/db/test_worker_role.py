@@ -241,6 +241,7 @@ _FIRST_COLUMN = {
     "fleet_snapshots": "fleet",
     "plan_checks": "plan",
     "offering_marks": "fleet",
+    "forecast_profiles": "fleet",
     "vultrscale_schema": "version",
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from datetime import timedelta
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,6 +18,7 @@ from vultrscale.wiring import api_key, build_parts, database_url
 
 if TYPE_CHECKING:
     from datetime import datetime
+    from pathlib import Path
 
     from vultrscale import status
     from vultrscale.config import Config
@@ -320,6 +321,143 @@ def events_cmd(
             f"The newest {_EVENTS} passes of the last {since}; older ones are left out "
             "(a shorter --since shows all of its passes)."
         )
+
+
+# What `vultrscale forecast` shows ahead.
+FORECAST_HOURS = 48
+
+
+@app.command(
+    "forecast",
+    epilog=examples(
+        "vultrscale forecast",
+        "vultrscale forecast --json",
+        "vultrscale forecast --plot week.png",
+    ),
+)
+def forecast_cmd(
+    as_json: JsonFlag = False,
+    plot: Annotated[
+        str | None,
+        typer.Option("--plot", metavar="PATH.png", help="Draw the next 48 hours (needs [plot])."),
+    ] = None,
+) -> None:
+    """The floor forecast for the next 48 hours: per slot of the week, the jobs the queue's
+    history says run at once, the instances they need, and the floor the forecast sets one
+    boot time ahead (acted on only with policy.forecast.mode = "scale"). Reads the profile
+    the passes cached, or computes it from the jobs table; changes nothing."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from vultrscale import forecast, policy, reconcile
+    from vultrscale.db import ledger, pg
+    from vultrscale.db.history import PgHistory
+
+    cfg = load_config()
+    path = None
+    if plot is not None:
+        from vultrscale.simulate.render import plot_path
+
+        path = plot_path(Path(plot))
+    if cfg.queue.preset != "vultrscale":
+        raise UsageError(
+            f"the forecast reads the built-in queue's jobs table; queue.preset = "
+            f"{cfg.queue.preset!r} keeps its jobs elsewhere",
+            hint='Use the built-in queue (queue.preset = "vultrscale"), or set '
+            'policy.forecast.mode = "off".',
+        )
+    url = database_url(cfg)
+    now = datetime.now(UTC)
+    with pg.session(url, "cannot read the forecast profile") as conn:
+        cached = ledger.forecast_profile(conn, cfg.fleet.name)
+    fresh = cached is not None and cached.fresh(cfg.policy.forecast, now)
+    profile = reconcile.forecast_profile(cfg, PgHistory(url, cfg.queue.queue), cached, now)
+    lead = policy.forecast_lead(None, cfg)
+    jobs, cap = cfg.queue.jobs_per_instance, cfg.policy.max_instances
+    slots = (
+        forecast.horizon(
+            profile,
+            now,
+            FORECAST_HOURS,
+            lead,
+            jobs_per_instance=jobs,
+            max_instances=cap,
+            round_up_from=cfg.policy.forecast.round_up_from,
+        )
+        if profile.enough
+        else []
+    )
+    origin = (
+        f"cached by a pass at {profile.computed_at:%Y-%m-%d %H:%M} UTC"
+        if fresh
+        else "computed now from the jobs table"
+    )
+    note = profile.shortfall()
+    if as_json:
+        from vultrscale.status import forecast_rows
+
+        print_json(
+            {
+                "fleet": cfg.fleet.name,
+                "at": now.isoformat(),
+                "mode": cfg.policy.forecast.mode,
+                "lead_seconds": lead.total_seconds(),
+                "usable": profile.enough,
+                "note": note or None,
+                "profile": origin,
+                "history_seconds": profile.history.total_seconds(),
+                "jobs_seen": profile.jobs,
+                "mean_run_seconds": profile.mean_run_seconds,
+                "slots": forecast_rows(slots, profile.slot),
+            }
+        )
+    else:
+        from vultrscale.cli.views import console
+        from vultrscale.config import format_duration
+        from vultrscale.status import forecast_table
+
+        out = console()
+        mode = cfg.policy.forecast.mode
+        acts = {"scale": "acts on it", "observe": "observes only", "off": "off"}[mode]
+        out.print(
+            f"forecast of fleet {cfg.fleet.name}: mode {mode} ({acts}); profile {origin}; "
+            f"{profile.jobs} job(s) over {format_duration(profile.history)}, lead "
+            f"{format_duration(lead)}, {jobs} job(s) per instance, cap {cap}",
+            markup=False,
+            highlight=False,
+        )
+        if note:
+            out.print(f"no forecast: {note}", markup=False, highlight=False)
+        else:
+            title = f"next {FORECAST_HOURS} hours (UTC), slots of {format_duration(profile.slot)}"
+            out.print(forecast_table(slots, profile.slot, title))
+    if path is not None:
+        _plot_forecast(slots, profile.slot, jobs, path)
+
+
+def _plot_forecast(slots: list[Any], slot: timedelta, jobs: int, path: Path) -> None:
+    """The coming slots as steps: the load in instances, the need and the floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    xs = [f.start for f in slots] + ([slots[-1].start + slot] if slots else [])
+
+    def steps(values: list[float]) -> list[float]:
+        return values + values[-1:]
+
+    if slots:
+        ax.step(xs, steps([f.load / jobs for f in slots]), where="post", label="load / jobs")
+        ax.step(xs, steps([float(f.need) for f in slots]), where="post", label="needs")
+        ax.step(xs, steps([float(f.floor) for f in slots]), where="post", label="floor (lead)")
+    ax.set_ylabel("instances")
+    ax.set_title("floor forecast, next 48 hours (UTC)")
+    ax.legend(loc="upper right")
+    fig.autofmt_xdate()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 @app.command("instances", epilog=examples("vultrscale instances", "vultrscale instances --json"))

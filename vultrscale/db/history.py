@@ -1,4 +1,5 @@
-"""The built-in queue's own history, for `vultrscale simulate --from-db`. Read-only.
+"""The built-in queue's own history, for `vultrscale simulate --from-db` and the floor
+forecast. Read-only.
 
 The queue keeps, per job, when it was created, when it became due (``run_at``), when its last
 attempt started (``started_at``, written at claim since schema v6; NULL on older rows) and
@@ -12,8 +13,9 @@ from typing import Any
 
 import psycopg
 
-from vultrscale import params
+from vultrscale import forecast, params
 from vultrscale.db import pg
+from vultrscale.forecast import Bucket
 
 _FINISHED = """
 SELECT greatest(created_at, run_at) AS due, started_at, finished_at
@@ -72,3 +74,69 @@ def boot_seconds(url: str, fleet: str, since: timedelta) -> list[float]:
     registration (the fleet's own boot times); errors become ``DatabaseError``s."""
     with pg.session(url, "cannot read the fleet's ledger") as conn:
         return [float(r[0]) for r in conn.execute(_BOOTS, {"fleet": fleet, "since": since})]
+
+
+# The forecast's buckets: jobs created in [since, until) and due before until, by the bucket
+# of their due time (date_bin from forecast.WEEK_ORIGIN, as forecast.buckets bins); a job's
+# run time is its last attempt's (finished - started; rows from before schema v6 have no
+# start and count as arrivals only).
+_BUCKETS = """
+SELECT date_bin(%(width)s, greatest(created_at, run_at), %(origin)s) AS start,
+       count(*) AS arrivals,
+       count(*) FILTER (WHERE finished_at IS NOT NULL AND started_at IS NOT NULL) AS finished,
+       coalesce(sum(extract(epoch FROM finished_at - started_at))
+           FILTER (WHERE finished_at IS NOT NULL AND started_at IS NOT NULL), 0)::float8
+FROM jobs
+WHERE created_at >= %(since)s AND created_at < %(until)s
+  AND greatest(created_at, run_at) < %(until)s
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+GROUP BY 1
+ORDER BY 1
+"""
+
+
+def forecast_buckets(
+    conn: psycopg.Connection[Any],
+    since: datetime,
+    until: datetime,
+    width: timedelta,
+    queue: str = "",
+) -> list[Bucket]:
+    """The jobs of ``queue`` (empty: every queue) created in [since, until), in buckets of
+    ``width`` by due time: one scan, aggregated in the database."""
+    rows = conn.execute(
+        _BUCKETS,
+        {
+            "width": width,
+            "origin": forecast.WEEK_ORIGIN,
+            "since": since,
+            "until": until,
+            "queue": queue or None,
+        },
+    ).fetchall()
+    return [Bucket(start, int(a), int(f), float(r)) for start, a, f, r in rows]
+
+
+class PgHistory:
+    """The JobHistory port over the built-in queue's ``jobs`` table, on a connection of its
+    own (asked once per ``policy.forecast.refresh``, not every pass)."""
+
+    def __init__(self, url: str, queue: str = "") -> None:
+        self.url, self.queue = url, queue
+
+    def buckets(self, since: datetime, until: datetime, width: timedelta) -> list[Bucket]:
+        doing = "cannot read the queue's history for the forecast"
+        # A pass waits on this scan holding the fleet's lock: a stalled statement or network
+        # is an error within PASS_STALL_S (the pass goes on with the profile it had), as the
+        # pass's own connection's are, never a pass held for TCP's 15 minutes.
+        conn = pg.connect(
+            self.url,
+            doing=doing,
+            statement_timeout_s=pg.PASS_STALL_S,
+            **pg.keepalives(pg.PASS_STALL_S),
+        )
+        try:
+            with pg.translated(doing, self.url), conn:
+                return forecast_buckets(conn, since, until, width, self.queue)
+        finally:
+            conn.close()

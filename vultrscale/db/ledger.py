@@ -42,6 +42,7 @@ from vultrscale.ports import QueueSignals, Session
 
 if TYPE_CHECKING:
     from vultrscale.config import Config, QueueConfig
+    from vultrscale.forecast import Profile
 
 
 _LOCK_NAMESPACE = 0x56534C  # "VSL": keeps our advisory locks apart from an app's own
@@ -174,6 +175,29 @@ def _ledger_rows(cur: psycopg.Cursor[Any]) -> list[LedgerRow]:
     return out
 
 
+_PROFILE = "SELECT profile FROM forecast_profiles WHERE fleet = %s"
+
+
+def forecast_profile(conn: psycopg.Connection[Any], fleet: str) -> Profile | None:
+    """The fleet's cached forecast profile, however old; None: none saved."""
+    return _profile(conn.execute(_PROFILE, (fleet,)).fetchone())
+
+
+def _profile(row: tuple[Any, ...] | None) -> Profile | None:
+    from vultrscale.forecast import Profile
+
+    return None if row is None else Profile.from_json(row[0])
+
+
+def save_forecast_profile(conn: psycopg.Connection[Any], fleet: str, profile: Profile) -> None:
+    conn.execute(
+        "INSERT INTO forecast_profiles (fleet, computed_at, profile) VALUES (%s, %s, %s) "
+        "ON CONFLICT (fleet) DO UPDATE SET computed_at = excluded.computed_at, "
+        "profile = excluded.profile",
+        (fleet, profile.computed_at, json.dumps(profile.to_json())),
+    )
+
+
 def reads(
     conn: psycopg.Connection[Any],
     fleet: str,
@@ -181,6 +205,7 @@ def reads(
     since: datetime,
     seen_within: timedelta,
     queue: QueueConfig | None = None,
+    forecast: bool = False,
 ) -> StoredReads:
     """``rows``, ``workers_by_label`` and ``fleet_state`` of the fleet, and with ``queue`` (the
     vultrscale preset) the queue's signals, in one round trip: the statements go out together
@@ -194,6 +219,7 @@ def reads(
         conn.cursor() as in_workers,
         conn.cursor() as in_state,
         conn.cursor() as in_marks,
+        conn.cursor() as in_profile,
     ):
         sent = None
         try:
@@ -205,6 +231,8 @@ def reads(
                 in_workers.execute(_workers_query(None), _workers_params(fleet, seen_within, None))
                 in_state.execute(_FLEET_STATE, (fleet,))
                 in_marks.execute(plan_checks.MARKS, (fleet,))
+                if forecast:
+                    in_profile.execute(_PROFILE, (fleet,))
         except psycopg.Error as exc:
             if sent is None or sent.answered:
                 raise  # the ledger's own error
@@ -212,7 +240,7 @@ def reads(
             # transaction is rolled back and the ledger read again (a second round trip, on
             # this path only). The pass goes on without signals, as it always has.
             conn.rollback()
-            ledger = reads(conn, fleet, since=since, seen_within=seen_within)
+            ledger = reads(conn, fleet, since=since, seen_within=seen_within, forecast=forecast)
             return replace(ledger, signal_error=sent.error(exc))
         signals, signal_error = None, None
         if sent is not None:
@@ -227,6 +255,7 @@ def reads(
             signals,
             signal_error,
             plan_checks.marks(in_marks.fetchall()),
+            _profile(in_profile.fetchone()) if forecast else None,
         )
 
 
@@ -618,14 +647,28 @@ class PgLedger:
         with self._t("reading the fleet state"):
             return fleet_state(self.conn, self.fleet)
 
-    def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
+    def reads(
+        self,
+        since: datetime,
+        seen_within: timedelta,
+        signals: QueueSignals,
+        *,
+        forecast: bool = False,
+    ) -> StoredReads:
         # The signals go in the same round trip when they are this connection's own reader.
         together = (
             isinstance(signals, PgSignals) and signals.conn is self.conn and signals.reader is None
         )
         queue = signals.queue if isinstance(signals, PgSignals) and together else None
         with self._t("reading the instances, workers and fleet state"):
-            got = reads(self.conn, self.fleet, since=since, seen_within=seen_within, queue=queue)
+            got = reads(
+                self.conn,
+                self.fleet,
+                since=since,
+                seen_within=seen_within,
+                queue=queue,
+                forecast=forecast,
+            )
         if got.signals is not None or got.signal_error is not None:
             return got
         try:  # another preset's statements depend on earlier answers: read on their own
@@ -655,6 +698,14 @@ class PgLedger:
     def mark_unavailable(self, region: str, plan: str, until: datetime, reason: str) -> None:
         with self._t(f"remembering the refusal of {region}/{plan}"):
             plan_checks.mark(self.conn, self.fleet, region, plan, until, reason)
+
+    def forecast_profile(self) -> Profile | None:
+        with self._t("reading the forecast profile"):
+            return forecast_profile(self.conn, self.fleet)
+
+    def save_forecast_profile(self, profile: Profile) -> None:
+        with self._t("saving the forecast profile"):
+            save_forecast_profile(self.conn, self.fleet, profile)
 
     def insert_intent(self, **kw: Any) -> None:
         with self._t(f"writing the create intent of {kw['label']}"):

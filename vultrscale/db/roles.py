@@ -66,6 +66,7 @@ SCALER_TABLES = (
     "fleet_snapshots",
     "plan_checks",
     "offering_marks",
+    "forecast_profiles",
     "vultrscale_schema",
 )
 """The scaler's own tables: the workers' role gets no privilege on them."""

@@ -181,6 +181,20 @@ CREATE TABLE offering_marks (
 );
 """
 
+# v8: the floor forecast (README "Floor forecast"). Its per-slot profile, computed from weeks
+# of jobs, is cached per fleet for every pass of every process (a pass runs every 30 s; the
+# profile is recomputed once per policy.forecast.refresh). The history read selects jobs by
+# created_at: a BRIN index is a few pages and costs the queue's inserts almost nothing
+# (created_at grows with the table).
+_V8 = """
+CREATE TABLE forecast_profiles (
+    fleet text PRIMARY KEY,
+    computed_at timestamptz NOT NULL,
+    profile jsonb NOT NULL
+);
+CREATE INDEX jobs_created_at_brin ON jobs USING brin (created_at);
+"""
+
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1),
     (2, _V2),
@@ -188,6 +202,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     (5, _V5),
     (6, _V6),
     (7, _V7),
+    (8, _V8),
 )
 """(version, SQL) in order. Append new versions; never edit one that has shipped. Versions
 are applied when missing, not only when above the highest applied one, so versions numbered

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import itertools
 import json
@@ -494,13 +493,7 @@ def _comparison(
 
 def known_keys() -> list[str]:
     """Every dotted config key a sweep may vary (the secrets come from the environment only)."""
-    base = Config()
-    out = []
-    for section in dataclasses.fields(Config):
-        value = getattr(base, section.name)
-        if dataclasses.is_dataclass(value) and section.name != "secrets":
-            out += [f"{section.name}.{f.name}" for f in dataclasses.fields(value)]
-    return out
+    return config_mod.setting_keys()
 
 
 def check_key(key: str, where: str) -> None:

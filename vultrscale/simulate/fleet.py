@@ -23,14 +23,16 @@ were. The simulator keeps no model of its own of when the policy acts.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from vultrscale import budget, decision, lifecycle, reconcile
+from vultrscale import budget, decision, forecast, lifecycle, reconcile
 from vultrscale.config import Config, Secret
 from vultrscale.errors import HostUnreachable, SSHError
+from vultrscale.forecast import Bucket
 from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_parts
 from vultrscale.model import (
     HostTarget,
@@ -162,6 +164,41 @@ class WorldDrain:
         pass
 
 
+class WorldHistory:
+    """The JobHistory port over the replayed past only: the jobs that arrived before the
+    world's now, each with its run time once it has finished by then. A replay's forecast
+    never reads the trace's future (README "Floor forecast").
+
+    The buckets are kept across the replay (``forecast.Tally``): each call adds the jobs
+    that arrived and finished since the last one, instead of bucketing weeks of jobs again."""
+
+    def __init__(self, world: World, epoch: datetime) -> None:
+        self.world = world
+        self.epoch = budget.utc(epoch)
+        self._tally: forecast.Tally | None = None
+        self._next = 0  # the first job not counted yet
+        self._running: dict[int, datetime] = {}  # counted, not finished: job -> its bucket
+
+    def buckets(self, since: datetime, until: datetime, width: timedelta) -> list[Bucket]:
+        world, epoch = self.world, self.epoch
+        stop = bisect.bisect_left(
+            world.arrival,
+            (min(until, epoch + timedelta(seconds=world.now)) - epoch).total_seconds(),
+        )
+        tally = self._tally
+        if tally is None or tally.width != width or stop < self._next:
+            tally = self._tally = forecast.Tally(width)
+            self._next, self._running = 0, {}
+        running = self._running
+        for j in range(self._next, stop):
+            running[j] = tally.due(epoch + timedelta(seconds=world.arrival[j]))
+        self._next = max(self._next, stop)
+        finished, duration = world.finished_at, world.duration
+        for j in [j for j in running if finished[j] is not None]:
+            tally.finished(running.pop(j), duration[j])
+        return tally.buckets(since)
+
+
 class SimLedger(MemoryLedger):
     """A MemoryLedger fit for weeks of passes.
 
@@ -286,7 +323,9 @@ class Vultrscale:
             hourly_cost=self.price.hourly,
         )
         cloud = WorldCloud(world, clock, plan, self.cfg.fleet.region, self.cfg.fleet.snapshot_id)
-        parts = memory_parts(clock, cloud, self.ledger, self.signals, WorldDrain(world))  # type: ignore[arg-type]
+        history = WorldHistory(world, self.epoch)
+        drain = WorldDrain(world)
+        parts = memory_parts(clock, cloud, self.ledger, self.signals, drain, history=history)  # type: ignore[arg-type]
         self._parts = parts
 
     def tick(self, world: World) -> None:
