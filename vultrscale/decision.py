@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget, lifecycle, policy
+from vultrscale import boottime, budget, lifecycle, policy
 from vultrscale.config import Config
 from vultrscale.errors import UsageError
 from vultrscale.lifecycle import Transition, Verdict
@@ -73,6 +73,8 @@ class Readings:
     price_error: str | None = None  # an adopted instance's plan Vultr lists without a price
     # The plan, its region or its price refused: nothing may be created this pass.
     refused: UsageError | None = None
+    # The fleet's newest boots, older ones too (``StoredReads.boots``): the boot time's.
+    boots: tuple[LedgerRow, ...] = ()
 
 
 # --- the steps ---------------------------------------------------------------------------------
@@ -367,6 +369,9 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         last_scale_up=_not_after(last_up, now),
         last_scale_down=_not_after(last_down, now),
         idle_since=_not_after(reads.state.idle_since, now),
+        boot_time=boottime.learn(
+            [*reads.boots, *reads.gone, *rows.values()], cfg.policy.boot_time, now
+        ),
     )
     plan = policy.decide(observation, cfg, now)
 

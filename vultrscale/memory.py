@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from vultrscale import boottime
 from vultrscale.clock import Clock
 from vultrscale.errors import DatabaseError, SSHError
 from vultrscale.model import (
@@ -208,7 +209,16 @@ class MemoryLedger:
         return self.state
 
     def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
-        return read_apart(self, since, seen_within, signals)
+        got = read_apart(self, since, seen_within, signals)
+        # The newest boots, as Postgres reads them (ledger._BOOTS): rows are kept in the order
+        # they were made, so the newest are found from the end.
+        boots: list[LedgerRow] = []
+        for r in reversed(self.instances.values()):
+            if len(boots) >= boottime.LAST_BOOTS:
+                break
+            if boottime.is_boot(r):
+                boots.append(r)
+        return replace(got, boots=boots)
 
     def recorded_snapshot(self) -> str | None:
         return self.snapshot

@@ -104,6 +104,7 @@ def observe(
         prices=prices,
         price_error=price_error,
         refused=refused,
+        boots=tuple(stored.boots),
     )
 
 

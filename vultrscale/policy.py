@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget
+from vultrscale import budget, waits
 from vultrscale.config import Config, FloorConfig, PolicyConfig, format_duration
 from vultrscale.model import (
     CAPACITY_STATES,
@@ -33,6 +33,7 @@ from vultrscale.model import (
     InstanceState,
     Observation,
     Plan,
+    Signals,
 )
 
 if TYPE_CHECKING:
@@ -307,11 +308,14 @@ class _Sizing:
                     f"of {floor}"
                 )
         else:
-            want = max(desired, floor)
+            needed = desired  # the depth rule's; the wait rule may ask fewer
+            if desired > n_now and signals is not None and pol.target_wait:
+                needed = min(desired, self._wait_rule(signals, staying, desired))
+            want = max(needed, floor)
             if want > n_now:
                 why = (
-                    f"the queue needs {desired} instance(s)"
-                    if desired >= floor
+                    f"the queue needs {needed} instance(s)"
+                    if needed >= floor
                     else f"the floor is {floor} instance(s)"
                 )
                 creates = self._scale_up(n_now, want, check, on_the_way_out, why=why)
@@ -339,6 +343,22 @@ class _Sizing:
         )
 
     # --- pieces ---------------------------------------------------------------------------
+
+    def _wait_rule(self, signals: Signals, staying: list[Instance], desired: int) -> int:
+        """Instances the queue wants by its wait (``vultrscale.waits``; at most ``desired``),
+        with the why in numbers among the reasons."""
+        boot = self.obs.boot_time
+        call = waits.size(
+            signals,
+            staying,
+            jobs_per_instance=self.cfg.queue.jobs_per_instance,
+            boot=boot.estimate if boot is not None else self.pol.boot_time,
+            target_wait=self.pol.target_wait,
+            depth=desired,
+            now=self.now,
+        )
+        self.reasons.append(call.reason)
+        return call.wanted
 
     def _describe_capacity(self, capacity: list[Instance], leaving: int) -> str:
         counts: dict[InstanceState, int] = {}

@@ -294,7 +294,14 @@ class Vultrscale:
         """What the queue and the workers table say now: heartbeats and leases."""
         now_s = world.now
         now = self.epoch + timedelta(seconds=now_s)
-        self.signals.signals = Signals(ready=world.ready_count, in_flight=world.in_flight)
+        jobs, mean = world.recent_jobs()
+        self.signals.signals = Signals(
+            ready=world.ready_count,
+            in_flight=world.in_flight,
+            oldest_ready_seconds=world.oldest_ready_seconds(),
+            recent_jobs=jobs,
+            recent_job_seconds=mean,
+        )
         seen_for = lifecycle.WORKER_SEEN_WITHIN.total_seconds()
         workers: dict[str, WorkerView] = {}
         for inst in world.live.values():
