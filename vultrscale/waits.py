@@ -123,14 +123,7 @@ def size(
     clear_by = boot_s + target
     # The fewest new instances (ready one boot from now) that start the last queued job within
     # a boot time plus the target; the start is monotone in their number: bisect.
-    import os
-
-    mode = os.environ.get("WAITMODE", "clear")
     lo, hi = 1, most
-    if mode == "gate":
-        lo = hi = most
-    elif mode == "left":
-        lo = hi = min(most, math.ceil(left / jobs_per_instance))
     while lo < hi:
         mid = (lo + hi) // 2
         extra = [*groups, (boot_s, mid * jobs_per_instance)]
