@@ -281,8 +281,9 @@ class PolicyConfig:
     on_signal_error: str = "hold"
     floor: tuple[FloorConfig, ...] = ()
     # Boot only when it helps (vultrscale.waits): a create is made only if the queue's
-    # estimated wait would pass this; 0s turns the rule off (the plain depth rule).
-    target_wait: timedelta = timedelta(minutes=10)
+    # estimated wait would pass this; 0s turns the rule off (the plain depth rule). 15m: the
+    # simulate sweep in README "Boot only when it helps".
+    target_wait: timedelta = timedelta(minutes=15)
     # Create to worker up, until the ledger holds enough boots to learn it (vultrscale.boottime).
     boot_time: timedelta = timedelta(minutes=12)
 

@@ -21,6 +21,7 @@ PRICE = PlanPrice("vc2-1c-2gb", monthly=10.0)
 
 
 def cfg(**pol: Any) -> Config:
+    pol.setdefault("target_wait", timedelta(minutes=10))
     return Config(
         policy=PolicyConfig(max_instances=20, **pol),
         queue=QueueConfig(jobs_per_instance=4),
