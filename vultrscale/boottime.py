@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 #: The newest boots the estimate rests on: recent enough to follow a slower image or region.
 LAST_BOOTS = 20
@@ -41,6 +41,9 @@ class BootRow(Protocol):
     def posted_at(self) -> datetime | None: ...
     @property
     def running_at(self) -> datetime | None: ...
+
+
+_Row = TypeVar("_Row", bound=BootRow)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,13 @@ class BootTime:
 def is_boot(row: BootRow) -> bool:
     """The row is a boot this scaler made that came up: created here, its worker seen."""
     return row.posted_at is not None and row.running_at is not None
+
+
+def newest_boots(rows: Iterable[_Row]) -> list[_Row]:
+    """The ``LAST_BOOTS`` newest boots (``is_boot``) of ``rows``, newest first: what a ledger
+    reads for ``learn`` (the Postgres one with a query, ``ledger._BOOTS``)."""
+    boots = sorted((r for r in rows if is_boot(r)), key=lambda r: r.created_at, reverse=True)
+    return boots[:LAST_BOOTS]
 
 
 def boot_seconds(

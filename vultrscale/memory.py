@@ -210,15 +210,11 @@ class MemoryLedger:
 
     def reads(self, since: datetime, seen_within: timedelta, signals: QueueSignals) -> StoredReads:
         got = read_apart(self, since, seen_within, signals)
-        # The newest boots, as Postgres reads them (ledger._BOOTS): rows are kept in the order
-        # they were made, so the newest are found from the end.
-        boots: list[LedgerRow] = []
-        for r in reversed(self.instances.values()):
-            if len(boots) >= boottime.LAST_BOOTS:
-                break
-            if boottime.is_boot(r):
-                boots.append(r)
-        return replace(got, boots=boots)
+        return replace(got, boots=self.boots())
+
+    def boots(self) -> list[LedgerRow]:
+        """The fleet's newest boots, as Postgres reads them (``ledger._BOOTS``)."""
+        return boottime.newest_boots(self.instances.values())
 
     def recorded_snapshot(self) -> str | None:
         return self.snapshot

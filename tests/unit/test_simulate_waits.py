@@ -10,6 +10,7 @@ import pytest
 
 from vultrscale.config import Config
 from vultrscale.simulate import compare, workload
+from vultrscale.simulate.fleet import Vultrscale
 
 BOOT = 600.0
 SETUP = compare.Setup(interval=30.0, boot_time=(BOOT, BOOT), seed=0)
@@ -42,3 +43,20 @@ def test_a_backlog_the_running_fleet_clears_before_a_boot_creates_nothing_more()
     assert (depth.billed_hours, wait.billed_hours) == (5, 3)
     # The longest wait is the first burst's boot under both: the 40 waited less.
     assert depth.wait_max == wait.wait_max == BOOT
+
+
+def test_the_replayed_pass_learns_the_boot_time_from_its_own_boots_gone_ones_too() -> None:
+    # A job every two hours: each meets an empty fleet (scaled to zero after its paid hour),
+    # boots one instance, and that instance is gone before the next job comes.
+    cfg = _cfg(timedelta(minutes=10))
+    trace = workload.from_jobs("hand", [(k * 7200.0, 60.0) for k in range(8)])
+    pol = compare._policies(["vultrscale"], cfg, trace, PRICE)[0]
+    assert isinstance(pol, Vultrscale)
+    world, _ = compare.play(pol, trace, cfg, SETUP)
+    assert len(world.instances) == 8 and not world.live
+    last = pol._last_decision
+    assert last is not None
+    learned = last.observation.boot_time
+    assert learned is not None and learned.learned and learned.boots == 8
+    # Create to the first pass that saw the worker: the boot, and at most one pass more.
+    assert BOOT <= learned.estimate.total_seconds() <= BOOT + SETUP.interval
