@@ -326,6 +326,12 @@ class PolicyConfig:
     # rather than boot a new one (README "The decision").
     revive: bool = True
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    # Boot only when it helps (vultrscale.waits): a create is made only if the queue's
+    # estimated wait would pass this; 0s turns the rule off (the plain depth rule). 15m: the
+    # simulate sweep in README "Boot only when it helps".
+    target_wait: timedelta = timedelta(minutes=15)
+    # Create to worker up, until the ledger holds enough boots to learn it (vultrscale.boottime).
+    boot_time: timedelta = timedelta(minutes=12)
 
 
 @dataclass(frozen=True)
@@ -1268,6 +1274,8 @@ def validate(cfg: Config) -> list[str]:
         p.append(f"policy.on_signal_error: {shown(pol.on_signal_error)} must be hold or floor")
     if pol.boot_timeout <= timedelta(0):
         p.append("policy.boot_timeout: must be longer than 0s")
+    if pol.boot_time <= timedelta(0):
+        p.append("policy.boot_time: must be longer than 0s (create to worker up, e.g. 12m)")
     for i, fl in enumerate(pol.floor):
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # only a config with floors
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget, lifecycle, offerings, policy
+from vultrscale import boottime, budget, lifecycle, offerings, policy
 from vultrscale.config import Config
 from vultrscale.errors import UsageError
 from vultrscale.lifecycle import Transition, Verdict
@@ -81,6 +81,8 @@ class Readings:
     offerings: tuple[OfferingView, ...] = ()
     # The floor forecast's profile (cached or just computed); None: off or none yet.
     forecast: Profile | None = None
+    # The fleet's newest boots, older ones too (``StoredReads.boots``): the boot time's.
+    boots: tuple[LedgerRow, ...] = ()
 
 
 # --- the steps ---------------------------------------------------------------------------------
@@ -419,6 +421,9 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         last_scale_down=_not_after(last_down, now),
         idle_since=_not_after(reads.state.idle_since, now),
         forecast=reads.forecast,
+        boot_time=boottime.learn(
+            [*reads.boots, *reads.gone, *rows.values()], cfg.policy.boot_time, now
+        ),
     )
     plan = policy.decide(observation, cfg, now)
     # A revived instance's drain ends here: no verdict for it (no delete, no stop sent again),

@@ -188,6 +188,11 @@ def demo_config(
             idle_before_scale_down=timedelta(seconds=10),
             boot_timeout=timedelta(seconds=60),
             billing_hour_aware=False,
+            # The demo's clock runs minutes to seconds: a boot of seconds, and the wait worth
+            # a boot one boot long (as 15m is to a 12-minute snapshot boot), not 15 minutes,
+            # which no demo backlog reaches.
+            boot_time=timedelta(seconds=settings.boot_seconds),
+            target_wait=timedelta(seconds=settings.boot_seconds),
         ),
         budget=BudgetConfig(monthly_ceiling_usd=100.0),
         drain=DrainConfig(

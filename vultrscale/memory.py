@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from vultrscale import boottime
 from vultrscale.clock import Clock
 from vultrscale.errors import DatabaseError, SSHError
 from vultrscale.model import (
@@ -266,7 +267,12 @@ class MemoryLedger:
         return replace(
             read_apart(self, since, seen_within, signals, forecast=forecast),
             marks=tuple(self.marks.values()),
+            boots=self.boots(),
         )
+
+    def boots(self) -> list[LedgerRow]:
+        """The fleet's newest boots, as Postgres reads them (``ledger._BOOTS``)."""
+        return boottime.newest_boots(self.instances.values())
 
     def forecast_profile(self) -> Profile | None:
         return self.profile

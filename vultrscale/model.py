@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from vultrscale.boottime import BootTime
     from vultrscale.errors import DatabaseError
     from vultrscale.forecast import Profile
 
@@ -179,6 +180,9 @@ class StoredReads:
     marks: tuple[OfferingMark, ...] = ()
     # The cached forecast profile (``forecast_profiles``), read only with a forecast mode.
     forecast: Profile | None = None
+    # The fleet's newest boots (``boottime.is_boot``, at most ``boottime.LAST_BOOTS``), gone
+    # before the month too: what the boot time is learned from.
+    boots: list[LedgerRow] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,10 @@ class Signals:
     expired_leases: int = 0
     oldest_ready_seconds: float = 0.0
     leases_by_worker: dict[str, int] = field(default_factory=dict)
+    # The queue's recent finished jobs (vultrscale.waits.RECENT_JOBS newest within
+    # RECENT_WINDOW): how many, and their mean run time. None: this preset does not tell.
+    recent_jobs: int | None = None
+    recent_job_seconds: float | None = None
 
     @property
     def demand(self) -> int:
@@ -243,6 +251,13 @@ class Signals:
             "in_flight": self.in_flight,
             "expired_leases": self.expired_leases,
             "oldest_ready_seconds": round(self.oldest_ready_seconds, 1),
+            # The wait rule's job history, where the preset reports it.
+            **({} if self.recent_jobs is None else {"recent_jobs": self.recent_jobs}),
+            **(
+                {}
+                if self.recent_job_seconds is None
+                else {"recent_job_seconds": round(self.recent_job_seconds, 1)}
+            ),
         }
 
     @property
@@ -284,6 +299,9 @@ class Observation:
     idle_since: datetime | None = None  # from the previous pass; policy returns the new one
     # The floor forecast's per-slot profile (``forecast``); None: off, or none computed yet.
     forecast: Profile | None = None
+    # Create to worker up, learned from the ledger (vultrscale.boottime); None: not known
+    # (then the policy plans with policy.boot_time).
+    boot_time: BootTime | None = None
 
     def summary(self) -> dict[str, Any]:
         """What the pass saw, as the ledger, `--json` and `status` show it."""
@@ -300,6 +318,13 @@ class Observation:
             "price": None
             if price is None
             else {"plan": price.plan, "monthly": price.monthly, "hourly": round(price.hourly, 5)},
+            "boot_time": None
+            if self.boot_time is None
+            else {
+                "seconds": round(self.boot_time.estimate.total_seconds(), 1),
+                "boots": self.boot_time.boots,
+                "learned": self.boot_time.learned,
+            },
         }
 
 

@@ -120,6 +120,7 @@ def observe(
         refused=refused,
         offerings=views,
         forecast=stored.forecast,
+        boots=tuple(stored.boots),
     )
 
 

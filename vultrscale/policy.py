@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget, forecast, offerings
+from vultrscale import budget, forecast, offerings, waits
 from vultrscale.config import Config, FloorConfig, PolicyConfig, format_duration
 from vultrscale.model import (
     CAPACITY_STATES,
@@ -37,6 +37,7 @@ from vultrscale.model import (
     Observation,
     Plan,
     ServiceState,
+    Signals,
 )
 
 if TYPE_CHECKING:
@@ -77,10 +78,12 @@ def active_floors(policy: PolicyConfig, now: datetime) -> list[ActiveFloor]:
 
 
 def forecast_lead(observation: Observation | None, config: Config) -> timedelta:
-    """How far ahead the floor forecast looks: the time a new instance takes to be ready.
-    ``policy.boot_timeout`` (an upper bound of a boot) until the fleet's boot time is learned
-    from its ledger; the one place that choice is made."""
-    return config.policy.boot_timeout
+    """How far ahead the floor forecast looks: the time a new instance takes to be ready, the
+    boot time learned from the fleet's ledger (``observation.boot_time``, the wait rule's
+    too), ``policy.boot_time`` until enough boots are seen; the one place that choice is
+    made."""
+    boot = observation.boot_time if observation is not None else None
+    return boot.estimate if boot is not None else config.policy.boot_time
 
 
 def forecast_floor(
@@ -357,11 +360,14 @@ class _Sizing:
                     f"of {floor}"
                 )
         else:
-            want = max(desired, floor)
+            needed = desired  # the depth rule's; the wait rule may ask fewer
+            if desired > n_now and signals is not None and pol.target_wait:
+                needed = min(desired, self._wait_rule(signals, staying, desired))
+            want = max(needed, floor)
             if want > n_now:
                 why = (
-                    f"the queue needs {desired} instance(s)"
-                    if desired >= floor
+                    f"the queue needs {needed} instance(s)"
+                    if needed >= floor
                     else f"the floor is {floor} instance(s)"
                 )
                 # Revive before you boot: a draining instance whose delete is not sent yet
@@ -397,6 +403,22 @@ class _Sizing:
         )
 
     # --- pieces ---------------------------------------------------------------------------
+
+    def _wait_rule(self, signals: Signals, staying: list[Instance], desired: int) -> int:
+        """Instances the queue wants by its wait (``vultrscale.waits``; at most ``desired``),
+        with the why in numbers among the reasons."""
+        boot = self.obs.boot_time
+        call = waits.size(
+            signals,
+            staying,
+            jobs_per_instance=self.cfg.queue.jobs_per_instance,
+            boot=boot.estimate if boot is not None else self.pol.boot_time,
+            target_wait=self.pol.target_wait,
+            depth=desired,
+            now=self.now,
+        )
+        self.reasons.append(call.reason)
+        return call.wanted
 
     def _describe_capacity(self, capacity: list[Instance], leaving: int) -> str:
         counts: dict[InstanceState, int] = {}

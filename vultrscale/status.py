@@ -101,6 +101,7 @@ def status_document(
         "instances": instance_rows(obs.instances, now),
         "queue": None if sig is None else sig.summary(),
         "errors": [e for e in (obs.signal_error, obs.api_error) if e],
+        "boot_time": obs.summary()["boot_time"],
         **plan.summary(),
         "budget": {
             "ceiling_usd": ceiling,
@@ -194,8 +195,16 @@ def summary_lines(obs: Observation, plan: Plan, ceiling: float) -> list[Text]:
                 f"queue: {sig.ready} ready, {sig.in_flight} in flight, "
                 f"{sig.expired_leases} expired lease(s), "
                 f"oldest ready {age_s(sig.oldest_ready_seconds)}"
+                + (
+                    f", mean run {age_s(sig.recent_job_seconds)} over the last "
+                    f"{sig.recent_jobs} finished job(s)"
+                    if sig.recent_jobs and sig.recent_job_seconds is not None
+                    else ""
+                )
             )
         )
+    if obs.boot_time is not None:
+        lines.append(Text(f"boot time: {obs.boot_time.describe()}"))
     if obs.api_error:
         lines.append(plain(f"api: {obs.api_error}", style="red"))
     lines += plan_lines(plan, "next")

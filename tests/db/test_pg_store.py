@@ -177,6 +177,32 @@ def test_a_pass_reads_the_ledger_and_the_signals_together_as_one_by_one(
         assert ledger.lock() and _same(ledger.reads(MONTH, WORKERS_SEEN, signals), together)
 
 
+def test_a_pass_reads_the_fleets_newest_boots_of_earlier_months_too(
+    store: PgStore, cfg: Config
+) -> None:
+    at = datetime(2026, 3, 2, tzinfo=UTC)
+    with store.session(cfg) as (ledger, signals):
+        _two_instances_one_worker(ledger, at)
+        assert isinstance(ledger, PgLedger)
+        # Booted in 5 and 7 minutes, long gone (last month: not among the month's rows); one
+        # never came up, one was adopted (never POSTed here), one is older than the window.
+        for label, days_ago, posted, boot_min in [
+            ("b-5", 20, True, 5), ("b-7", 10, True, 7), ("never", 9, True, None),
+            ("adopted", 9, False, 1), ("ancient", 60, True, 1),
+        ]:  # fmt: skip
+            ledger.conn.execute(
+                "INSERT INTO fleet_instances (label, fleet, state, created_at, posted_at,"
+                " running_at, state_since, gone_at) VALUES (%(l)s, %(f)s, 'gone',"
+                " now() - make_interval(days => %(d)s), CASE WHEN %(p)s THEN now() END,"
+                " now() - make_interval(days => %(d)s) + make_interval(mins => %(b)s),"
+                " now(), now() - make_interval(days => %(d)s - 1))",
+                {"l": label, "f": cfg.fleet.name, "d": days_ago, "p": posted, "b": boot_min},
+            )
+        got = ledger.reads(datetime.now(UTC), WORKERS_SEEN, signals)
+    assert [r.label for r in got.boots] == ["b-7", "b-5"]  # newest first
+    assert not any(r.label in ("b-5", "b-7") for r in got.rows)
+
+
 def _same(a: StoredReads, b: StoredReads) -> bool:
     """Equal, but for the oldest ready job's age: it grows between two reads."""
     assert a.signals is not None and b.signals is not None

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
+from vultrscale import waits
 from vultrscale.config import QueueConfig
 from vultrscale.db import queue as queue_mod
 from vultrscale.db import signals as signals_mod
@@ -93,6 +94,53 @@ def test_vultrscale_empty_queue_is_zero_not_missing(db_url: str) -> None:
     s = read_signals(db_url, QueueConfig(preset="vultrscale"))
     assert (s.ready, s.in_flight, s.expired_leases, s.oldest_ready_seconds) == (0, 0, 0, 0.0)
     assert s.leases_by_worker == {}
+
+
+def _finished(conn: psycopg.Connection, queue: str, ran_s: int, ended: str, n: int = 1) -> None:
+    conn.execute(
+        "INSERT INTO jobs (queue, state, attempts, started_at, finished_at) "
+        f"SELECT %s, 'succeeded', 1, {ended} - make_interval(secs => %s), {ended} "
+        "FROM generate_series(1, %s)",
+        (queue, ran_s, n),
+    )
+
+
+def test_vultrscale_reads_the_newest_finished_jobs_mean_run_time(db_url: str) -> None:
+    window_h = int(waits.RECENT_WINDOW.total_seconds() // 3600)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        _finished(conn, "default", 60, "now() - interval '1 hour'", n=3)
+        _finished(conn, "other", 120, "now() - interval '2 hours'")
+        # Older than the window, and the newest beyond RECENT_JOBS: not counted.
+        _finished(conn, "default", 600, f"now() - interval '{window_h + 1} hours'")
+        _finished(conn, "default", 900, "now() - interval '3 hours'", n=waits.RECENT_JOBS)
+        # Before schema v6 no start was written: no run time to tell.
+        conn.execute("INSERT INTO jobs (state, finished_at) VALUES ('succeeded', now())")
+    one = read_signals(db_url, QueueConfig(preset="vultrscale", queue="other"))
+    assert (one.recent_jobs, one.recent_job_seconds) == (1, pytest.approx(120.0))
+    every = read_signals(db_url, QueueConfig(preset="vultrscale"))
+    assert every.recent_jobs == waits.RECENT_JOBS
+    # The 4 newest (3 x 60 s, 1 x 120 s) and 96 of the 900 s ones.
+    mean = (3 * 60 + 120 + (waits.RECENT_JOBS - 4) * 900) / waits.RECENT_JOBS
+    assert every.recent_job_seconds == pytest.approx(mean)
+
+
+def test_vultrscale_without_finished_jobs_has_no_mean_run_time(db_url: str) -> None:
+    s = read_signals(db_url, QueueConfig(preset="vultrscale"))
+    assert (s.recent_jobs, s.recent_job_seconds) == (0, None)
+
+
+def test_the_newest_finished_jobs_are_read_from_their_index_not_the_table(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        _finished(conn, "default", 30, "now() - interval '1 minute'", n=20_000)
+        conn.execute("ANALYZE jobs")
+        plan = [
+            str(r[0])
+            for r in conn.execute(
+                b"EXPLAIN " + signals_mod._recent_query(None).as_bytes(conn)
+            ).fetchall()
+        ]
+    assert any("jobs_finished_at_idx" in line for line in plan), plan
+    assert not any("Seq Scan" in line for line in plan), plan
 
 
 def test_vultrscale_on_open_connection_leaves_it_usable(populated: str) -> None:

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from tests.e2e.worker_procs import wait_for
+from vultrscale import boottime
 from vultrscale.cli import main
 from vultrscale.db import history, schema
 from vultrscale.db import queue as q
@@ -167,25 +168,23 @@ def test_from_db_learns_the_boot_time_from_the_fleets_ledger(
             "VALUES ('succeeded', now() - interval '10m', now() - interval '10m', "
             "now() - interval '9m', now() - interval '8m')"
         )
-        # Three instances this fleet created, workers up 100, 200 and 300 s later; one of
-        # another fleet and one adopted (never POSTed here) do not count.
+        # Three instances this fleet created, their workers first seen by a pass 100, 200 and
+        # 300 s later; one of another fleet, one adopted (never POSTed here) and one whose
+        # worker never came up do not count.
         for label, fleet, boot, posted in [
             ("w-1", "workers", 100, True), ("w-2", "workers", 200, True),
             ("w-3", "workers", 300, True), ("o-1", "others", 5, True),
-            ("a-1", "workers", 7, False),
+            ("a-1", "workers", 7, False), ("n-1", "workers", None, True),
         ]:  # fmt: skip
             conn.execute(
                 "INSERT INTO fleet_instances (label, fleet, state, created_at, posted_at, "
-                "state_since) VALUES (%(l)s, %(f)s, 'gone', now() - interval '1h', "
-                "CASE WHEN %(p)s THEN now() - interval '1h' END, now())",
-                {"l": label, "f": fleet, "p": posted},
+                "running_at, state_since) VALUES (%(l)s, %(f)s, 'gone', now() - interval '1h', "
+                "CASE WHEN %(p)s THEN now() - interval '1h' END, "
+                "now() - interval '1h' + make_interval(secs => %(b)s), now())",
+                {"l": label, "f": fleet, "p": posted, "b": boot},
             )
-            conn.execute(
-                "INSERT INTO workers (worker_id, instance_label, started_at) "
-                "VALUES (%(l)s, %(l)s, now() - interval '1h' + make_interval(secs => %(b)s))",
-                {"l": label, "b": boot},
-            )
-    assert sorted(history.boot_seconds(db_url, "workers", timedelta(days=1))) == pytest.approx(
+    rows = history.boot_rows(db_url, "workers", timedelta(days=1))
+    assert sorted(boottime.boot_seconds(rows, None)) == pytest.approx(
         [100.0, 200.0, 300.0], abs=0.01
     )
     monkeypatch.setenv("DATABASE_URL", db_url)

@@ -91,9 +91,13 @@ def test_dry_run_then_pass_then_status_and_events(cli_env, capsys, tmp_path: Pat
     assert {i["state"] for i in doc["instances"]} == {"pending"}
     assert doc["queue"]["ready"] == 6 and doc["desired"] == 2
     assert doc["budget"]["ceiling_usd"] == 50.0
+    # No boot seen yet: the configured boot time, said so; no job finished: no history.
+    assert doc["boot_time"] == {"seconds": 720.0, "boots": 0, "learned": False}
+    assert doc["queue"]["recent_jobs"] == 0 and "recent_job_seconds" not in doc["queue"]
 
     code, out = run(capsys, "status")
     assert code == 0 and "fleet workers" in out and "pending" in out
+    assert "boot time: 12.0m (policy.boot_time: 0 boot(s) seen, 5 needed" in " ".join(out.split())
 
     code, out = run(capsys, "events", "--since", "1h", "--json")
     assert code == 0

@@ -229,7 +229,7 @@ def test_status_shows_the_forecast_floor_and_its_source() -> None:
     lines = [t.plain for t in summary_lines(obs(p), plan, 1000.0)]
     assert (
         "forecast (observe: observed, not applied): floor 2; forecast: Mon 09:00-10:00 UTC "
-        "(15m ahead) runs 6.00 job(s) at once" in "\n".join(lines)
+        "(12m ahead) runs 6.00 job(s) at once" in "\n".join(lines)
     )
 
 
@@ -327,7 +327,10 @@ def test_an_idle_fleet_is_woken_one_lead_before_the_forecast_surge() -> None:
     from vultrscale.reconcile import run_pass
 
     night = MONDAY + 2 * WEEK + 4 * HOUR
-    for mode, woken in (("scale", night + 4 * HOUR + timedelta(minutes=45)), ("off", None)):
+    for mode, woken in (
+        ("scale", night + 4 * HOUR + timedelta(minutes=48)),
+        ("off", None),
+    ):  # 09:00 less the lead (policy.boot_time 12m)
         clock = FakeClock(night - timedelta(minutes=2))
         parts = memory_parts(
             clock,

@@ -508,11 +508,14 @@ def test_keda_keeps_to_a_cap_of_zero(capsys: pytest.CaptureFixture[str], tmp_pat
 
 
 def test_a_concurrency_sweep_gives_each_row_its_own_lower_bound(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The simulated instances ran queue.jobs_per_instance jobs at once, not the worker's
     concurrency (what the user-data gives it): a sweep of worker.concurrency gave three
     identical rows."""
+    # The depth rule: on 100 jobs a day the wait rule boots one instance a burst whatever the
+    # slots, so the rows' instance-hours would not tell the two worlds apart.
+    monkeypatch.setenv("VULTRSCALE_POLICY_TARGET_WAIT", "0s")
     argv = ["simulate", "--days", "1", "--jobs-per-day", "100", "--json",
             "--sweep", "worker.concurrency=2,4"]  # fmt: skip
     assert main(argv) == 0

@@ -349,7 +349,7 @@ def forecast_cmd(
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from vultrscale import forecast, policy, reconcile
+    from vultrscale import boottime, forecast, reconcile
     from vultrscale.db import ledger, pg
     from vultrscale.db.history import PgHistory
 
@@ -370,9 +370,13 @@ def forecast_cmd(
     now = datetime.now(UTC)
     with pg.session(url, "cannot read the forecast profile") as conn:
         cached = ledger.forecast_profile(conn, cfg.fleet.name)
+        boots = ledger.boot_rows(
+            conn, cfg.fleet.name, within=boottime.WINDOW, limit=boottime.LAST_BOOTS
+        )
     fresh = cached is not None and cached.fresh(cfg.policy.forecast, now)
     profile = reconcile.forecast_profile(cfg, PgHistory(url, cfg.queue.queue), cached, now)
-    lead = policy.forecast_lead(None, cfg)
+    # the lead the pass uses: the boot time learned from the same boots
+    lead = boottime.learn(boots, cfg.policy.boot_time, now).estimate
     jobs, cap = cfg.queue.jobs_per_instance, cfg.policy.max_instances
     slots = (
         forecast.horizon(

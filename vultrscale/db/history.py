@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 
 from vultrscale import forecast, params
-from vultrscale.db import pg
+from vultrscale.db import ledger, pg
 from vultrscale.forecast import Bucket
+from vultrscale.model import LedgerRow
 
 _FINISHED = """
 SELECT greatest(created_at, run_at) AS due, started_at, finished_at
@@ -53,27 +54,12 @@ def finished_jobs(
         return finished_jobs_in(conn, since, queue)
 
 
-# Create to the worker's first registration, per instance this fleet created (adopted ones,
-# never POSTed here, have no create time of ours) within the window.
-_BOOTS = """
-SELECT extract(epoch FROM (w.first_seen - f.created_at))
-FROM fleet_instances f
-JOIN LATERAL (
-    SELECT min(started_at) AS first_seen FROM workers WHERE instance_label = f.label
-) w ON true
-WHERE f.fleet = %(fleet)s
-  AND f.posted_at IS NOT NULL
-  AND f.created_at >= now() - %(since)s
-  AND w.first_seen >= f.created_at
-ORDER BY f.created_at
-"""
-
-
-def boot_seconds(url: str, fleet: str, since: timedelta) -> list[float]:
-    """Seconds from each create of ``fleet`` within ``since`` to its worker's first
-    registration (the fleet's own boot times); errors become ``DatabaseError``s."""
+def boot_rows(url: str, fleet: str, since: timedelta) -> list[LedgerRow]:
+    """The fleet's boots created within ``since`` (``boottime.is_boot``: created by this
+    scaler, its worker seen), the rows the reconcile pass learns its boot time from; errors
+    become ``DatabaseError``s."""
     with pg.session(url, "cannot read the fleet's ledger") as conn:
-        return [float(r[0]) for r in conn.execute(_BOOTS, {"fleet": fleet, "since": since})]
+        return ledger.boot_rows(conn, fleet, within=since, limit=None)
 
 
 # The forecast's buckets: jobs created in [since, until) and due before until, by the bucket

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
+from vultrscale import boottime
 from vultrscale.clock import PASS_DEADLINE_S, Deadline
 from vultrscale.config import format_duration
 from vultrscale.db import pg, plan_checks
@@ -154,6 +155,25 @@ _ROWS = (
 )
 
 
+# The fleet's newest boots (boottime.is_boot: created here, its worker seen), gone ones of
+# earlier months too, within boottime.WINDOW: what the boot time is learned from. Served by
+# fleet_instances_boots_idx (schema v7): a few index rows, whatever the ledger's length.
+_BOOTS = (
+    f"SELECT {_COLUMNS} FROM fleet_instances WHERE fleet = %s "
+    "AND posted_at IS NOT NULL AND running_at IS NOT NULL AND created_at >= now() - %s "
+    "ORDER BY created_at DESC LIMIT %s"
+)
+
+
+def boot_rows(
+    conn: psycopg.Connection[Any], fleet: str, *, within: timedelta, limit: int | None
+) -> list[LedgerRow]:
+    """The fleet's boots (``boottime.is_boot``) created within ``within``, newest first, the
+    ``limit`` newest (None: all of them)."""
+    with conn.cursor(binary=True) as cur:
+        return _ledger_rows(cur.execute(_BOOTS, (fleet, within, limit)))
+
+
 def rows(
     conn: psycopg.Connection[Any], fleet: str, *, since: datetime | None = None
 ) -> list[LedgerRow]:
@@ -220,6 +240,7 @@ def reads(
         conn.cursor() as in_state,
         conn.cursor() as in_marks,
         conn.cursor() as in_profile,
+        conn.cursor(binary=True) as in_boots,
     ):
         sent = None
         try:
@@ -233,6 +254,7 @@ def reads(
                 in_marks.execute(plan_checks.MARKS, (fleet,))
                 if forecast:
                     in_profile.execute(_PROFILE, (fleet,))
+                in_boots.execute(_BOOTS, (fleet, boottime.WINDOW, boottime.LAST_BOOTS))
         except psycopg.Error as exc:
             if sent is None or sent.answered:
                 raise  # the ledger's own error
@@ -254,8 +276,9 @@ def reads(
             _fleet_state(in_state.fetchone()),
             signals,
             signal_error,
-            plan_checks.marks(in_marks.fetchall()),
-            _profile(in_profile.fetchone()) if forecast else None,
+            marks=plan_checks.marks(in_marks.fetchall()),
+            forecast=_profile(in_profile.fetchone()) if forecast else None,
+            boots=_ledger_rows(in_boots),
         )
 
 

@@ -195,6 +195,16 @@ CREATE TABLE forecast_profiles (
 CREATE INDEX jobs_created_at_brin ON jobs USING brin (created_at);
 """
 
+# v9: every pass reads the queue's newest finished jobs (their mean run time: the wait rule,
+# vultrscale.waits) and the fleet's newest boots (vultrscale.boottime); without these indexes
+# each read would scan every finished job and every ledger row ever kept.
+_V9 = """
+CREATE INDEX IF NOT EXISTS jobs_finished_at_idx ON jobs (finished_at)
+    WHERE finished_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS fleet_instances_boots_idx ON fleet_instances (fleet, created_at)
+    WHERE posted_at IS NOT NULL AND running_at IS NOT NULL;
+"""
+
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1),
     (2, _V2),
@@ -203,6 +213,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     (6, _V6),
     (7, _V7),
     (8, _V8),
+    (9, _V9),
 )
 """(version, SQL) in order. Append new versions; never edit one that has shipped. Versions
 are applied when missing, not only when above the highest applied one, so versions numbered

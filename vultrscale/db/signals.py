@@ -65,6 +65,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
+from vultrscale import waits
 from vultrscale.config import QueueConfig
 from vultrscale.db import pg
 from vultrscale.errors import ConfigError, DatabaseError, first_line
@@ -282,6 +283,22 @@ def explain_ready_count(conn: psycopg.Connection[Any], queue_cfg: QueueConfig) -
         return [str(row[0]) for row in cur.fetchall()]
 
 
+def _recent_query(queue: str | None) -> sql.Composed:
+    """How many of the newest finished jobs (``waits.RECENT_JOBS`` within
+    ``waits.RECENT_WINDOW``) and their mean run time: a backward scan of jobs_finished_at_idx
+    that stops at the limit. Before the planner settings: it wants that index scan."""
+    return sql.SQL(
+        "SELECT count(*), avg(EXTRACT(EPOCH FROM finished_at - started_at))::float8 FROM ("
+        "SELECT finished_at, started_at FROM jobs WHERE finished_at IS NOT NULL "
+        "AND finished_at >= now() - {window} AND started_at IS NOT NULL{q} "
+        "ORDER BY finished_at DESC LIMIT {limit}) r"
+    ).format(
+        window=sql.Literal(waits.RECENT_WINDOW),
+        q=_and_queue("queue", queue),
+        limit=sql.Literal(waits.RECENT_JOBS),
+    )
+
+
 def _leases_query(queue: str | None) -> sql.Composed:
     """Live and expired leases per worker (of the queue's jobs, with a queue)."""
     leases: sql.Composable
@@ -303,17 +320,24 @@ def _vultrscale(
     # The leases (live and expired, per worker), the planner setting and the ready jobs in one
     # round trip: literals only, so the statements go together as one simple query.
     cur.execute(
-        sql.SQL("{}; {}; {}").format(
-            _leases_query(queue), sql.SQL(_COUNT_PLANNER), _ready_count_query(queue)
+        sql.SQL("{}; {}; {}; {}").format(
+            _leases_query(queue),
+            _recent_query(queue),
+            sql.SQL(_COUNT_PLANNER),
+            _ready_count_query(queue),
         )
     )
     leases = cur.fetchall()
+    cur.nextset()  # the recent finished jobs
+    recent = cur.fetchone()
     cur.nextset()  # the planner settings
     cur.nextset()  # the ready jobs
-    return _vultrscale_signals(leases, cur.fetchone())
+    return _vultrscale_signals(leases, cur.fetchone(), recent)
 
 
-def _vultrscale_signals(leases: list[Any], counted: tuple[Any, ...] | None) -> Signals:
+def _vultrscale_signals(
+    leases: list[Any], counted: tuple[Any, ...] | None, recent: tuple[Any, ...] | None = None
+) -> Signals:
     by_worker: dict[str, int] = {}
     expired = 0
     for worker, live, gone in leases:
@@ -333,6 +357,8 @@ def _vultrscale_signals(leases: list[Any], counted: tuple[Any, ...] | None) -> S
         expired_leases=expired,
         oldest_ready_seconds=oldest,
         leases_by_worker=by_worker,
+        recent_jobs=None if recent is None else int(recent[0]),
+        recent_job_seconds=None if recent is None or recent[1] is None else float(recent[1]),
     )
 
 
@@ -353,6 +379,7 @@ class SentSignals:
             sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(STATEMENT_TIMEOUT_MS))
         )
         self._leases = conn.execute(_leases_query(queue))
+        self._recent = conn.execute(_recent_query(queue))
         conn.execute(_COUNT_PLANNER)
         self._ready = conn.execute(_ready_count_query(queue))
         self._commit = conn.execute("COMMIT")
@@ -364,7 +391,9 @@ class SentSignals:
 
     def result(self) -> Signals:
         with _translated("", self.preset):
-            return _vultrscale_signals(self._leases.fetchall(), self._ready.fetchone())
+            return _vultrscale_signals(
+                self._leases.fetchall(), self._ready.fetchone(), self._recent.fetchone()
+            )
 
     def error(self, exc: psycopg.Error) -> DatabaseError:
         """``exc``, raised by the pipeline before this read was answered, as read_signals would

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from vultrscale import boottime
 from vultrscale import config as config_mod
 from vultrscale.config import Config
 from vultrscale.errors import EXIT_OK, UsageError
@@ -188,19 +189,20 @@ def _learn_boot(cfg: Config, opts: Options, setup: Setup) -> tuple[Setup, list[s
     from vultrscale.db import history
 
     since = config_mod.parse_duration(opts.since, "--since")
-    boots = history.boot_seconds(cfg.secrets.database_url.reveal(), cfg.fleet.name, since)
+    rows = history.boot_rows(cfg.secrets.database_url.reveal(), cfg.fleet.name, since)
+    boots = boottime.boot_seconds(rows, None)  # the rows are those within --since
     if not boots:
         return setup, [
             f"boot time: the ledger has no instance of fleet {cfg.fleet.name!r} whose worker "
             f"came up within {opts.since}; simulate.boot_time ({cfg.simulate.boot_time}) used"
         ]
-    lo, hi = compare.learned_boot(boots)
+    lo, hi = boottime.replay_range(boots)
     median = sorted(boots)[(len(boots) - 1) // 2]
     return replace(setup, boot_time=(lo, hi)), [
         f"boot time learned from the ledger: {len(boots)} instance(s) of fleet "
-        f"{cfg.fleet.name!r}, create to first worker registration, median {median:.0f}s; "
-        f"replayed as {lo:.0f}s..{hi:.0f}s (their 10th to 90th percentile; --boot-time "
-        "overrides)"
+        f"{cfg.fleet.name!r}, create to the pass that first saw its worker, median "
+        f"{median:.0f}s; replayed as {lo:.0f}s..{hi:.0f}s (their 10th to 90th percentile; "
+        "--boot-time overrides)"
     ]
 
 

@@ -138,14 +138,6 @@ def parse_boot_time(text: str) -> tuple[float, float]:
         raise UsageError(str(exc), hint="Write --boot-time 12m or --boot-time 10m..15m.") from None
 
 
-def learned_boot(boots: Sequence[float]) -> tuple[float, float]:
-    """The boot range a replay draws from, learned from a fleet's own boots: their 10th to
-    90th percentile (nearest rank), so one instance that never came up does not set it."""
-    ordered = sorted(boots)
-    n = len(ordered)
-    return ordered[max(0, math.ceil(0.1 * n) - 1)], ordered[max(0, math.ceil(0.9 * n) - 1)]
-
-
 def boot_range(cfg: Config, setup: Setup) -> tuple[float, float]:
     """The boot time a replay of ``cfg`` draws from: ``--boot-time``, else simulate.boot_time."""
     if setup.boot_time is not None:

@@ -29,7 +29,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from vultrscale import budget, decision, forecast, lifecycle, reconcile
+from vultrscale import boottime, budget, decision, forecast, lifecycle, reconcile
 from vultrscale.config import Config, Secret
 from vultrscale.errors import HostUnreachable, SSHError
 from vultrscale.forecast import Bucket
@@ -216,6 +216,8 @@ class SimLedger(MemoryLedger):
         self.gone_bill: dict[datetime, float] = {}  # month start -> its gone rows' total
         self.gone_count = 0
         self._folded: LedgerRow | None = None
+        # The newest boots among the folded rows: the boot time is learned from them too.
+        self._gone_boots: list[LedgerRow] = []
 
     def record_event(self, event: PassEvent) -> int:
         self.passes += 1  # the errors and the time are read; the summaries are never built
@@ -228,8 +230,13 @@ class SimLedger(MemoryLedger):
         if state is InstanceState.GONE and label in self.instances:
             self._fold(self.instances.pop(label))
 
+    def boots(self) -> list[LedgerRow]:
+        return boottime.newest_boots([*self._gone_boots, *self.instances.values()])
+
     def _fold(self, row: LedgerRow) -> None:
         assert row.monthly_cost is not None and row.gone_at is not None
+        if boottime.is_boot(row):
+            self._gone_boots = boottime.newest_boots([row, *self._gone_boots])
         price = PlanPrice(row.plan or "", row.monthly_cost, row.hourly_rate or None)
         start, end = budget.month_bounds(row.created_at)
         while start <= row.gone_at:
@@ -346,7 +353,14 @@ class Vultrscale:
         """What the queue and the workers table say now: heartbeats and leases."""
         now_s = world.now
         now = self.epoch + timedelta(seconds=now_s)
-        self.signals.signals = Signals(ready=world.ready_count, in_flight=world.in_flight)
+        jobs, mean = world.recent_jobs()
+        self.signals.signals = Signals(
+            ready=world.ready_count,
+            in_flight=world.in_flight,
+            oldest_ready_seconds=world.oldest_ready_seconds(),
+            recent_jobs=jobs,
+            recent_job_seconds=mean,
+        )
         seen_for = lifecycle.WORKER_SEEN_WITHIN.total_seconds()
         workers: dict[str, WorkerView] = {}
         for inst in world.live.values():

@@ -12,11 +12,13 @@ trace's epoch.
 from __future__ import annotations
 
 import bisect
+import collections
 import heapq
 import math
 import random
 from dataclasses import dataclass, field
 
+from vultrscale import waits
 from vultrscale.model import DEFAULT_MAX_ATTEMPTS
 from vultrscale.simulate.workload import Trace
 
@@ -183,6 +185,32 @@ class World:
         self.c = Counters()
         self.now = 0.0
         self._full = False  # jobs are ready and no claiming worker has a free slot
+        # The newest finished jobs (end, run time), as the queue's signals read them: the
+        # past only, never a job's future.
+        self._recent: collections.deque[tuple[float, float]] = collections.deque()
+        self._recent_sum = 0.0
+
+    def _finished(self, now: float, ran: float) -> None:
+        recent = self._recent
+        recent.append((now, ran))
+        self._recent_sum += ran
+        if len(recent) > waits.RECENT_JOBS:
+            self._recent_sum -= recent.popleft()[1]
+
+    def recent_jobs(self) -> tuple[int, float | None]:
+        """How many of the newest finished jobs (``waits.RECENT_JOBS`` within
+        ``waits.RECENT_WINDOW``) and their mean run time, as the vultrscale preset reads them."""
+        recent, since = self._recent, self.now - waits.RECENT_WINDOW.total_seconds()
+        while recent and recent[0][0] < since:
+            self._recent_sum -= recent.popleft()[1]
+        if not recent:
+            self._recent_sum = 0.0  # no float drift left behind
+            return 0, None
+        return len(recent), self._recent_sum / len(recent)
+
+    def oldest_ready_seconds(self) -> float:
+        """The oldest ready job's age (its due time: a killed job keeps its arrival)."""
+        return max(0.0, self.now - self.ready[0][0]) if self.ready else 0.0
 
     # --- events ---------------------------------------------------------------------------
     def push(self, t: float, kind: int, obj: object, tok: int = 0) -> None:
@@ -200,6 +228,7 @@ class World:
                 self.running -= 1
                 self.finished_at[job] = now
                 self.c.finished += 1
+                self._finished(now, self.duration[job])
                 if inst.stop_at is not None and not inst.running:
                     self._exited(inst)  # drained: the last job finished within drain time
                 elif self.ready and inst.claiming(now):

@@ -1,0 +1,100 @@
+"""policy.decide() with the wait rule (vultrscale.waits) and the learned boot time: what it
+creates, what it declines, the reasons it gives in numbers, and `status` showing them."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rich.console import Console
+
+from vultrscale import waits
+from vultrscale.boottime import BootTime
+from vultrscale.config import BudgetConfig, Config, PolicyConfig, QueueConfig
+from vultrscale.model import Instance, InstanceState, Observation, PlanPrice, Signals
+from vultrscale.policy import decide
+from vultrscale.status import render, status_document
+
+NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
+PRICE = PlanPrice("vc2-1c-2gb", monthly=10.0)
+
+
+def cfg(**pol: Any) -> Config:
+    pol.setdefault("target_wait", timedelta(minutes=10))
+    return Config(
+        policy=PolicyConfig(max_instances=20, **pol),
+        queue=QueueConfig(jobs_per_instance=4),
+        budget=BudgetConfig(monthly_ceiling_usd=1000.0),
+    )
+
+
+def running(label: str) -> Instance:
+    return Instance(label, InstanceState.RUNNING, id=label, created_at=NOW - timedelta(hours=2))
+
+
+def observe(ready: int, *instances: Instance, jobs: int | None = 50, **kw: Any) -> Observation:
+    sig = Signals(
+        ready=ready,
+        in_flight=0,
+        oldest_ready_seconds=30.0,
+        recent_jobs=jobs,
+        recent_job_seconds=None if jobs is None else 60.0,
+    )
+    return Observation(instances=instances, signals=sig, price=PRICE, **kw)
+
+
+def test_a_backlog_the_fleet_clears_before_a_boot_is_declined_with_its_numbers() -> None:
+    # 24 one-minute jobs on one instance: the last starts in 5 min; the depth rule asks 6.
+    plan = decide(observe(24, running("a")), cfg(), NOW)
+    assert plan.creates == 0 and plan.desired == 6 and plan.target == 1
+    why = next(r for r in plan.reasons if r.startswith("wait rule:"))
+    assert "24 queued job(s)" in why and "the last in 5m" in why
+    assert "within target_wait 10m: no create (the depth rule asked 5)" in why
+
+
+def test_target_wait_0s_is_the_depth_rule() -> None:
+    plan = decide(observe(24, running("a")), cfg(target_wait=timedelta(0)), NOW)
+    assert plan.creates == 5
+    assert not any(r.startswith("wait rule:") for r in plan.reasons)
+
+
+def test_without_job_history_the_depth_rule_decides_and_says_why() -> None:
+    for jobs in (None, waits.MIN_JOBS - 1):
+        plan = decide(observe(24, running("a"), jobs=jobs), cfg(), NOW)
+        assert plan.creates == 5
+        assert any(
+            "not enough job history" in r and "depth rule decides" in r for r in plan.reasons
+        )
+
+
+def test_a_declined_create_still_brings_the_fleet_to_its_floor() -> None:
+    plan = decide(observe(24, running("a")), cfg(min_instances=3), NOW)
+    assert plan.creates == 2 and plan.target == 3
+
+
+def test_the_learned_boot_time_is_the_one_the_wait_rule_plans_with() -> None:
+    # 60 jobs on one instance: the last starts in 14 min, past a 5 min target. A create ready
+    # in 15 min finds every job started; one ready in 5 min still finds 40 queued.
+    slow = BootTime(timedelta(minutes=15), 20, learned=True)
+    fast = BootTime(timedelta(minutes=5), 20, learned=True)
+    config = cfg(target_wait=timedelta(minutes=5))
+    assert decide(observe(60, running("a"), boot_time=slow), config, NOW).creates == 0
+    plan = decide(observe(60, running("a"), boot_time=fast), config, NOW)
+    assert plan.creates >= 1
+    assert any("when a new instance is ready in 5m" in r for r in plan.reasons)
+
+
+def test_status_shows_the_wait_rule_the_job_history_and_the_boot_time() -> None:
+    boot = BootTime(timedelta(minutes=11), 17, learned=True)
+    obs = observe(24, running("a"), boot_time=boot)
+    plan = decide(obs, cfg(), NOW)
+    out = io.StringIO()
+    Console(file=out, width=100, color_system=None).print(render(obs, plan, NOW, 1000.0, "workers"))
+    text = " ".join(out.getvalue().split())
+    assert "mean run 1m over the last 50 finished job(s)" in text
+    assert "boot time: 11.0m (p90 of the last 17 boot(s))" in text
+    assert "why: wait rule: 24 queued job(s)" in text and "no create" in text
+    doc = status_document(obs, plan, NOW, 1000.0)
+    assert doc["boot_time"] == {"seconds": 660.0, "boots": 17, "learned": True}
+    assert doc["queue"]["recent_jobs"] == 50 and doc["queue"]["recent_job_seconds"] == 60.0
