@@ -13,6 +13,7 @@ import pytest
 from vultrscale import config as config_mod
 from vultrscale.cli import main
 from vultrscale.config import Config
+from vultrscale.errors import UsageError
 from vultrscale.simulate import baselines, compare, workload
 from vultrscale.simulate.report import PolicyResult
 from vultrscale.simulate.world import Faults
@@ -162,6 +163,17 @@ def test_a_variants_file_names_each_variant(
         "policy.idle_before_scale_down": "15m",
         "policy.max_instances": "3",
     }
+
+
+def test_a_variant_sets_a_key_of_a_nested_section(tmp_path: Path) -> None:
+    variants = tmp_path / "v.toml"
+    variants.write_text('[scale]\npolicy.forecast.mode = "scale"\npolicy.target_wait = "0s"\n')
+    assert compare.load_variants(variants) == [
+        ("scale", {"policy.forecast.mode": "scale", "policy.target_wait": "0s"})
+    ]
+    variants.write_text('[x]\npolicy.forecast.mod = "scale"\n')
+    with pytest.raises(UsageError, match="'policy.forecast.mod' is not a config key"):
+        compare.load_variants(variants)
 
 
 @pytest.mark.parametrize(

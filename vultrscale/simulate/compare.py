@@ -574,13 +574,26 @@ def load_variants(path: str | Path) -> list[tuple[str, dict[str, object]]]:
             if not isinstance(inner, dict):
                 check_key(section, f"{p} [{name}]")  # a bare key: never a config key
             assert isinstance(inner, dict)
-            for key, value in inner.items():
-                check_key(f"{section}.{key}", f"{p} [{name}]")
-                keys[f"{section}.{key}"] = value
+            _variant_keys(section, inner, keys, f"{p} [{name}]")
         out.append((name, keys))
     if not out:
         raise UsageError(f"{p}: no variant in it", hint="One table per variant: [idle-15m] ...")
     return out
+
+
+def _variant_keys(
+    prefix: str, table: dict[str, object], keys: dict[str, object], where: str
+) -> None:
+    """Add ``table``'s config keys under ``prefix`` to ``keys``; a table under a key that is no
+    setting of its own is a section within (``policy.forecast.mode = "scale"``)."""
+    known = set(known_keys())
+    for key, value in table.items():
+        full = f"{prefix}.{key}"
+        if isinstance(value, dict) and full not in known:
+            _variant_keys(full, value, keys, where)
+            continue
+        check_key(full, where)
+        keys[full] = value
 
 
 def value_text(value: object, *, inner: bool = False) -> str:
