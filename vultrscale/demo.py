@@ -163,6 +163,9 @@ def demo_config(
             ssh_user="worker",
             ssh_key=ssh_key,
             ssh_port=ssh_port,
+            # A refused create is remembered for 3 minutes on Vultr; the demo's minutes are
+            # seconds (its stock-out lasts 5-8 s): as long as 3 minutes, it would outlast the run.
+            unavailable_for=timedelta(seconds=5),
         ),
         # drain 5 s < TimeoutStopSec 15 s < drain.timeout 20 s (README "The worker")
         worker=WorkerConfig(

@@ -218,7 +218,8 @@ def _checked_pass(
             refused,
             probe=not result.dry_run,
         )
-        reads = _forecast(cfg, parts, ledger, reads, save=not result.dry_run)
+        # A refused pass (bad input, exit 2) writes nothing, not even the forecast's cache.
+        reads = _forecast(cfg, parts, ledger, reads, save=not result.dry_run and refused is None)
         decision = decide(reads, cfg)
         if decision.refused_outright and refused is not None:  # nothing to wind down
             raise refused

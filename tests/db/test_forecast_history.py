@@ -180,14 +180,14 @@ def test_forecast_json_shows_the_coming_surge_and_its_floor_one_lead_ahead(
         "observe",
         True,
         None,
-        15 * 60.0,
+        12 * 60.0,  # policy.boot_time: no boots learned yet
     )
     assert doc["profile"] == "computed now from the jobs table"
     slots = {s["start"]: s for s in doc["slots"]}
     assert len(doc["slots"]) in (48, 49)  # from the slot holding now, 48 hours on
     at = slots[surge.isoformat()]
     assert (at["jobs_at_once"], at["needs"], at["floor"]) == (6.0, 2, 2)
-    before = slots[(surge - HOUR).isoformat()]  # its floor rises one lead (15m) ahead
+    before = slots[(surge - HOUR).isoformat()]  # its floor rises one lead (12m) ahead
     assert (before["needs"], before["floor"]) == (0, 2)
     assert slots[(surge - 2 * HOUR).isoformat()]["floor"] == 0
     # The same as a table and as a picture.

@@ -60,6 +60,7 @@ def test_migrate_is_idempotent_and_versioned(pg_url: str) -> None:
         "fleet_snapshots",
         "plan_checks",
         "offering_marks",
+        "forecast_profiles",
         "vultrscale_schema",
     }
 
