@@ -96,3 +96,12 @@ def test_a_failing_command_masks_the_database_password_without_importing_psycopg
         "assert main(['--config', '/nonexistent/vultrscale.toml', 'reconcile', '--dry-run']) == 2"
     )
     assert loaded_after(code, ("psycopg",), env) == set()
+
+
+def test_the_vultr_client_imports_httpx_without_its_command_line_client() -> None:
+    # Before: `import httpx` brought its `httpx` command (click, pygments, rich), about a
+    # tenth of a cron pass's CPU. Its module still imports for whoever asks for it.
+    cli_parts = ("httpx._main", "click", "pygments", "rich")
+    assert loaded_after("import vultrscale.vultr.client", cli_parts) == set()
+    code = "import vultrscale.vultr.client, httpx._main"
+    assert loaded_after(code, ("httpx._main",)) == {"httpx._main"}
