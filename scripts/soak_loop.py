@@ -4,7 +4,7 @@
 Runs the loop's own code (``reconcile.run_forever``) pass after pass with the parts
 `reconcile --loop --metrics-file` builds (the Vultr client over loopback HTTP, one kept
 Postgres connection, real host keys and cloud-init user-data, the metrics written after every
-pass, each pass printed as the CLI prints it), against:
+pass, each pass's log line formatted as the loop prints it), against:
 
 - the Vultr simulator in a child process on loopback (so its own state, which keeps every
   deleted instance's bill and a request log, is not in this process's memory), on a fake
@@ -15,16 +15,20 @@ pass, each pass printed as the CLI prints it), against:
   (`systemctl stop` answered in memory: the SSH side is a stand-in, see below) and deletes
   them; then it fills again.
 
-It prints this process's RSS (and, with --tracemalloc, the Python heap and the lines whose
-allocations grew most) every --report lifecycles, and at the end the growth per lifecycle
-after the warm-up. Bounded: it stops after --lifecycles lifecycles or --max-seconds of wall
+It prints this process's RSS, glibc's heap and (with --tracemalloc) the memory tracemalloc
+traces every --report lifecycles; at the end, RSS after the warm-up and at the end, the growth
+per lifecycle after the warm-up (the least-squares slope over the samples, and end against
+start), the same for the traced total, and the allocations that grew most since the warm-up,
+by traceback (--frames deep). Traced total flat while RSS grows: the allocators' fragmentation,
+not objects kept. Bounded: it stops after --lifecycles lifecycles or --max-seconds of wall
 time, whichever comes first. Loopback only.
 
 The SSH drain is an in-memory stand-in (no sshd): in the CLI the SSH transport is built for a
 pass and closed after it (connections live within one pass), so it keeps nothing across passes.
 
 Usage: python scripts/soak_loop.py [--lifecycles 500] [--per-cycle 4] [--report 50]
-                                   [--warmup 100] [--tracemalloc] [--max-seconds 900]
+                                   [--warmup 100] [--tracemalloc [--frames 8]]
+                                   [--max-seconds 900]
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import psycopg
 
 from vultrscale import config as config_mod
 from vultrscale import metrics as metrics_mod
-from vultrscale.cli.views import print_pass
+from vultrscale.cli import passlog
 from vultrscale.db import queue, schema, throwaway
 from vultrscale.db.ledger import PgStore
 from vultrscale.model import HostTarget, ServiceState
@@ -213,10 +217,25 @@ def heap_kb(snapshot: tracemalloc.Snapshot) -> int:
 
 
 def traced() -> tracemalloc.Snapshot:
-    # The harness's own frames are not the scaler's memory.
+    # What the harness's own lines allocate (and the snapshot it keeps to compare with) is not
+    # the scaler's memory; only the innermost frame is looked at: every allocation of the loop
+    # has the harness further up its stack.
     return tracemalloc.take_snapshot().filter_traces(
-        [tracemalloc.Filter(False, __file__, all_frames=True), tracemalloc.Filter(False, "<*")]
+        [
+            tracemalloc.Filter(False, __file__),
+            tracemalloc.Filter(False, tracemalloc.__file__),
+            tracemalloc.Filter(False, "<*"),
+        ]
     )
+
+
+def slope(points: list[tuple[int, int]]) -> float:
+    """Least-squares growth of y per x (KB per lifecycle): less moved by one sample than the
+    last sample against the first."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
 
 
 # --- the soak -----------------------------------------------------------------------------------
@@ -230,11 +249,12 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=100, help="lifecycles before the baseline")
     ap.add_argument("--max-seconds", type=float, default=900, help="wall-time bound")
     ap.add_argument("--verbose", action="store_true", help="print every pass's plan and results")
-    ap.add_argument(
-        "--no-print", action="store_true", help="do not format the passes (as the CLI prints them)"
-    )
+    ap.add_argument("--no-print", action="store_true", help="do not format the passes' log lines")
     ap.add_argument(
         "--tracemalloc", action="store_true", help="also trace the heap (slower; top growth)"
+    )
+    ap.add_argument(
+        "--frames", type=int, default=8, help="with --tracemalloc, frames kept per allocation"
     )
     args = ap.parse_args()
     if args.lifecycles < 1 or args.per_cycle < 1 or args.report < 1 or args.warmup < 0:
@@ -288,14 +308,15 @@ def _loop(
     tmp: Path,
 ) -> int:
     metrics = metrics_mod.Metrics(cfg.fleet.name)
+    secrets = cfg.secrets.values()
     metrics_file = str(tmp / "vultrscale.prom")
     devnull = open(os.devnull, "w")  # noqa: SIM115 - open for the whole soak
     began = time.monotonic()
     state: dict[str, Any] = {"passes": 0, "failed": 0, "filled": False, "next_report": 0}
-    rows: list[tuple[int, int, int | None]] = []  # (lifecycles, rss KB, heap KB)
+    rows: list[tuple[int, int, int | None]] = []  # (lifecycles, rss KB, traced KB)
     base_snap: list[tracemalloc.Snapshot] = []
     if args.tracemalloc:
-        tracemalloc.start(1)  # one frame: by line, and fast enough
+        tracemalloc.start(max(1, args.frames))  # the top growth is shown by traceback
 
     def measure() -> None:
         gc.collect()
@@ -329,9 +350,9 @@ def _loop(
             print(f"pass {state['passes']}: exit {result.exit_code}: {result.errors}", flush=True)
         metrics.observe(result)
         metrics.write_textfile(metrics_file)
-        if not args.no_print:
-            with contextlib.redirect_stdout(sys.stdout if args.verbose else devnull):
-                print_pass(result)
+        if not args.no_print:  # as `reconcile --loop` prints a pass: one log line
+            line = passlog.pass_line(result, cfg.fleet.name, passlog.LogFormat.HUMAN, secrets)
+            print(line, file=sys.stdout if args.verbose else devnull)
         # The world moves: the queue fills when the fleet is gone, instances boot.
         sim.send(("active", None))
         active = sim.recv()
@@ -372,19 +393,25 @@ def _summary(
     first, last = after[0], after[-1]
     n = last[0] - first[0]
     print(
-        f"after warm-up ({first[0]} lifecycles): rss {first[1] / 1024:.1f} MB -> "
-        f"{last[1] / 1024:.1f} MB at {last[0]}: {(last[1] - first[1]) / n:+.2f} KB per lifecycle"
+        f"RSS after the warm-up ({first[0]} lifecycles) {first[1] / 1024:.1f} MB, at the end "
+        f"({last[0]}) {last[1] / 1024:.1f} MB: {slope([(r[0], r[1]) for r in after]):+.2f} KB "
+        f"per lifecycle (least squares over {len(after)} samples; end against start "
+        f"{(last[1] - first[1]) / n:+.2f})"
     )
     if first[2] is not None and last[2] is not None:
+        traced_rows = [(r[0], r[2]) for r in after if r[2] is not None]
         print(
-            f"heap {first[2] / 1024:.2f} -> {last[2] / 1024:.2f} MB: "
-            f"{(last[2] - first[2]) / n:+.2f} KB per lifecycle"
+            f"traced by tracemalloc (the scaler's Python objects) {first[2] / 1024:.2f} MB -> "
+            f"{last[2] / 1024:.2f} MB: {slope(traced_rows):+.2f} KB per lifecycle (least "
+            f"squares; end against start {(last[2] - first[2]) / n:+.2f})"
         )
     if base_snap:
         gc.collect()
-        print("top growth since the warm-up (tracemalloc, by line):")
-        for stat in traced().compare_to(base_snap[0], "lineno")[:12]:
+        print(f"top growth since the warm-up (tracemalloc, by traceback, {args.frames} frames):")
+        for stat in traced().compare_to(base_snap[0], "traceback")[:8]:
             print(f"  {stat}")
+            for line in stat.traceback.format(most_recent_first=True)[: 2 * args.frames]:
+                print(f"      {line.strip()}")
     return 0
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from vultrscale import pguri
+
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
@@ -154,8 +156,9 @@ def _mask_runs(text: str, runs: set[str]) -> str:
 
 
 # Secret masking lives here (config re-exports it) so that every module can mask without
-# importing config. Connection strings are read by libpq's own parser (psycopg.conninfo), so
-# what is masked is exactly what libpq would send as the password, in either form libpq takes.
+# importing config. Connection strings are read as libpq reads them (a URI by libpq's own steps
+# in pguri, key=value by libpq through psycopg.conninfo), so what is masked is exactly what
+# libpq would send as the password, in either form libpq takes.
 
 POSTGRES_URL_FORM = (
     "postgresql://USER:PASSWORD@HOST:5432/DBNAME (percent-encode '@', ':', '/', '?', '#', '%' "
@@ -184,12 +187,15 @@ def parse_conninfo(text: str) -> dict[str, str] | None:
     """
     if not text.strip():
         return None
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        parsed = {k: str(v) for k, v in conninfo_to_dict(text).items() if v is not None}
-    except (psycopg.Error, UnicodeError):  # bytes that are not UTF-8: not a string libpq reads
+    # A URI is read by libpq's own steps in Python (pguri): masking a password on an error
+    # path must not cost psycopg's import. key=value strings are read by libpq itself.
+    if pguri.is_uri(text):
+        parsed = pguri.read_uri(text)
+    elif "=" in text:
+        parsed = _libpq_reading(text)
+    else:  # libpq refuses a key=value string with no '=' at all (an API key, a password)
+        return None
+    if parsed is None:
         return None
     # libpq reads "postgresql://u:p/w@h/db" as host "u", port "p", dbname "w@h/db": an
     # unencoded '/', '?' or '@' in a password moves it into fields that are printed.
@@ -201,10 +207,24 @@ def parse_conninfo(text: str) -> dict[str, str] | None:
     return parsed
 
 
+def _libpq_reading(text: str) -> dict[str, str] | None:
+    """libpq's own reading of ``text`` (through psycopg), None if libpq refuses it."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return {k: str(v) for k, v in conninfo_to_dict(text).items() if v is not None}
+    except (psycopg.Error, UnicodeError):  # bytes that are not UTF-8: not a string libpq reads
+        return None
+
+
 def conninfo_problem(text: str, name: str = "DATABASE_URL") -> str | None:
     """None if libpq can read ``text`` and its hosts are host names, else a message (without
     any of ``text``) on the form."""
     parsed = parse_conninfo(text)
+    # libpq has the last word: the URI reading leaves the query's keywords to it.
+    if parsed is not None and _libpq_reading(text) is None:
+        parsed = None
     if parsed is None:
         return (
             f"{name} is not a Postgres connection string libpq can read; expected "

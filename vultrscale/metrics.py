@@ -211,15 +211,17 @@ class Metrics:
                 hint="Check that the --metrics-file directory exists and is writable.",
             ) from None
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Serve /metrics on addr:port; a port in use or refused is a UsageError (exit 2)."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve /metrics on addr:port, or on a free port the system picks for port 0; the
+        port bound. A port in use or refused is a UsageError (exit 2)."""
         try:
-            start_http_server(port, addr=addr, registry=self.registry)
+            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
             raise UsageError(
                 f"--metrics-port {port}: cannot listen on {addr}:{port}: {exc.strerror or exc}",
                 hint="Pick a free port (`ss -ltn` lists those in use) or drop --metrics-port.",
             ) from None
+        return int(server.server_port)
 
 
 def check_textfile(path: str) -> None:

@@ -246,21 +246,23 @@ def test_a_demo_whose_duration_runs_out_gives_running_jobs_back_and_loses_none(
 
 def test_a_key_value_database_url_is_shown_with_its_password_masked(tmp_path: Path) -> None:
     # Nothing listens on the port: the demo names the database it was given, then fails fast.
+    # The port stays bound (never listened on) for the run: connections are refused, and no
+    # other process can take it meanwhile, as one found free and let go could be.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    secret = "s3cr#t=pw"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VULTRSCALE_")}
-    env["DATABASE_URL"] = f"host=127.0.0.1 port={port} dbname=demo user=u password={secret}"
-    env["COLUMNS"] = "200"  # one line per message
-    proc = subprocess.run(
-        [sys.executable, "-m", "vultrscale.cli", "demo", "--no-live", "--duration", "10"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-    )
+        secret = "s3cr#t=pw"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VULTRSCALE_")}
+        env["DATABASE_URL"] = f"host=127.0.0.1 port={port} dbname=demo user=u password={secret}"
+        env["COLUMNS"] = "200"  # one line per message
+        proc = subprocess.run(
+            [sys.executable, "-m", "vultrscale.cli", "demo", "--no-live", "--duration", "10"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+        )
     assert proc.returncode == 1, proc.stderr
     shown = f"Postgres: host=127.0.0.1 port={port} dbname=demo user=u password=***"
     assert shown in proc.stdout, proc.stdout

@@ -8,7 +8,6 @@ The "worker" here is a small Python process with the same signal behaviour as th
 from __future__ import annotations
 
 import base64
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,12 +49,6 @@ while True:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Scaler:
     """The scaler's side: its key on disk, a config, and user-data rendered for one label."""
 
@@ -64,7 +57,10 @@ class Scaler:
         private, self.public = ssh.generate_host_key()
         self.key_path.touch(mode=0o600)
         self.key_path.write_text(private)
-        self.port = _free_port()
+        # The fleet's SSH port, as the config names it; each host here listens on a port of
+        # its own that the system picks (a port found free and let go could be taken by
+        # another process before the host binds it), and the targets name that port.
+        self.port = 22
         self.cfg = demo.demo_config(
             demo.Settings(),
             api_url="http://127.0.0.1:9",
@@ -84,9 +80,9 @@ class Scaler:
         )
         return text, host_public
 
-    def target(self, label: str, address: str, pinned: str) -> HostTarget:
+    def target(self, host: SimulatedHost, pinned: str) -> HostTarget:
         f = self.cfg.fleet
-        return HostTarget(label, address, self.port, f.ssh_user, pinned, f.service)
+        return HostTarget(host.label, host.address, host.ssh.port, f.ssh_user, pinned, f.service)
 
 
 @pytest.fixture
@@ -115,7 +111,7 @@ def boot(scaler: Scaler, tmp_path: Path) -> Iterator[Boot]:
             timeout_stop=spec.timeout_stop if "IGNORE_TERM" not in env else 1.0,
             restart_seconds=0.5,
         )
-        host = SimulatedHost("id-" + label, ips.allocate(), spec, unit, scaler.port, SSHCounters())
+        host = SimulatedHost("id-" + label, ips.allocate(), spec, unit, 0, SSHCounters())
         host.start()
         started.append(host)
         if "CRASH" not in env:  # signal handlers are in place once it says so
@@ -165,7 +161,7 @@ def test_broken_user_data_fails_the_boot(scaler: Scaler) -> None:
 
 def test_drain_stops_the_unit_over_ssh_with_systemd_answers(scaler: Scaler, boot: Boot) -> None:
     host, pinned = boot()
-    target = scaler.target(host.label, host.address, pinned)
+    target = scaler.target(host, pinned)
     with ssh.SSHDrain(str(scaler.key_path), connect_timeout=5, command_timeout=5) as drain:
         assert drain.is_active(target) is ServiceState.ACTIVE
         drain.stop(target)  # returns at once; the worker drains for half a second
@@ -209,7 +205,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_timeout_stop(
     scaler: Scaler, boot: Boot
 ) -> None:
     host, pinned = boot(IGNORE_TERM="1")
-    target = scaler.target(host.label, host.address, pinned)
+    target = scaler.target(host, pinned)
     with ssh.SSHDrain(str(scaler.key_path), connect_timeout=5, command_timeout=5) as drain:
         drain.stop(target)
         assert drain.is_active(target) is ServiceState.DEACTIVATING
@@ -230,7 +226,7 @@ def test_a_crashed_worker_is_restarted_like_restart_on_failure(
 def test_the_host_presents_only_the_pinned_key(scaler: Scaler, boot: Boot) -> None:
     host, _ = boot()
     _, other_key = ssh.generate_host_key()
-    target = scaler.target(host.label, host.address, other_key)
+    target = scaler.target(host, other_key)
     with (
         ssh.SSHDrain(str(scaler.key_path), connect_timeout=5) as drain,
         pytest.raises(HostKeyMismatch),
@@ -244,7 +240,7 @@ def test_the_host_lets_in_only_the_scalers_key(scaler: Scaler, boot: Boot, tmp_p
     stranger = tmp_path / "stranger"
     stranger.touch(mode=0o600)
     stranger.write_text(ssh.generate_host_key()[0])
-    target = scaler.target(host.label, host.address, pinned)
+    target = scaler.target(host, pinned)
     with (
         ssh.SSHDrain(str(stranger), connect_timeout=5) as drain,
         pytest.raises(SSHError, match="refused the scaler's SSH key"),
@@ -257,11 +253,11 @@ def _exec(scaler: Scaler, host: SimulatedHost, pinned: str, command: str) -> tup
     client = paramiko.SSHClient()
     kind, b64 = pinned.split()[:2]
     key = paramiko.PKey.from_type_string(kind, base64.b64decode(b64))
-    client.get_host_keys().add(f"[{host.address}]:{scaler.port}", key.get_name(), key)
+    client.get_host_keys().add(f"[{host.address}]:{host.ssh.port}", key.get_name(), key)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     client.connect(
         host.address,
-        port=scaler.port,
+        port=host.ssh.port,
         username="worker",
         key_filename=str(scaler.key_path),
         allow_agent=False,
@@ -300,7 +296,7 @@ def test_a_stop_the_sudoers_rule_does_not_allow_is_refused(scaler: Scaler, boot:
     no_stop = text.replace("/usr/bin/systemctl stop --no-block worker, ", "")
     assert no_stop != text
     host, _ = boot(user_data=no_stop)
-    target = scaler.target(host.label, host.address, host.spec.host_key_public)
+    target = scaler.target(host, host.spec.host_key_public)
     with (
         ssh.SSHDrain(str(scaler.key_path), connect_timeout=5) as drain,
         pytest.raises(SSHError, match="password is required"),

@@ -120,7 +120,7 @@ CASES = [
     c('flag-interval-zero', 'reconcile --loop --interval 0s', 2, 'at least 5s'),
     c('flag-interval-words', 'reconcile --loop --interval fast', 2, '--interval'),
     c('flag-interval-overflow', 'reconcile --loop --interval 1e999s', 2, '--interval'),
-    c('flag-metrics-port-zero', 'reconcile --loop --metrics-port 0', 2, '--metrics-port'),
+    c('flag-metrics-port-negative', 'reconcile --loop --metrics-port -1', 2, '--metrics-port'),
     c('flag-metrics-port-too-big', 'reconcile --loop --metrics-port 70000', 2, '--metrics-port'),
     c('flag-metrics-port-in-use', 'reconcile --loop --metrics-port {busy}', 2, 'cannot listen'),
     c('flag-metrics-port-without-loop', 'reconcile --metrics-port 9100', 2, 'needs --loop'),

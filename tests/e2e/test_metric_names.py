@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -67,11 +66,10 @@ PROMQL_WORDS = frozenset(
 )
 
 
-def _free_port() -> int:
-    """A port nothing listens on now, for the loop's /metrics (the child binds it itself)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _served_url(log: Path) -> str | None:
+    """The /metrics URL the loop logged once it bound its port (``--metrics-port 0``)."""
+    m = re.search(r"serves metrics at (http://\S+/metrics)", log.read_text())
+    return m[1] if m else None
 
 
 def metric_names(expr: str) -> set[str]:
@@ -108,7 +106,6 @@ def scrape(db_url: str, tmp_path: Path) -> Iterator[set[str]]:
     config.write_text(f'[fleet]\nsnapshot_id = "{snapshot_id}"\nssh_key = "{key}"\n')
     with psycopg.connect(db_url, autocommit=True) as conn:
         queue.enqueue(conn, [{}] * 6)
-    port = _free_port()
     env = {
         **os.environ,
         "VULTRSCALE_CONFIG": str(config),
@@ -120,24 +117,29 @@ def scrape(db_url: str, tmp_path: Path) -> Iterator[set[str]]:
     }
     exe = shutil.which("vultrscale")
     assert exe, "vultrscale is not on PATH (run with the project's .venv/bin on PATH)"
-    proc = subprocess.Popen(
-        [exe, "reconcile", "--loop", "--interval", "5s", "--metrics-port", str(port)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
+    # Port 0: the loop binds a free port itself and logs it (a port found free here and let
+    # go could be taken by another process before the loop bound it).
+    err_log = tmp_path / "loop.err"
+    with err_log.open("w") as err_file:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [exe, "reconcile", "--loop", "--interval", "5s", "--metrics-port", "0"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+            cwd=tmp_path,
+        )
     try:
         names: set[str] = set()
         deadline = time.monotonic() + 60
         while "vultrscale_last_pass_timestamp_seconds" not in names:
-            assert proc.poll() is None, proc.communicate()
+            assert proc.poll() is None, (proc.communicate(), err_log.read_text())
             assert time.monotonic() < deadline, "no pass in the metrics within 60 s"
+            url = _served_url(err_log)
             try:
-                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+                text = httpx.get(url, timeout=5).text if url else ""
             except httpx.TransportError:
-                text = ""  # not listening yet
+                text = ""  # not answering yet
             families = text_string_to_metric_families(text)
             names = {s.name for family in families for s in family.samples}
             time.sleep(0.2)  # a condition polled under a deadline
@@ -150,7 +152,8 @@ def scrape(db_url: str, tmp_path: Path) -> Iterator[set[str]]:
             proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
-            _out, err = proc.communicate(timeout=10)
+            proc.communicate(timeout=10)
+            err = err_log.read_text()
             pytest.fail(f"the loop did not stop within 60 s of SIGINT; its threads:\n{err[-6000:]}")
         assert proc.returncode == 130
     finally:

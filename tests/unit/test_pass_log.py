@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from vultrscale.cli.passlog import LogFormat, error_line, pass_line
+from vultrscale.cli.passlog import LogFormat, error_line, metrics_line, pass_line
 from vultrscale.errors import DatabaseError
 from vultrscale.model import (
     Action,
@@ -121,3 +121,13 @@ def test_a_failed_pass_that_was_recorded_names_its_pass_id(fmt: LogFormat) -> No
         assert json.loads(line)["pass_id"] == 57
     else:
         assert line.startswith("2026-05-10T09:00:30Z fleet workers pass 57 failed: exit 1: ")
+
+
+def test_the_loop_says_where_it_serves_metrics_in_the_logs_format() -> None:
+    # `--metrics-port 0` binds a port the system picks: this line is how a scraper learns it.
+    url = "http://127.0.0.1:40123/metrics"
+    human = metrics_line(url, AT, "workers", LogFormat.HUMAN)
+    assert human == f"2026-05-10T09:00:30Z fleet workers serves metrics at {url}"
+    record = json.loads(metrics_line(url, AT, "workers", LogFormat.JSON))
+    assert record == {"time": "2026-05-10T09:00:30Z", "level": "info", "msg": "metrics",
+                      "fleet": "workers", "url": url}  # fmt: skip

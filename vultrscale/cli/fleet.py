@@ -65,9 +65,9 @@ def reconcile_cmd(
         int | None,
         typer.Option(
             "--metrics-port",
-            parser=params.port,
+            parser=params.port_or_zero,
             metavar="PORT",
-            help="With --loop, serve /metrics on 127.0.0.1:PORT.",
+            help="With --loop, serve /metrics on 127.0.0.1:PORT (0: a free port, logged).",
         ),
     ] = None,
     log_format: Annotated[
@@ -97,6 +97,7 @@ def reconcile_cmd(
 
     parts = build_parts(cfg)
     metrics = None
+    metrics_url = None
     if metrics_file or metrics_port is not None:
         from vultrscale import metrics as metrics_mod
 
@@ -106,12 +107,15 @@ def reconcile_cmd(
             checks = (*parts.preflight, lambda: metrics_mod.check_textfile(target))
             parts = dataclasses.replace(parts, preflight=checks)
         if metrics_port is not None:
-            metrics.serve(metrics_port)
+            metrics_url = f"http://127.0.0.1:{metrics.serve(metrics_port)}/metrics"
 
     from vultrscale.cli import passlog
 
     line_format = log_format or LogFormat.HUMAN
     secrets = cfg.secrets.values()
+    if metrics_url is not None:  # on stderr: stdout holds the passes' lines (or documents) only
+        at = parts.clock.now()
+        typer.echo(passlog.metrics_line(metrics_url, at, cfg.fleet.name, line_format), err=True)
     # A pass in the metrics already whose textfile could not be written: its error is said,
     # but it is not counted again, nor are its figures taken for unread.
     unwritten: list[PassResult] = []

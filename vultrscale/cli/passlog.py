@@ -116,6 +116,15 @@ def error_line(
     return _one_line(text, secrets)
 
 
+def metrics_line(url: str, at: datetime, fleet: str, fmt: LogFormat) -> str:
+    """Where the loop serves /metrics, said once at its start: with ``--metrics-port 0`` the
+    port is the one the system picked, and this line is how a scraper (or a test) learns it."""
+    record = {"time": _when(at), "level": "info", "msg": "metrics", "fleet": fleet, "url": url}
+    if fmt is LogFormat.JSON:
+        return _json_line(record, ())
+    return f"{record['time']} fleet {fleet} serves metrics at {url}"
+
+
 def _human(r: dict[str, Any]) -> str:
     pass_id = "-" if r["pass_id"] is None else str(r["pass_id"])
     head = f"{r['time']} fleet {r['fleet']} pass {pass_id}"

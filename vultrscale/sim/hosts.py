@@ -493,8 +493,10 @@ class SSHEndpoint:
         )
 
     def start(self) -> None:
-        """Listen (raises OSError when the address is taken) and accept in the background."""
+        """Listen (raises OSError when the address is taken) and accept in the background.
+        Port 0 listens on a free port the system picks; ``port`` is then the one bound."""
         self._sock = socket.create_server((self.address, self.port))
+        self.port = int(self._sock.getsockname()[1])
         self._sock.settimeout(0.2)
         self._thread.start()
 

@@ -34,7 +34,6 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import httpcore
-import httpx
 import tenacity
 
 from vultrscale import __version__
@@ -48,6 +47,7 @@ from vultrscale.errors import (
     redact,
     secret_values,
 )
+from vultrscale.vultr._http import httpx
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     ApiUnreachable,
