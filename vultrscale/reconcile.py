@@ -689,7 +689,7 @@ def _create_one(
         )
         return _Outcome.STOP
     except InstanceLimit as exc:
-        ledger.transition(label, InstanceState.GONE, now, last_error=str(exc))
+        ledger.transition(label, InstanceState.GONE, now, last_error=_masked(cfg, str(exc)))
         result.refusals.append((o.name, "instance_limit"))
         result.errors.append(
             f"{label}: create refused on {o.name}: the account is at its instance limit "
@@ -700,9 +700,11 @@ def _create_one(
         # Sold out or not offered there, or words the scaler does not know (reported as
         # Vultr gave them): that offering is skipped for a while, the next one is tried.
         kind = "unavailable" if isinstance(exc, OfferingUnavailable) else "unclassified"
-        ledger.transition(label, InstanceState.GONE, now, last_error=str(exc))
+        ledger.transition(label, InstanceState.GONE, now, last_error=_masked(cfg, str(exc)))
         until = now + f.unavailable_for
-        words = exc.api_message or str(exc)
+        # Stored (offering_marks), shown by status and recorded in the pass's results: the
+        # config's secrets are masked as in the pass's errors.
+        words = _masked(cfg, exc.api_message or str(exc))
         ledger.mark_unavailable(o.region, o.plan, until, words)
         result.refusals.append((o.name, kind))
         result.note(
@@ -715,12 +717,17 @@ def _create_one(
             result.errors.append(f"{label}: create refused on {o.name}: {words}")
         return _Outcome.NEXT_OFFERING
     except VultrError as exc:
-        ledger.transition(label, InstanceState.GONE, now, last_error=str(exc))
+        ledger.transition(label, InstanceState.GONE, now, last_error=_masked(cfg, str(exc)))
         result.errors.append(f"{label}: create refused on {o.name}: {exc}")
         return _Outcome.STOP
     ledger.transition(label, InstanceState.PENDING, now, instance_id=inst.id)
     result.note(label, f"created {inst.id} on {o.name}")
     return _Outcome.CREATED
+
+
+def _masked(cfg: Config, text: str) -> str:
+    """``text`` with the config's secrets masked (Vultr's words may echo what was sent)."""
+    return redact(text, cfg.secrets.values())
 
 
 def new_label(cfg: Config, rng: random.Random, now: datetime) -> str:

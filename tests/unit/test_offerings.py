@@ -574,3 +574,36 @@ def test_an_instance_of_an_offering_with_its_own_jobs_runs_that_many_at_once(
     assert 'VULTRSCALE_WORKER_CONCURRENCY="4"\n' in cloudinit.worker_env(
         world.cfg, "w-1", show_secrets=False
     )
+
+
+def test_a_secret_in_vultrs_refusal_words_is_masked_in_the_mark_and_the_pass_results(
+    tmp_path: Path,
+) -> None:
+    # Vultr's words are stored (offering_marks.reason), shown by status and recorded in the
+    # pass's results (fleet_events): an adapter that echoes a secret must not carry it there.
+    world = World(tmp_path)
+    password = "Hunter2-worker-pw"
+    env = {
+        "VULTR_API_KEY": "k" * 32,
+        "WORKER_DATABASE_URL": f"postgresql://w:{password}@nowhere/db",
+    }
+    world.cfg = config_mod.load(tmp_path / "vultrscale.toml", env=env)
+    create = world.cloud.create_instance
+
+    def echoing(**kw: Any) -> Any:
+        if kw["region"] == "ewr":
+            words = f"Plan is not available (user_data: postgresql://w:{password}@nowhere/db)"
+            raise OfferingUnavailable(
+                f"POST /v2/instances failed: 400 {words}", status=400, api_message=words
+            )
+        return create(**kw)
+
+    world.cloud.create_instance = echoing  # type: ignore[method-assign]
+    world.queue(4)
+    result = world.run()
+    assert world.regions() == ["fra"]
+    mark = world.ledger.marks[("ewr", PLAN.id)]
+    assert "not available" in mark.reason and password not in mark.reason
+    assert not [r for r in result.results if password in str(r)]
+    assert not [e for e in result.errors if password in e]
+    assert not [r for r in world.ledger.instances.values() if password in (r.last_error or "")]
