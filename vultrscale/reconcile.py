@@ -697,6 +697,11 @@ def _create_one(
         )
         return _Outcome.STOP
     except BadRequest as exc:
+        if not isinstance(exc, OfferingUnavailable) and exc.status in _NOT_THE_OFFERING:
+            # The key's permission (403) or a redirect: no offering takes it; as any error.
+            ledger.transition(label, InstanceState.GONE, now, last_error=_masked(cfg, str(exc)))
+            result.errors.append(f"{label}: create refused on {o.name}: {exc}")
+            return _Outcome.STOP
         # Sold out or not offered there, or words the scaler does not know (reported as
         # Vultr gave them): that offering is skipped for a while, the next one is tried.
         kind = "unavailable" if isinstance(exc, OfferingUnavailable) else "unclassified"
@@ -723,6 +728,10 @@ def _create_one(
     ledger.transition(label, InstanceState.PENDING, now, instance_id=inst.id)
     result.note(label, f"created {inst.id} on {o.name}")
     return _Outcome.CREATED
+
+
+# Refusals that say nothing of the offering: the API key's permission (ACL), a redirect.
+_NOT_THE_OFFERING = frozenset({403, *range(300, 400)})
 
 
 def _masked(cfg: Config, text: str) -> str:

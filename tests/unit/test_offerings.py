@@ -607,3 +607,32 @@ def test_a_secret_in_vultrs_refusal_words_is_masked_in_the_mark_and_the_pass_res
     assert not [r for r in result.results if password in str(r)]
     assert not [e for e in result.errors if password in e]
     assert not [r for r in world.ledger.instances.values() if password in (r.last_error or "")]
+
+
+def test_a_create_forbidden_to_the_api_key_marks_no_offering_and_tries_no_other(
+    tmp_path: Path,
+) -> None:
+    # A 403 (the key's ACL lacks the create) says nothing of the offering: marking each one
+    # unavailable in turn would show a stock-out in status and hide the key's problem.
+    world = World(tmp_path)
+    posts: list[str] = []
+
+    def forbidden(**kw: Any) -> Any:
+        posts.append(kw["region"])
+        raise BadRequest(
+            "POST /v2/instances failed: 403 Unauthorized action",
+            status=403,
+            api_message="Unauthorized action",
+            hint="The API key may lack the permission (ACL) for this action.",
+        )
+
+    world.cloud.create_instance = forbidden  # type: ignore[method-assign]
+    world.queue(12)
+    result = world.run()
+    assert posts == ["ewr"]
+    assert world.ledger.marks == {}
+    assert result.exit_code == EXIT_RUNTIME
+    assert any(
+        "create refused on ewr/vc2-1c-2gb: POST /v2/instances failed: 403" in e
+        for e in result.errors
+    )
