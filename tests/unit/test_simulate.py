@@ -845,3 +845,37 @@ def test_a_429_burst_at_the_start_of_a_floor_skips_no_pass_on_an_idle_fleet() ->
     every, skipping = ([i.created for i in w.instances] for w in worlds)
     assert every == [3600.0 + 120.0]  # the first pass after the burst
     assert skipping == every
+
+
+def test_a_stock_out_of_the_first_offering_falls_back_to_the_second_in_the_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # simulate replays the real pass: with [[fleet.offerings]] its cloud must sell every
+    # offering, in its own region, and the stock-outs hit the first offering by default.
+    from vultrscale.config import Offering
+    from vultrscale.simulate.fleet import WorldCloud
+
+    created: list[str] = []
+    create = WorldCloud.create_instance
+
+    def counted(self: WorldCloud, **kw: object) -> object:
+        v = create(self, **kw)
+        created.append(str(kw["region"]))
+        return v
+
+    monkeypatch.setattr(WorldCloud, "create_instance", counted)
+
+    offers = (Offering("ams", "vc2-1c-2gb"), Offering("fra", "vc2-1c-2gb"))
+    cfg = replace(
+        CFG,
+        fleet=replace(CFG.fleet, offerings=offers),
+        simulate=replace(
+            CFG.simulate, stockout_every=timedelta(minutes=1), stockout_for=timedelta(days=2)
+        ),
+    )
+    assert compare.stockout_offering(cfg) == ("ams", "vc2-1c-2gb")
+    trace = workload.shape("bursty-day", days=1, seed=5, jobs_per_day=600)
+    pol = Vultrscale(cfg, PRICE, trace.epoch)
+    row = compare.run_one(pol, trace, cfg, compare.Setup(seed=5), PRICE)
+    assert row.lost == 0
+    assert created and set(created) == {"fra"}  # ams refused (sold out), fra took them

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vultrscale import config as config_mod
+from vultrscale import offerings
 from vultrscale.config import Config, Secrets
 from vultrscale.errors import UsageError
 from vultrscale.model import PlanPrice
 from vultrscale.simulate import baselines, engine
-from vultrscale.simulate.fleet import Vultrscale
+from vultrscale.simulate.fleet import Vultrscale, list_price
 from vultrscale.simulate.report import PolicyResult, lower_bound_hours, measure
 from vultrscale.simulate.workload import Trace
 from vultrscale.simulate.world import Faults, World
@@ -146,21 +147,21 @@ def boot_range(cfg: Config, setup: Setup) -> tuple[float, float]:
 
 
 def plan_price(cfg: Config, monthly: float | None = None) -> PlanPrice:
-    """The fleet plan's price: the given monthly price, else Vultr's list price of the plan."""
-    from vultrscale.sim import data
-
+    """The fleet plan's price (its first offering's: fleet.plan without [[fleet.offerings]]):
+    the given monthly price, else Vultr's list price of the plan."""
+    plan = offerings.of(cfg)[0].plan
     if monthly is not None:
         if not 0 < monthly <= 1_000_000:  # also refuses NaN and infinity
             raise UsageError(
                 f"--monthly-usd must be above 0 and at most 1000000, got {monthly}",
                 hint="Give the plan's monthly cost in dollars, e.g. --monthly-usd 10.",
             )
-        return PlanPrice(cfg.fleet.plan, monthly)
-    for p in data.PLANS:
-        if p["id"] == cfg.fleet.plan:
-            return PlanPrice(p["id"], float(p["monthly_cost"]), float(p["hourly_cost"]))
+        return PlanPrice(plan, monthly)
+    listed = list_price(plan)
+    if listed is not None:
+        return listed
     raise UsageError(
-        f"no list price known for plan {cfg.fleet.plan!r}",
+        f"no list price known for plan {plan!r}",
         hint="Give its price with --monthly-usd (the plan's monthly cost in dollars).",
     )
 
@@ -293,9 +294,10 @@ def play(
 
 def stockout_offering(cfg: Config) -> tuple[str, str]:
     """The (region, plan) the world's stock-outs hit: ``simulate.stockout_offering``, else
-    the fleet's first offering (today its one, fleet.region and fleet.plan)."""
+    the fleet's first offering (fleet.region and fleet.plan without [[fleet.offerings]])."""
     region, _, plan = cfg.simulate.stockout_offering.partition("/")
-    return (region, plan) if region and plan else (cfg.fleet.region, cfg.fleet.plan)
+    first = offerings.of(cfg)[0]
+    return (region, plan) if region and plan else (first.region, first.plan)
 
 
 def run_one(

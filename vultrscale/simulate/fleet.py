@@ -29,7 +29,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from vultrscale import boottime, budget, decision, forecast, lifecycle, reconcile
+from vultrscale import boottime, budget, decision, forecast, lifecycle, offerings, reconcile
 from vultrscale.config import Config, Secret
 from vultrscale.errors import HostUnreachable, SSHError
 from vultrscale.forecast import Bucket
@@ -68,6 +68,16 @@ class WorldClock:
 
     def sleep(self, seconds: float) -> None:  # pragma: no cover - passes never sleep
         raise AssertionError("a simulated pass does not sleep")
+
+
+def list_price(plan: str) -> PlanPrice | None:
+    """Vultr's list price of ``plan`` (the simulator's catalogue); None: not in it."""
+    from vultrscale.sim import data
+
+    for p in data.PLANS:
+        if p["id"] == plan:
+            return PlanPrice(p["id"], float(p["monthly_cost"]), float(p["hourly_cost"]))
+    return None
 
 
 class WorldCloud(MemoryCloud):
@@ -324,12 +334,18 @@ class Vultrscale:
 
     def start(self, world: World) -> None:
         clock = WorldClock(world, self.epoch)
-        plan = VPlan(
-            self.cfg.fleet.plan,
-            monthly_cost=self.price.monthly,
-            hourly_cost=self.price.hourly,
-        )
-        cloud = WorldCloud(world, clock, plan, self.cfg.fleet.region, self.cfg.fleet.snapshot_id)
+        first = offerings.of(self.cfg)[0]
+        plan = VPlan(first.plan, monthly_cost=self.price.monthly, hourly_cost=self.price.hourly)
+        cloud = WorldCloud(world, clock, plan, first.region, self.cfg.fleet.snapshot_id)
+        # Every offering is sold in its region, each plan at its list price (else the fleet
+        # plan's): a stock-out of one sends the pass's creates to the next, as on Vultr.
+        for o in offerings.of(self.cfg):
+            if o.plan not in cloud.plans:
+                price = list_price(o.plan) or self.price
+                cloud.plans[o.plan] = VPlan(
+                    o.plan, monthly_cost=price.monthly, hourly_cost=price.hourly
+                )
+            cloud.regions.setdefault(o.region, set()).add(o.plan)
         history = WorldHistory(world, self.epoch)
         drain = WorldDrain(world)
         parts = memory_parts(clock, cloud, self.ledger, self.signals, drain, history=history)  # type: ignore[arg-type]
