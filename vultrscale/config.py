@@ -502,6 +502,8 @@ class Config:
         secrets = self.secrets.values()
         for section in ("fleet", "worker", "queue", "policy", "budget", "drain", "simulate"):
             out[section] = _plain(getattr(self, section), secrets)
+        if self.fleet.offerings:  # they replace fleet.region and plan, which keep unused defaults
+            del out["fleet"]["region"], out["fleet"]["plan"]
         db = self.secrets.database_url.reveal()
         wdb = self.secrets.worker_database_url.reveal()
         scaler_url_ok = self.worker.use_scaler_database_url

@@ -115,6 +115,26 @@ def test_vpcs_with_offerings_in_several_regions_are_an_error(tmp_path: Path) -> 
         )
 
 
+def test_a_fleet_with_offerings_shows_and_writes_no_region_or_plan_it_does_not_use(
+    tmp_path: Path,
+) -> None:
+    # `config check` showed fleet.region/plan's defaults (ewr, vc2-1c-2gb) beside offerings in
+    # ams and fra; and the settings written back (the demo's pass config) were refused.
+    from vultrscale import demo
+
+    cfg = _load(
+        tmp_path,
+        '[[fleet.offerings]]\nregion = "ams"\nplan = "vc2-2c-4gb"\n'
+        '[[fleet.offerings]]\nregion = "fra"\nplan = "vc2-1c-2gb"\njobs_per_instance = 2\n',
+    )
+    fleet = cfg.masked()["fleet"]
+    assert "region" not in fleet and "plan" not in fleet and len(fleet["offerings"]) == 2
+    back = tmp_path / "back"
+    back.mkdir()
+    (back / "vultrscale.toml").write_text(demo.config_toml(cfg))
+    assert config_mod.load(back / "vultrscale.toml", env={}).fleet == cfg.fleet
+
+
 # --- pure rules ------------------------------------------------------------------------------
 
 
