@@ -16,11 +16,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vultrscale import config as config_mod
+from vultrscale import offerings
 from vultrscale.config import Config, Secrets
 from vultrscale.errors import UsageError
 from vultrscale.model import PlanPrice
 from vultrscale.simulate import baselines, engine
-from vultrscale.simulate.fleet import Vultrscale
+from vultrscale.simulate.fleet import Vultrscale, list_price
 from vultrscale.simulate.report import PolicyResult, lower_bound_hours, measure
 from vultrscale.simulate.workload import Trace
 from vultrscale.simulate.world import Faults, World
@@ -146,23 +147,17 @@ def boot_range(cfg: Config, setup: Setup) -> tuple[float, float]:
 
 
 def plan_price(cfg: Config, monthly: float | None = None) -> PlanPrice:
-    """The fleet plan's price: the given monthly price, else Vultr's list price of the plan."""
-    from vultrscale.sim import data
-
+    """The price of the fleet's plan (its first offering's): the given monthly price, else
+    Vultr's list price of the plan."""
+    plan = offerings.of(cfg)[0].plan
     if monthly is not None:
         if not 0 < monthly <= 1_000_000:  # also refuses NaN and infinity
             raise UsageError(
                 f"--monthly-usd must be above 0 and at most 1000000, got {monthly}",
                 hint="Give the plan's monthly cost in dollars, e.g. --monthly-usd 10.",
             )
-        return PlanPrice(cfg.fleet.plan, monthly)
-    for p in data.PLANS:
-        if p["id"] == cfg.fleet.plan:
-            return PlanPrice(p["id"], float(p["monthly_cost"]), float(p["hourly_cost"]))
-    raise UsageError(
-        f"no list price known for plan {cfg.fleet.plan!r}",
-        hint="Give its price with --monthly-usd (the plan's monthly cost in dollars).",
-    )
+        return PlanPrice(plan, monthly)
+    return list_price(plan)
 
 
 def peak_concurrency(trace: Trace) -> int:
