@@ -15,10 +15,11 @@ import pytest
 
 from vultrscale import config as config_mod
 from vultrscale.cli import main
-from vultrscale.config import Config, FloorConfig
+from vultrscale.config import Config, FloorConfig, Offering
 from vultrscale.errors import UsageError
 from vultrscale.simulate import baselines, compare, engine, workload
 from vultrscale.simulate.fleet import Vultrscale
+from vultrscale.simulate.report import measure
 from vultrscale.simulate.world import MAX_ATTEMPTS, Faults, World
 
 BOOT = 600.0  # a fixed 10-minute boot makes the hand arithmetic exact
@@ -742,6 +743,36 @@ def test_skipping_passes_changes_no_outcome(policy_changes: dict, world_changes:
     for key in ("passes", "passes_skipped"):
         doc.pop(key), ref.pop(key)
     assert doc == ref
+
+
+def test_a_stock_out_of_the_first_offering_sends_the_replay_s_creates_to_the_second() -> None:
+    # A week of bursts with the first offering sold out two hours in every four: with only
+    # that offering the queue waits the stock-outs out; with a second (a bigger plan, 8 jobs
+    # an instance) the same pass creates there, billed at its own price and size.
+    big = Offering("ewr", "vc2-2c-4gb", jobs_per_instance=8)
+    faults = {"stockout_every": timedelta(hours=2), "stockout_for": timedelta(hours=2)}
+    one = replace(CFG, simulate=replace(CFG.simulate, **faults))
+    two = replace(one, fleet=replace(CFG.fleet, offerings=(Offering("ewr", "vc2-1c-2gb"), big)))
+    trace = workload.shape("bursty-day", days=2, seed=1)
+    setup = compare.Setup(seed=1)
+    end = compare.replay_end(one, setup, trace)
+    worlds, results = {}, {}
+    for name, cfg in (("one", one), ("two", two)):
+        policy = Vultrscale(cfg, PRICE, trace.epoch)
+        world, stats = compare.play(policy, trace, cfg, setup, end=end)
+        worlds[name] = world
+        results[name] = measure(
+            name, world, stats, price=PRICE, end=end, jobs_per_instance=compare.worker_slots(cfg)
+        )
+    small = compare.worker_slots(CFG)
+    assert {i.slots for i in worlds["one"].instances} == {small}
+    assert {i.slots for i in worlds["two"].instances} == {small, 8}  # both offerings took creates
+    # each billed at its own plan's list price: the replay's plan's, the bigger one's
+    assert {i.price for i in worlds["two"].instances if i.slots == small} == {None}
+    assert {i.price[0] for i in worlds["two"].instances if i.price} == {20.0}
+    assert results["one"].lost == results["two"].lost == 0
+    assert results["two"].refused_creates < results["one"].refused_creates
+    assert results["two"].wait_p95 < results["one"].wait_p95
 
 
 @pytest.mark.parametrize("price", ["nan", "inf", "0", "-3"])

@@ -147,8 +147,8 @@ def boot_range(cfg: Config, setup: Setup) -> tuple[float, float]:
 
 
 def plan_price(cfg: Config, monthly: float | None = None) -> PlanPrice:
-    """The fleet plan's price (its first offering's: fleet.plan without [[fleet.offerings]]):
-    the given monthly price, else Vultr's list price of the plan."""
+    """The price of the fleet's plan (its first offering's): the given monthly price, else
+    Vultr's list price of the plan."""
     plan = offerings.of(cfg)[0].plan
     if monthly is not None:
         if not 0 < monthly <= 1_000_000:  # also refuses NaN and infinity
@@ -157,13 +157,7 @@ def plan_price(cfg: Config, monthly: float | None = None) -> PlanPrice:
                 hint="Give the plan's monthly cost in dollars, e.g. --monthly-usd 10.",
             )
         return PlanPrice(plan, monthly)
-    listed = list_price(plan)
-    if listed is not None:
-        return listed
-    raise UsageError(
-        f"no list price known for plan {plan!r}",
-        hint="Give its price with --monthly-usd (the plan's monthly cost in dollars).",
-    )
+    return list_price(plan)
 
 
 def peak_concurrency(trace: Trace) -> int:

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from vultrscale import boottime, budget, decision, forecast, lifecycle, offerings, reconcile
 from vultrscale.config import Config, Secret
-from vultrscale.errors import HostUnreachable, SSHError
+from vultrscale.errors import HostUnreachable, SSHError, UsageError
 from vultrscale.forecast import Bucket
 from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_parts
 from vultrscale.model import (
@@ -70,32 +71,47 @@ class WorldClock:
         raise AssertionError("a simulated pass does not sleep")
 
 
-def list_price(plan: str) -> PlanPrice | None:
-    """Vultr's list price of ``plan`` (the simulator's catalogue); None: not in it."""
+def list_price(plan: str) -> PlanPrice:
+    """Vultr's list price of ``plan`` (the simulator's copy of ``GET /v2/plans``)."""
     from vultrscale.sim import data
 
     for p in data.PLANS:
         if p["id"] == plan:
             return PlanPrice(p["id"], float(p["monthly_cost"]), float(p["hourly_cost"]))
-    return None
+    raise UsageError(
+        f"no list price known for plan {plan!r}",
+        hint="Give its price with --monthly-usd (the plan's monthly cost in dollars), or "
+        "list only plans of GET /v2/plans in [[fleet.offerings]].",
+    )
 
 
 class WorldCloud(MemoryCloud):
     """The Cloud port over the simulated world: boots and deletes happen to its instances."""
 
     def __init__(
-        self, world: World, clock: WorldClock, plan: VPlan, region: str, snapshot: str
+        self,
+        world: World,
+        clock: WorldClock,
+        offerings: Mapping[tuple[str, str], tuple[VPlan, int]],
+        snapshot: str,
     ) -> None:
+        """``offerings``: (region, plan) -> the plan (its price) and the jobs an instance of
+        it runs at once; the first is the replay's own plan, billed at the replay's price."""
         # The fleet's own snapshot (fleet.snapshot_id) if it names one, else the one the
         # simulated ledger records: either way it exists and is complete.
         snapshots = {SNAPSHOT: "complete", snapshot: "complete"} if snapshot else None
+        regions: dict[str, set[str]] = {}
+        for region, plan in offerings:
+            regions.setdefault(region, set()).add(plan)
         super().__init__(
             clock,
-            plans=(plan,),
-            regions={region: {plan.id}},
+            plans=tuple({p.id: p for p, _ in offerings.values()}.values()),
+            regions=regions,
             snapshots=snapshots or {SNAPSHOT: "complete"},
         )
         self.world = world
+        self.offerings = dict(offerings)
+        self._own = next(iter(offerings), None)  # the replay's plan: the world's slots, price
 
     def _api(self) -> None:
         """A 429 burst of the simulated world refuses every call (the client's retries spent)."""
@@ -120,7 +136,13 @@ class WorldCloud(MemoryCloud):
         else:
             self.restock(*offering)
         v = super().create_instance(**kwargs)
-        inst = self.world.create(v.label)
+        if offering == self._own:
+            inst = self.world.create(v.label)
+        else:  # another offering: its own size and price
+            plan, slots = self.offerings[offering]
+            inst = self.world.create(
+                v.label, slots=slots, price=(plan.monthly_cost, plan.hourly_cost)
+            )
         # Vultr shows it active (an IP, deletable) when the simulated boot says so.
         self._booting[v.id] = self.clock.now() + timedelta(seconds=inst.active_at - inst.created)
         return v
@@ -334,22 +356,28 @@ class Vultrscale:
 
     def start(self, world: World) -> None:
         clock = WorldClock(world, self.epoch)
-        first = offerings.of(self.cfg)[0]
-        plan = VPlan(first.plan, monthly_cost=self.price.monthly, hourly_cost=self.price.hourly)
-        cloud = WorldCloud(world, clock, plan, first.region, self.cfg.fleet.snapshot_id)
-        # Every offering is sold in its region, each plan at its list price (else the fleet
-        # plan's): a stock-out of one sends the pass's creates to the next, as on Vultr.
-        for o in offerings.of(self.cfg):
-            if o.plan not in cloud.plans:
-                price = list_price(o.plan) or self.price
-                cloud.plans[o.plan] = VPlan(
-                    o.plan, monthly_cost=price.monthly, hourly_cost=price.hourly
-                )
-            cloud.regions.setdefault(o.region, set()).add(o.plan)
+        cloud = WorldCloud(world, clock, self._offerings(world), self.cfg.fleet.snapshot_id)
         history = WorldHistory(world, self.epoch)
         drain = WorldDrain(world)
         parts = memory_parts(clock, cloud, self.ledger, self.signals, drain, history=history)  # type: ignore[arg-type]
         self._parts = parts
+
+    def _offerings(self, world: World) -> dict[tuple[str, str], tuple[VPlan, int]]:
+        """Every offering of the fleet, as the simulated cloud sells it: the first at the
+        replay's price with the world's slots, the others at their list price, each with the
+        jobs its workers run (its own ``jobs_per_instance``, the concurrency the pass gives
+        its workers)."""
+        out: dict[tuple[str, str], tuple[VPlan, int]] = {}
+        for k, o in enumerate(offerings.of(self.cfg)):
+            if k == 0:
+                price = self.price
+                slots = world.slots
+            else:
+                price = list_price(o.plan)
+                slots = o.jobs_per_instance or world.slots
+            plan = VPlan(o.plan, monthly_cost=price.monthly, hourly_cost=price.hourly)
+            out.setdefault((o.region, o.plan), (plan, slots))
+        return out
 
     def tick(self, world: World) -> None:
         assert self._parts is not None, "start() first"

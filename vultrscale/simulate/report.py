@@ -169,12 +169,13 @@ def measure(
     alive = 0.0
     hours = 0
     cost = 0.0
-    spans: list[tuple[float, float]] = []
+    spans: list[tuple[float, float, PlanPrice]] = []
     for inst in world.instances:
         gone = min(inst.gone_at if inst.gone_at is not None else end, end)
-        spans.append((inst.created, gone))
+        own = price if inst.price is None else PlanPrice(price.plan, *inst.price)
+        spans.append((inst.created, gone, own))
         alive += gone - inst.created
-        inst_hours, inst_cost = instance_bill(inst.created, gone, trace.epoch, price)
+        inst_hours, inst_cost = instance_bill(inst.created, gone, trace.epoch, own)
         hours += inst_hours
         cost += inst_cost
     # A job never finished waited at least until the replay stopped: (end - arrival - its run
@@ -202,8 +203,8 @@ def measure(
                 (
                     t,
                     sum(
-                        instance_bill(a, min(b, t), trace.epoch, price)[1]
-                        for a, b in spans
+                        instance_bill(a, min(b, t), trace.epoch, own)[1]
+                        for a, b, own in spans
                         if a < t
                     ),
                 )

@@ -45,6 +45,9 @@ class SimInstance:
     worker_at: float  # the worker registers and starts claiming
     slots: int
     running: dict[int, float] = field(default_factory=dict)  # job -> its end time
+    # Its plan's (monthly, hourly) price when it is not the replay's one plan: an instance
+    # of another offering (``[[fleet.offerings]]``) is billed at its own; None: the replay's.
+    price: tuple[float, float | None] | None = None
     stop_at: float | None = None  # SIGTERM (drain) sent
     exited_at: float | None = None  # the worker process ended (drained)
     gone_at: float | None = None
@@ -322,7 +325,15 @@ class World:
             return None
         return self.create(label)
 
-    def create(self, label: str) -> SimInstance:
+    def create(
+        self,
+        label: str,
+        *,
+        slots: int | None = None,
+        price: tuple[float, float | None] | None = None,
+    ) -> SimInstance:
+        """A new instance that boots; ``slots`` (jobs its worker runs at once) and ``price``
+        when it is of an offering other than the replay's one plan."""
         lo, hi = self.boot_time
         boot = lo if hi <= lo else self.rng.uniform(lo, hi)
         now = self.now
@@ -335,7 +346,8 @@ class World:
             active_at=now + max(0.0, boot - ACTIVE_BEFORE_WORKER),
             # A dead boot: Vultr shows it active, cloud-init never starts the worker.
             worker_at=math.inf if dead else now + boot,
-            slots=self.slots,
+            slots=self.slots if slots is None else slots,
+            price=price,
         )
         self.instances.append(inst)
         self.live[label] = inst
