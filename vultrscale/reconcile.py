@@ -348,6 +348,7 @@ def forecast_profile(
         weeks=fc.weeks,
         quantile=fc.quantile,
         min_history=fc.min_history,
+        pool=fc.pool,
     )
 
 
