@@ -35,6 +35,7 @@ from vultrscale.errors import (
 )
 from vultrscale.errors import mask_url as mask_url  # re-exported: part of config's contract
 from vultrscale.errors import url_password as url_password
+from vultrscale.forecast import POOLS as FORECAST_POOLS
 
 DEFAULT_API_URL = "https://api.vultr.com"
 # The secrets, read only from the environment or the .env next to the config file.
@@ -308,6 +309,12 @@ class ForecastConfig:
     # instance rounded up from this much on, else down: 0 keeps an instance for any load (a
     # trickle of a job an hour kept one warm all day in simulate: +15% on a spiky week).
     round_up_from: float = 0.5
+    # A slot's work must be done within this (0s: within the slot, its mean load). Bursts that
+    # bring a slot's work in minutes need their instances warm, not the mean's one or two.
+    clear_within: timedelta = timedelta(0)
+    # "week": a slot learns from the same slot of past weeks; "weekday": from the same time of
+    # every weekday (Saturday and Sunday apart), usable after a day (forecast.POOLS).
+    pool: str = "week"
 
 
 @dataclass(frozen=True)
@@ -1353,6 +1360,21 @@ def _forecast_problems(pol: PolicyConfig) -> list[str]:
         p.append(
             f"policy.forecast.round_up_from: {fc.round_up_from!r} must be from 0 to below 1 "
             "(0: any load asks for an instance; 0.5: half an instance's work or more)"
+        )
+    if fc.pool not in FORECAST_POOLS:
+        p.append(
+            f'policy.forecast.pool: {shown(fc.pool)} must be week or weekday ("weekday": '
+            "the slots of a day learn from every weekday, Saturday and Sunday apart)"
+        )
+    elif fc.pool == "weekday" and timedelta(days=1) % fc.slot:
+        p.append(
+            f"policy.forecast.slot: {format_duration(fc.slot)} must cut the day into whole "
+            'slots with pool = "weekday", e.g. 15m, 30m, 1h, 2h'
+        )
+    if fc.clear_within < timedelta(0):
+        p.append(
+            f"policy.forecast.clear_within: {format_duration(fc.clear_within)} must be 0s (the "
+            "slot's mean load) or a duration, e.g. 10m: a slot's work done within 10 minutes"
         )
     if fc.refresh < minute:
         p.append(f"policy.forecast.refresh: {format_duration(fc.refresh)} must be at least 1m")

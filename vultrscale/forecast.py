@@ -26,6 +26,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 WEEK = timedelta(days=7)
+DAY = timedelta(days=1)
+# How the slots' samples are pooled: "week", each slot of the 168-hour week its own (Tuesday
+# 09:00 learns from Tuesdays); "weekday", the slots of a day shared by Monday to Friday and,
+# apart, by Saturday and Sunday (Tuesday 09:00 learns from every weekday's 09:00: five samples
+# a week, and usable after one day of history, not one week).
+POOLS = ("week", "weekday")
 # Slots of the week count from a Monday 00:00 UTC (2001-01-01 was a Monday). The Postgres
 # adapter bins with the same origin (date_bin), so both adapters give the same buckets.
 WEEK_ORIGIN = datetime(2001, 1, 1, tzinfo=UTC)
@@ -48,6 +54,8 @@ class Settings(Protocol):
     def min_history(self) -> timedelta: ...
     @property
     def refresh(self) -> timedelta: ...
+    @property
+    def pool(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +83,7 @@ class Profile:
     quantile: float
     jobs: int  # jobs seen
     mean_run_seconds: float | None  # None: no job has finished yet
+    pool: str = "week"  # POOLS: which slot of the pool a moment reads (slot_key)
 
     @property
     def enough(self) -> bool:
@@ -102,6 +111,7 @@ class Profile:
             "quantile": self.quantile,
             "jobs": self.jobs,
             "mean_run_seconds": self.mean_run_seconds,
+            "pool": self.pool,
         }
 
     @classmethod
@@ -116,15 +126,18 @@ class Profile:
             quantile=float(data["quantile"]),
             jobs=int(data["jobs"]),
             mean_run_seconds=data["mean_run_seconds"],
+            # a profile cached before pools existed is a "week" profile
+            pool=str(data.get("pool", "week")),
         )
 
     def fits(self, cfg: Settings) -> bool:
         """Computed with the settings ``cfg`` asks for (a changed setting recomputes it)."""
-        return (self.slot, self.weeks, self.quantile, self.min_history) == (
+        return (self.slot, self.weeks, self.quantile, self.min_history, self.pool) == (
             cfg.slot,
             cfg.weeks,
             cfg.quantile,
             cfg.min_history,
+            cfg.pool,
         )
 
     def fresh(self, cfg: Settings, now: datetime) -> bool:
@@ -142,6 +155,21 @@ def slot_start(t: datetime, width: timedelta) -> datetime:
 def slot_index(t: datetime, width: timedelta) -> int:
     """Which slot of the week ``t`` falls in (0: Monday 00:00 UTC)."""
     return ((t - WEEK_ORIGIN) // width) % (WEEK // width)
+
+
+def slot_key(t: datetime, width: timedelta, pool: str = "week") -> int:
+    """Which slot of the ``pool`` ``t`` falls in: its slot of the week ("week"), or its slot
+    of the day, counted apart for Saturday and Sunday ("weekday": the weekdays' slots first)."""
+    if pool == "week":
+        return slot_index(t, width)
+    per_day = DAY // width
+    weekend = slot_start(t, width).weekday() >= 5
+    return int(weekend) * per_day + ((t - WEEK_ORIGIN) // width) % per_day
+
+
+def pool_slots(width: timedelta, pool: str = "week") -> int:
+    """How many slots a profile of ``pool`` holds."""
+    return WEEK // width if pool == "week" else 2 * (DAY // width)
 
 
 def slot_name(t: datetime, width: timedelta) -> str:
@@ -213,14 +241,15 @@ def compute(
     weeks: int,
     quantile: float,
     min_history: timedelta,
+    pool: str = "week",
 ) -> Profile:
     """The profile of the buckets ``found`` over the ``weeks`` before ``now``.
 
     Each slot's load in one week is the work that became due in it (arrivals times their mean
     run time: the slot's own finished jobs', else the whole history's) over the slot's length:
     the jobs running at once on average (Little's law). A slot of a week in which no job came
-    counts as 0, once the history covers it. The profile keeps, per slot of the week, the
-    ``quantile`` (nearest rank) of its weeks' loads."""
+    counts as 0, once the history covers it. The profile keeps, per slot of the ``pool``
+    (``slot_key``), the ``quantile`` (nearest rank) of its samples' loads."""
     since = now - weeks * WEEK
     found = [b for b in found if since <= b.start and b.start + slot <= now]
     jobs = sum(b.arrivals for b in found)
@@ -230,24 +259,23 @@ def compute(
     history = now - first if first is not None else timedelta(0)
 
     def empty(mean_run: float | None) -> Profile:
-        return Profile(now, slot, (), history, min_history, weeks, quantile, jobs, mean_run)
+        return Profile(now, slot, (), history, min_history, weeks, quantile, jobs, mean_run, pool)
 
     if first is None or mean is None or history < min_history:
         return empty(mean)
-    per_week = WEEK // slot
     width = slot.total_seconds()
-    # Every whole slot from the first job to now: each one a sample of its slot of the week.
-    samples: list[list[float]] = [[] for _ in range(per_week)]
+    # Every whole slot from the first job to now: each one a sample of its slot of the pool.
+    samples: list[list[float]] = [[] for _ in range(pool_slots(slot, pool))]
     loads_at = {}
     for b in found:
         run = b.run_seconds / b.finished if b.finished else mean
         loads_at[b.start] = b.arrivals * run / width
     t = slot_start(first, slot)
     while t + slot <= now:
-        samples[slot_index(t, slot)].append(loads_at.get(t, 0.0))
+        samples[slot_key(t, slot, pool)].append(loads_at.get(t, 0.0))
         t += slot
     loads = tuple(_nearest_rank(s, quantile) for s in samples)
-    return Profile(now, slot, loads, history, min_history, weeks, quantile, jobs, mean)
+    return Profile(now, slot, loads, history, min_history, weeks, quantile, jobs, mean, pool)
 
 
 def _nearest_rank(values: list[float], q: float) -> float:
@@ -267,11 +295,29 @@ class FloorForecast:
     usable: bool
 
 
-def need(profile: Profile, t: datetime, jobs_per_instance: int, round_up_from: float = 0.0) -> int:
-    """Instances the load of ``t``'s slot asks for: load / jobs_per_instance, its fraction of
-    an instance rounded up once it reaches ``round_up_from`` (0: always, 0.5: half an
-    instance's work or more), else down."""
-    instances = profile.loads[slot_index(t, profile.slot)] / jobs_per_instance
+def burst_factor(slot: timedelta, clear_within: timedelta) -> float:
+    """How much more than its mean load a slot asks for when its work must be done within
+    ``clear_within`` (0, or not shorter than the slot: 1, the mean). A burst that brings a
+    slot's work in three minutes runs at once far more than the slot's mean: sized by the mean
+    it gets one instance and waits a boot for the rest."""
+    if clear_within <= timedelta(0) or clear_within >= slot:
+        return 1.0
+    return slot / clear_within
+
+
+def need(
+    profile: Profile,
+    t: datetime,
+    jobs_per_instance: int,
+    round_up_from: float = 0.0,
+    clear_within: timedelta = timedelta(0),
+) -> int:
+    """Instances the load of ``t``'s slot asks for: load (scaled by ``burst_factor``) /
+    jobs_per_instance, its fraction of an instance rounded up once it reaches
+    ``round_up_from`` (0: always, 0.5: half an instance's work or more), else down."""
+    load = profile.loads[slot_key(t, profile.slot, profile.pool)]
+    load *= burst_factor(profile.slot, clear_within)
+    instances = load / jobs_per_instance
     whole = math.floor(instances + _EPSILON)
     return whole + (1 if instances - whole > max(round_up_from, _EPSILON) - _EPSILON else 0)
 
@@ -284,6 +330,7 @@ def floor_at(
     jobs_per_instance: int,
     max_instances: int,
     round_up_from: float = 0.0,
+    clear_within: timedelta = timedelta(0),
 ) -> FloorForecast:
     """The floor the forecast asks at ``now``: the larger need of the slot now and of the slot
     one ``lead`` ahead (so an instance created now is up when that slot begins, and is kept
@@ -295,20 +342,22 @@ def floor_at(
     if not profile.enough:
         return FloorForecast(0, 0, f"forecast: {profile.shortfall()}", False)
     ahead = now + lead
-    here_n = need(profile, now, jobs_per_instance, round_up_from)
-    ahead_n = need(profile, ahead, jobs_per_instance, round_up_from)
+    here_n = need(profile, now, jobs_per_instance, round_up_from, clear_within)
+    ahead_n = need(profile, ahead, jobs_per_instance, round_up_from, clear_within)
     looks_ahead = ahead_n >= here_n and ahead_n > 0
     at = ahead if looks_ahead else now
     wanted = max(here_n, ahead_n)
-    load = profile.loads[slot_index(at, profile.slot)]
+    load = profile.loads[slot_key(at, profile.slot, profile.pool)]
     floor = min(wanted, max_instances)
     when = f"{_dur(lead)} ahead" if looks_ahead else "now"
     source = (
         f"forecast: {slot_name(at, profile.slot)} ({when}) runs {load:.2f} job(s) at once "
         f"(p{round(profile.quantile * 100)} of {_weeks_seen(profile)}; mean run "
-        f"{profile.mean_run_seconds or 0:.0f}s) -> {wanted} instance(s) at {jobs_per_instance} "
-        "per instance"
+        f"{profile.mean_run_seconds or 0:.0f}s)"
     )
+    if burst_factor(profile.slot, clear_within) > 1:
+        source += f", its work done within {_dur(clear_within)}"
+    source += f" -> {wanted} instance(s) at {jobs_per_instance} per instance"
     if floor < wanted:
         source += f", capped at max_instances={max_instances}"
     return FloorForecast(floor, wanted, source, True)
@@ -343,6 +392,7 @@ def horizon(
     jobs_per_instance: int,
     max_instances: int,
     round_up_from: float = 0.0,
+    clear_within: timedelta = timedelta(0),
 ) -> list[SlotForecast]:
     """The slots from the one holding ``start`` over the next ``hours``."""
     out: list[SlotForecast] = []
@@ -360,11 +410,12 @@ def horizon(
                 jobs_per_instance=jobs_per_instance,
                 max_instances=max_instances,
                 round_up_from=round_up_from,
+                clear_within=clear_within,
             ).floor
             for at in (t, t + last)
         )
-        load = profile.loads[slot_index(t, profile.slot)]
-        n = need(profile, t, jobs_per_instance, round_up_from)
+        load = profile.loads[slot_key(t, profile.slot, profile.pool)]
+        n = need(profile, t, jobs_per_instance, round_up_from, clear_within)
         out.append(SlotForecast(t, load, n, highest))
         t += profile.slot
     return out

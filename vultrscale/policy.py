@@ -99,6 +99,7 @@ def forecast_floor(
         jobs_per_instance=config.queue.jobs_per_instance,
         max_instances=config.policy.max_instances,
         round_up_from=config.policy.forecast.round_up_from,
+        clear_within=config.policy.forecast.clear_within,
     )
 
 

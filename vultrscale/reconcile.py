@@ -349,6 +349,7 @@ def forecast_profile(
         weeks=fc.weeks,
         quantile=fc.quantile,
         min_history=fc.min_history,
+        pool=fc.pool,
     )
 
 

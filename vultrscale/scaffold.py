@@ -492,6 +492,8 @@ slot = "1h"                   # the week is cut into slots this long (UTC)
 quantile = 0.75               # per slot, a high week's load, not the highest
 refresh = "1h"                # the cached profile is recomputed this often
 round_up_from = 0.5           # a slot asks for an instance from half of one's work on
+clear_within = "0s"           # a slot's work done within this (0s: the slot's mean load)
+pool = "week"                 # week | weekday (a slot of the day learns from every weekday)
 
 [budget]
 monthly_ceiling_usd = 50.0

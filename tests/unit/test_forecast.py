@@ -137,6 +137,58 @@ def test_a_profile_survives_its_json_and_is_fresh_only_within_refresh() -> None:
     assert not p.fresh(ForecastConfig(slot=timedelta(minutes=30)), now)  # setting changed
 
 
+def burst_history(days: list[datetime], *, jobs: int = 135, run: float = 60.0) -> list:
+    """A burst of ``jobs`` jobs of ``run`` seconds within three minutes at 09:00 of each of
+    ``days`` (135 x 60 s: 2.25 jobs at once over the hour, all of them in its first minutes)."""
+    return [
+        (d + 9 * HOUR + timedelta(seconds=180 * i / jobs), run) for d in days for i in range(jobs)
+    ]
+
+
+def test_a_burst_is_sized_for_its_work_done_within_clear_within_not_its_mean() -> None:
+    now = MONDAY + 2 * WEEK
+    p = profile_of(burst_history([MONDAY, MONDAY + WEEK]), now)
+    at = now + 9 * HOUR
+
+    def wanted(clear_within: timedelta) -> int:
+        return forecast.floor_at(
+            p, at, LEAD, jobs_per_instance=4, max_instances=5, clear_within=clear_within
+        ).wanted
+
+    assert wanted(timedelta(0)) == 1  # the mean: 2.25 jobs at once, one instance
+    assert wanted(HOUR) == 1  # within the slot is the mean
+    assert wanted(timedelta(minutes=15)) == 3  # 9 jobs at once within 15 minutes
+    f = forecast.floor_at(
+        p, at, LEAD, jobs_per_instance=4, max_instances=5, clear_within=timedelta(minutes=6)
+    )
+    assert (f.floor, f.wanted) == (5, 6)  # 22.5 jobs at once within 6 minutes, capped
+    assert "its work done within 6m -> 6 instance(s)" in f.source
+
+
+def test_a_weekday_pool_learns_a_burst_from_the_days_before_and_keeps_the_weekend_apart() -> None:
+    # Monday and Tuesday had a 09:00 burst; it is Wednesday 00:00, two days of history.
+    now = MONDAY + timedelta(days=2)
+    jobs = burst_history([MONDAY, MONDAY + timedelta(days=1)])
+    by_week = profile_of(jobs, now, min_history=timedelta(days=1))
+    assert floor(by_week, now + 9 * HOUR) == 0  # no Wednesday seen yet
+    p = profile_of(jobs, now, min_history=timedelta(days=1), pool="weekday")
+    assert p.enough and len(p.loads) == 48  # a weekday's 24 slots, then the weekend's
+    assert floor(p, now + 9 * HOUR) == 1  # Wednesday 09:00 learnt from Monday's and Tuesday's
+    assert floor(p, now + 8 * HOUR + timedelta(minutes=45)) == 1  # one lead ahead
+    assert floor(p, now + 12 * HOUR) == 0
+    assert floor(p, MONDAY + timedelta(days=5) + 9 * HOUR) == 0  # Saturday is not a weekday
+
+
+def test_a_profile_keeps_its_pool_and_one_cached_without_it_is_a_week_profile() -> None:
+    now = MONDAY + 2 * WEEK
+    p = profile_of(surge_history(2), now, pool="weekday")
+    assert forecast.Profile.from_json(p.to_json()) == p
+    assert not p.fresh(ForecastConfig(), now)  # the config asks for a week profile
+    assert p.fresh(ForecastConfig(pool="weekday"), now)
+    old = {k: v for k, v in profile_of(surge_history(2), now).to_json().items() if k != "pool"}
+    assert forecast.Profile.from_json(old).pool == "week"
+
+
 # --- the policy: the forecast is one floor among the floors ------------------------------------
 
 
@@ -384,13 +436,25 @@ def test_forecast_settings_are_read_from_the_table_the_environment_and_a_sweep()
         ("WEEKS", "0", "policy.forecast.weeks: 0 is out of range: allowed 1 to 52"),
         ("ROUND_UP_FROM", "1", "policy.forecast.round_up_from: 1.0 must be from 0 to below 1"),
         ("WEEKZ", "3", "did you mean VULTRSCALE_POLICY_FORECAST_WEEKS?"),
+        ("POOL", "days", "policy.forecast.pool: 'days' must be week or weekday"),
     ],
-    ids=["mode", "slot", "min-history", "quantile", "weeks", "round-up-from", "misspelled"],
+    ids=["mode", "slot", "min-history", "quantile", "weeks", "round-up-from", "misspelled", "pool"],
 )
 def test_bad_forecast_settings_are_named(key: str, value: str, says: str) -> None:
     with pytest.raises(ConfigError) as err:
         load(None, {f"VULTRSCALE_POLICY_FORECAST_{key}": value}, require_file=False)
     assert says in err.value.message
+
+
+def test_a_weekday_pool_needs_slots_that_cut_the_day() -> None:
+    env = {"VULTRSCALE_POLICY_FORECAST_POOL": "weekday", "VULTRSCALE_POLICY_FORECAST_SLOT": "7h"}
+    with pytest.raises(ConfigError) as err:
+        load(None, env, require_file=False)
+    assert 'policy.forecast.slot: 7h must cut the day into whole slots with pool = "weekday"' in (
+        err.value.message
+    )
+    c = load(None, {**env, "VULTRSCALE_POLICY_FORECAST_SLOT": "30m"}, require_file=False)
+    assert (c.policy.forecast.pool, c.policy.forecast.slot) == ("weekday", timedelta(minutes=30))
 
 
 # --- simulate: the forecast sees only the replayed past ----------------------------------------

@@ -391,6 +391,7 @@ def forecast_cmd(
             jobs_per_instance=jobs,
             max_instances=cap,
             round_up_from=cfg.policy.forecast.round_up_from,
+            clear_within=cfg.policy.forecast.clear_within,
         )
         if profile.enough
         else []
