@@ -744,9 +744,7 @@ def test_skipping_passes_changes_no_outcome(policy_changes: dict, world_changes:
     assert doc == ref
 
 
-_FORECAST_SCALE = replace(
-    CFG.policy.forecast, mode="scale", weeks=1, min_history=timedelta(days=1)
-)
+_FORECAST_SCALE = replace(CFG.policy.forecast, mode="scale", weeks=1, min_history=timedelta(days=1))
 
 
 @pytest.mark.parametrize(
