@@ -96,7 +96,9 @@ def forecast_floor(
         observation.forecast,
         now,
         forecast_lead(observation, config),
-        jobs_per_instance=config.queue.jobs_per_instance,
+        jobs_per_instance=offerings.new_jobs_per_instance(
+            config, observation.price.plan if observation.price else None
+        ),
         max_instances=config.policy.max_instances,
         round_up_from=config.policy.forecast.round_up_from,
     )
@@ -441,12 +443,8 @@ class _Sizing:
     def _new_per_instance(self) -> int:
         """Jobs a new instance runs at once: those of the offering creates are priced at (the
         first usable one's)."""
-        cfg, price = self.cfg, self.obs.price
-        first = next(
-            (o for o in offerings.of(cfg) if price is not None and o.plan == price.plan),
-            offerings.of(cfg)[0],
-        )
-        return offerings.jobs_per_instance(cfg, first.region, first.plan)
+        price = self.obs.price
+        return offerings.new_jobs_per_instance(self.cfg, price.plan if price else None)
 
     def _per_instance(self) -> str:
         """Jobs per instance as the demand's reason says it."""
