@@ -195,8 +195,9 @@ class Revive:
        lease): a late create, never a lost job, and no second drain of it is needed;
     2. `systemctl start --no-block` over the instance's pinned SSH (``DrainTransport.
        start_many``). It returns at once: a worker still deactivating starts again once its
-       drain has ended (``lifecycle.REVIVABLE``). A failure is the instance's error; the row
-       stays running and the same rule as 1 applies;
+       drain has ended (``lifecycle.REVIVABLE``). A refusal is the instance's error; the row
+       goes back to draining, marked never to be revived again (``lifecycle.START_FAILED``,
+       ``reconcile._start``), and the next pass creates in its place;
     3. the fleet state (``SaveFleetState``): the revive counts as the pass's scale-up, for the
        down cool-down. Killed before it, only that damping is lost: the idle window still
        guards a second drain."""

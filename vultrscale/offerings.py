@@ -61,6 +61,15 @@ def jobs_per_instance(cfg: Config, region: str, plan: str) -> int:
     return cfg.queue.jobs_per_instance
 
 
+def new_jobs_per_instance(cfg: Config, plan: str | None) -> int:
+    """Jobs a new instance runs at once: those of the first offering on ``plan`` (the plan
+    creates are priced at), else of the first offering. The depth rule, the wait rule and the
+    floor forecast count new instances at this."""
+    listed = of(cfg)
+    first = next((o for o in listed if plan is not None and o.plan == plan), listed[0])
+    return jobs_per_instance(cfg, first.region, first.plan)
+
+
 def preference(cfg: Config, instance: Instance) -> int:
     """The rank of the instance's offering (0: the most preferred); an instance on no offering
     of the fleet ranks last."""

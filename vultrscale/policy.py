@@ -96,7 +96,9 @@ def forecast_floor(
         observation.forecast,
         now,
         forecast_lead(observation, config),
-        jobs_per_instance=config.queue.jobs_per_instance,
+        jobs_per_instance=offerings.new_jobs_per_instance(
+            config, observation.price.plan if observation.price else None
+        ),
         max_instances=config.policy.max_instances,
         round_up_from=config.policy.forecast.round_up_from,
         clear_within=config.policy.forecast.clear_within,
@@ -408,15 +410,16 @@ class _Sizing:
     def _wait_rule(self, signals: Signals, staying: list[Instance], desired: int) -> int:
         """Instances the queue wants by its wait (``vultrscale.waits``; at most ``desired``),
         with the why in numbers among the reasons."""
-        boot = self.obs.boot_time
+        boot, cfg = self.obs.boot_time, self.cfg
         call = waits.size(
             signals,
             staying,
-            jobs_per_instance=self.cfg.queue.jobs_per_instance,
+            jobs_per_instance=self._new_per_instance(),
             boot=boot.estimate if boot is not None else self.pol.boot_time,
             target_wait=self.pol.target_wait,
             depth=desired,
             now=self.now,
+            slots_of=lambda i: offerings.jobs_per_instance(cfg, i.region, i.plan),
         )
         self.reasons.append(call.reason)
         return call.wanted
@@ -434,15 +437,15 @@ class _Sizing:
         ``jobs_per_instance`` (README "Offerings"); new ones at that of the plan creates are
         priced at (the first usable offering's). ceil(demand / jobs_per_instance) when every
         offering runs the queue's number."""
-        cfg, price = self.cfg, self.obs.price
+        cfg = self.cfg
         slots = [offerings.jobs_per_instance(cfg, i.region, i.plan) for i in staying]
-        first = next(
-            (o for o in offerings.of(cfg) if price is not None and o.plan == price.plan),
-            offerings.of(cfg)[0],
-        )
-        return offerings.desired_instances(
-            demand, slots, offerings.jobs_per_instance(cfg, first.region, first.plan)
-        )
+        return offerings.desired_instances(demand, slots, self._new_per_instance())
+
+    def _new_per_instance(self) -> int:
+        """Jobs a new instance runs at once: those of the offering creates are priced at (the
+        first usable one's)."""
+        price = self.obs.price
+        return offerings.new_jobs_per_instance(self.cfg, price.plan if price else None)
 
     def _per_instance(self) -> str:
         """Jobs per instance as the demand's reason says it."""

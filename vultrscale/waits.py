@@ -29,7 +29,7 @@ queue's history raises the floor ahead of a known surge).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -75,9 +75,12 @@ def size(
     target_wait: timedelta,
     depth: int,
     now: datetime,
+    slots_of: Callable[[Instance], int] | None = None,
 ) -> WaitCall:
     """How many of the capacity ``instances`` (staying; pending and booting included) plus new
-    ones the queue wants, given that the depth rule wants ``depth`` (more than there are)."""
+    ones the queue wants, given that the depth rule wants ``depth`` (more than there are).
+    ``jobs_per_instance``: a new instance's; ``slots_of``: an instance's own (its offering's,
+    README "Offerings"), ``jobs_per_instance`` when not given."""
     n_now = len(instances)
     jobs, mean = signals.recent_jobs, signals.recent_job_seconds
     if jobs is None or mean is None or jobs < MIN_JOBS or mean <= 0:
@@ -90,7 +93,9 @@ def size(
         )
     queued = signals.ready + signals.expired_leases
     boot_s = boot.total_seconds()
-    groups = _slots(signals, instances, jobs_per_instance, boot_s, mean, now)
+    groups = _slots(
+        signals, instances, slots_of or (lambda _: jobs_per_instance), boot_s, mean, now
+    )
     first = _start_of(1, groups, mean) if queued else 0.0
     last = _start_of(queued, groups, mean) if queued else 0.0
     oldest = signals.oldest_ready_seconds + first
@@ -144,20 +149,21 @@ def size(
 def _slots(
     signals: Signals,
     instances: Sequence[Instance],
-    per: int,
+    per: Callable[[Instance], int],
     boot_s: float,
     mean: float,
     now: datetime,
 ) -> list[tuple[float, int]]:
-    """(seconds from now when free, how many slots) of the fleet's capacity."""
-    running = sum(1 for i in instances if i.state is InstanceState.RUNNING)
-    busy = min(signals.in_flight, running * per)
-    groups = [(0.0, running * per - busy), (mean / 2, busy)]
+    """(seconds from now when free, how many slots) of the fleet's capacity; ``per``: the
+    jobs an instance runs at once."""
+    running = sum(per(i) for i in instances if i.state is InstanceState.RUNNING)
+    busy = min(signals.in_flight, running)
+    groups = [(0.0, running - busy), (mean / 2, busy)]
     for i in instances:
         if i.state is InstanceState.RUNNING or i.state not in CAPACITY_STATES:
             continue
         since = i.created_at or now
-        groups.append((max(0.0, (since - now).total_seconds() + boot_s), per))
+        groups.append((max(0.0, (since - now).total_seconds() + boot_s), per(i)))
     return [(t, n) for t, n in groups if n > 0]
 
 

@@ -487,3 +487,17 @@ def test_a_replay_forecasts_from_its_past_never_from_its_future() -> None:
     later = _replay_profile(busy, 3.5)
     assert later is not None
     assert max(at_day_3[0].loads) < 1 < 4 < max(later.loads)
+
+
+def test_the_forecast_counts_instances_at_the_jobs_of_the_offering_it_creates_on() -> None:
+    # 6 jobs at once in the surge: 2 instances at the queue's 4, 1 on an offering of 8.
+    import dataclasses
+
+    from vultrscale.config import Offering
+
+    base = cfg("scale")
+    fleet = dataclasses.replace(base.fleet, offerings=(Offering("ewr", PRICE.plan, 8),))
+    p = profile_of(surge_history(2), MONDAY + 2 * WEEK)
+    plan = policy.decide(obs(p), dataclasses.replace(base, fleet=fleet), SURGE)
+    assert (plan.floor, plan.creates, plan.forecast_floor) == (1, 1, 1)
+    assert "-> 1 instance(s) at 8 per instance" in plan.forecast_source

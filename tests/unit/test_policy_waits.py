@@ -98,3 +98,21 @@ def test_status_shows_the_wait_rule_the_job_history_and_the_boot_time() -> None:
     doc = status_document(obs, plan, NOW, 1000.0)
     assert doc["boot_time"] == {"seconds": 660.0, "boots": 17, "learned": True}
     assert doc["queue"]["recent_jobs"] == 50 and doc["queue"]["recent_job_seconds"] == 60.0
+
+
+def test_the_wait_rule_counts_an_offerings_own_jobs_per_instance() -> None:
+    # One instance on an offering that runs 8 jobs at once, 48 one-minute jobs queued, boots of
+    # 3 min: its 8 slots start the last in 5 min, within the 10 min target, so no create. Counted
+    # at the queue's 4 it would start the last in 11 min and create (as _desired counts 8).
+    import dataclasses
+
+    from vultrscale.config import Offering
+
+    base = cfg(boot_time=timedelta(minutes=3))
+    fleet = dataclasses.replace(base.fleet, offerings=(Offering("ewr", PRICE.plan, 8),))
+    config = dataclasses.replace(base, fleet=fleet)
+    big = dataclasses.replace(running("a"), region="ewr", plan=PRICE.plan)
+    plan = decide(observe(48, big), config, NOW)
+    why = next(r for r in plan.reasons if r.startswith("wait rule:"))
+    assert "the last in 5m" in why and "no create" in why
+    assert plan.creates == 0 and plan.desired == 6

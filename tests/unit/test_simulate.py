@@ -775,6 +775,44 @@ def test_a_stock_out_of_the_first_offering_sends_the_replay_s_creates_to_the_sec
     assert results["two"].wait_p95 < results["one"].wait_p95
 
 
+_FORECAST_SCALE = replace(CFG.policy.forecast, mode="scale", weeks=1, min_history=timedelta(days=1))
+
+
+@pytest.mark.parametrize(
+    ("policy_changes", "boot_time", "days", "jobs_per_day"),
+    [
+        # The wait rule (target_wait 15m by default) at Vultr's snapshot boots: the oldest job
+        # ages and booting instances come closer to ready with no new observation.
+        ({}, "12m", 1, 600),
+        # A shorter target over boots that vary, at a plain depth rule's revives too.
+        ({"target_wait": timedelta(minutes=5)}, "6m..14m", 1, 1500),
+        ({"target_wait": timedelta(0)}, "12m", 1, 1500),
+        # The forecast floor (mode scale) moves by slot, one learned boot time ahead, on an
+        # idle fleet as on a busy one: a week and a day, so a time of the week recurs.
+        ({"forecast": _FORECAST_SCALE}, "12m", 8, 600),
+    ],
+    ids=["wait-rule-default", "wait-rule-5m-varying-boots", "depth-rule-revives", "forecast"],
+)
+def test_skipping_passes_changes_no_outcome_with_wait_rule_forecast_and_revive(
+    policy_changes: dict, boot_time: str, days: int, jobs_per_day: int
+) -> None:
+    cfg = replace(
+        CFG,
+        policy=replace(CFG.policy, **policy_changes),
+        simulate=replace(CFG.simulate, boot_time=boot_time),
+        drain=replace(CFG.drain, timeout=timedelta(minutes=2)),
+    )
+    trace = workload.shape("bursty-day", days=days, seed=5, jobs_per_day=jobs_per_day)
+    setup = compare.Setup(seed=5)
+    every = compare.run_one(EveryPass(cfg, PRICE, trace.epoch), trace, cfg, setup, PRICE)
+    skipping = compare.run_one(Vultrscale(cfg, PRICE, trace.epoch), trace, cfg, setup, PRICE)
+    assert skipping.passes < every.passes * 0.8
+    doc, ref = skipping.to_json(), every.to_json()
+    for key in ("passes", "passes_skipped"):
+        doc.pop(key), ref.pop(key)
+    assert doc == ref
+
+
 @pytest.mark.parametrize("price", ["nan", "inf", "0", "-3"])
 def test_a_monthly_price_that_is_no_price_exits_2(
     price: str, capsys: pytest.CaptureFixture[str]

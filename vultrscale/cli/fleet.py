@@ -353,7 +353,7 @@ def forecast_cmd(
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from vultrscale import boottime, forecast, reconcile
+    from vultrscale import boottime, forecast, offerings, reconcile
     from vultrscale.db import ledger, pg
     from vultrscale.db.history import PgHistory
 
@@ -381,7 +381,8 @@ def forecast_cmd(
     profile = reconcile.forecast_profile(cfg, PgHistory(url, cfg.queue.queue), cached, now)
     # the lead the pass uses: the boot time learned from the same boots
     lead = boottime.learn(boots, cfg.policy.boot_time, now).estimate
-    jobs, cap = cfg.queue.jobs_per_instance, cfg.policy.max_instances
+    # new instances go to the first offering (the pass prefers the one its price is of)
+    jobs, cap = offerings.new_jobs_per_instance(cfg, None), cfg.policy.max_instances
     slots = (
         forecast.horizon(
             profile,
