@@ -178,7 +178,7 @@ def test_a_start_over_ssh_brings_the_worker_back_after_its_drain_or_at_once(
     scaler: Scaler, boot: Boot, tmp_path: Path
 ) -> None:
     host, pinned = boot()
-    target = scaler.target(host.label, host.address, pinned)
+    target = scaler.target(host, pinned)
     ready = tmp_path / f"{host.label}.ready"
     with ssh.SSHDrain(str(scaler.key_path), connect_timeout=5, command_timeout=5) as drain:
         ready.unlink()  # each new process says when its signal handlers are in place
