@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import json
 import math
 import os
 import re
@@ -181,6 +182,20 @@ def parse_duration(value: object, key: str = "duration") -> timedelta:
         return to_duration(value)
     except ValueError as exc:
         raise ValueError(f"{key}: {exc}") from None
+
+
+def toml_value(value: object) -> str:
+    """A setting's value (as ``Config.masked`` gives it) written as TOML writes it inline: a
+    quoted string, true or false, a number, a list or an inline table of them."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
 
 
 def format_duration(td: timedelta) -> str:

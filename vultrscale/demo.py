@@ -363,30 +363,18 @@ class PassSeen:
 def config_toml(cfg: config_mod.Config) -> str:
     """The config's settings as a TOML file ``load`` reads back (secrets are not settings:
     they stay in the environment). A value is a string, number, bool, a list of values, or a
-    table of them (``policy.forecast``, an offering): JSON writes the scalars as TOML does,
-    tables are written inline."""
+    table of them (``policy.forecast``, an offering), written inline (``config.toml_value``)."""
     lines: list[str] = []
     for section, values in cfg.masked().items():
         if not isinstance(values, dict) or section == "environment":
             continue
         lines.append(f"[{section}]")
         lines += [
-            f"{key} = {_toml_value(value)}"
+            f"{key} = {config_mod.toml_value(value)}"
             for key, value in values.items()
             if value != [] and value is not None
         ]
     return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, dict):
-        inner = ", ".join(
-            f"{k} = {_toml_value(v)}" for k, v in value.items() if v != [] and v is not None
-        )
-        return "{" + inner + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(value)
 
 
 def count_repeats(log: Path) -> int:

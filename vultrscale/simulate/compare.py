@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import json
 import math
 import multiprocessing
 import os
@@ -592,18 +591,9 @@ def _variant_keys(
         keys[full] = value
 
 
-def value_text(value: object, *, inner: bool = False) -> str:
+def value_text(value: object) -> str:
     """A config value as a person writes it: 15m, true, or a TOML inline list of tables."""
-    if isinstance(value, str):
-        return json.dumps(value) if inner else value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(value_text(v, inner=True) for v in value) + "]"
-    if isinstance(value, dict):
-        items = ", ".join(f"{k} = {value_text(v, inner=True)}" for k, v in value.items())
-        return "{" + items + "}"
-    return str(value)
+    return value if isinstance(value, str) else config_mod.toml_value(value)
 
 
 def _same(a: Config, b: Config) -> bool:
