@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_reconcile_pass import CountingCloud
 from vultrscale import config as config_mod
 from vultrscale import offerings, policy, status
 from vultrscale.clock import FakeClock
@@ -328,24 +329,9 @@ def _toml(v: object) -> str:
     return f'"{v}"' if isinstance(v, str) else str(v)
 
 
-class Counting:
-    """The cloud of a new process (cron), each call named."""
-
-    def __init__(self, cloud: MemoryCloud) -> None:
-        self.cloud, self.calls = cloud, []  # type: ignore[var-annotated]
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self.cloud, name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append(name)
-            return method(*args, **kwargs)
-
-        return call
-
-
-def cron(world: World) -> tuple[Parts, Counting]:
-    counting = Counting(world.cloud)
+def cron(world: World) -> tuple[Parts, CountingCloud]:
+    """The parts of a new process (cron): an empty in-process cache, a counted cloud."""
+    counting = CountingCloud(world.cloud)
     return dataclasses.replace(world.parts, cloud=counting, cache=PassCache()), counting
 
 
