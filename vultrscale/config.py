@@ -518,14 +518,23 @@ class Config:
             )
         return self.secrets.database_url
 
-    def masked(self) -> dict[str, Any]:
-        """The resolved configuration as plain data with every secret masked."""
-        out: dict[str, Any] = {}
-        secrets = self.secrets.values()
-        for section in ("fleet", "worker", "queue", "policy", "budget", "drain", "simulate"):
-            out[section] = _plain(getattr(self, section), secrets)
+    def settings(self, *, mask: bool = False) -> dict[str, dict[str, Any]]:
+        """The settings' sections as plain data, as a config file writes them. Unmasked, for a
+        file ``load`` reads back: the masking of a secret's fragments also masks a setting
+        that merely shares six characters with the key (the demo's key began "demo-", as every
+        demo's fleet name does, and 1 demo in 16 wrote its fleet name as "***...")."""
+        secrets = self.secrets.values() if mask else ()
+        out = {
+            section: _plain(getattr(self, section), secrets)
+            for section in ("fleet", "worker", "queue", "policy", "budget", "drain", "simulate")
+        }
         if self.fleet.offerings:  # they replace fleet.region and plan, which keep unused defaults
             del out["fleet"]["region"], out["fleet"]["plan"]
+        return out
+
+    def masked(self) -> dict[str, Any]:
+        """The resolved configuration as plain data with every secret masked, for display."""
+        out: dict[str, Any] = dict(self.settings(mask=True))
         db = self.secrets.database_url.reveal()
         wdb = self.secrets.worker_database_url.reveal()
         scaler_url_ok = self.worker.use_scaler_database_url

@@ -27,6 +27,7 @@ import random
 import re
 import secrets
 import socket
+import string
 import sys
 import tempfile
 import threading
@@ -228,6 +229,9 @@ class Tick:
     enqueued: int
     fleet: int  # tagged instances at the simulator now
     notes: list[str]  # what happened since the last tick (bursts, boots, drains)
+    # The fleet by state as the pass saw it (a pass process's too, which has no ``result``);
+    # None: the pass did not observe.
+    instances: dict[str, int] | None = None
 
 
 @dataclass
@@ -333,10 +337,15 @@ class Summary:
 class PassSeen:
     """What the demo takes from a pass, in process or from a pass process's ``--json``."""
 
-    creates: int
+    creates: int  # the instances the plan asked for (each create's result says how it went)
     drains: tuple[str, ...]  # labels
-    ledger: int | None  # instances in the ledger (not gone); None: the pass did not observe
+    # The instances in the ledger (not gone) by state; None: the pass did not observe.
+    instances: dict[str, int] | None
     lines: tuple[str, ...] = ()  # its results and errors, for a pass run as a process
+
+    @property
+    def ledger(self) -> int | None:
+        return None if self.instances is None else sum(self.instances.values())
 
     @classmethod
     def of(cls, result: PassResult) -> PassSeen:
@@ -344,18 +353,23 @@ class PassSeen:
         return cls(
             creates=plan.creates if plan else 0,
             drains=tuple(str(a.label) for a in plan.drains) if plan else (),
-            ledger=len(obs.instances) if obs else None,
+            instances=obs.summary()["instances"] if obs else None,
         )
 
     @classmethod
     def of_json(cls, doc: dict[str, Any]) -> PassSeen:
+        """A pass process's ``--json``. ValueError for the answer of a command that failed
+        before its pass (``{"error": ..., "hint": ...}``): read as a pass, it showed nothing,
+        and a demo whose every pass refused its config sat silent for its whole duration."""
+        if "error" in doc:
+            raise ValueError(str(doc["error"]).splitlines()[0] if doc["error"] else "failed")
         actions = doc.get("actions") or []
         inputs = doc.get("inputs") or {}
         results = [f"{r['label']}: {r['result']}" for r in doc.get("results") or []]
         return cls(
             creates=sum(1 for a in actions if a.get("kind") == "create"),
             drains=tuple(str(a.get("label")) for a in actions if a.get("kind") == "drain"),
-            ledger=sum((inputs.get("instances") or {}).values()) if inputs else None,
+            instances=dict(inputs.get("instances") or {}) if inputs else None,
             lines=(*results, *(f"error: {e}" for e in doc.get("errors") or [])),
         )
 
@@ -365,9 +379,7 @@ def config_toml(cfg: config_mod.Config) -> str:
     they stay in the environment). A value is a string, number, bool, a list of values, or a
     table of them (``policy.forecast``, an offering), written inline (``config.toml_value``)."""
     lines: list[str] = []
-    for section, values in cfg.masked().items():
-        if not isinstance(values, dict) or section == "environment":
-            continue
+    for section, values in cfg.settings().items():
         lines.append(f"[{section}]")
         lines += [
             f"{key} = {config_mod.toml_value(value)}"
@@ -470,7 +482,10 @@ class _Run:
             key_path.write_text(private)
             key_path.with_name(key_path.name + ".pub").write_text(public + "\n")
 
-            api_key = "demo-" + secrets.token_hex(16)
+            # Vultr's form (36 capitals and digits), capitals only: a key that began "demo-",
+            # as every demo name does, had six characters in common with the fleet name 1 run
+            # in 16, and the masking of a key's fragments masked that name in every output.
+            api_key = "".join(secrets.choice(string.ascii_uppercase) for _ in range(36))
             sim = Simulator(
                 api_key,
                 clock=SystemClock(),
@@ -606,13 +621,15 @@ class _Run:
         while not self.stop.is_set():
             began = time.monotonic()
             run = chaos.run_pass(argv, env, began - self.started)
+            self.keep_pass(began - self.started, run)
             seen, error = None, None
             if run.code is not None:
                 try:
                     seen = PassSeen.of_json(json.loads(run.stdout))
                 except (ValueError, TypeError, KeyError, AttributeError):
-                    last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
-                    error = f"the pass exited {run.code}: {last}"
+                    # its first line says what (a config refused: "Invalid configuration:")
+                    lines = run.stderr.strip().splitlines() or ["(no output)"]
+                    error = f"the pass exited {run.code}: " + " ".join(lines[:3])
             drains = seen.drains if seen is not None else ()
             if not drains and run.code is None:
                 # A pass killed after it marked instances draining reports nothing of it, and
@@ -625,6 +642,23 @@ class _Run:
             remaining = self.settings.interval - (time.monotonic() - began)
             if remaining > 0:
                 self.stop.wait(remaining)
+
+    def keep_pass(self, elapsed: float, run: Any) -> None:
+        """A chaos pass's exit and its ``--json`` answer (the plan, its reasons and clamps),
+        a line each in ``passes.jsonl`` beside the hosts' logs: the progress lines show only
+        what a pass did, and a pass that did nothing must still say why."""
+        with (self.execution_log.parent / "passes.jsonl").open("a") as out:
+            out.write(
+                json.dumps(
+                    {
+                        "at": round(elapsed, 1),
+                        "code": run.code,
+                        "stdout": run.stdout,
+                        "stderr": run.stderr[-2000:],
+                    }
+                )
+                + "\n"
+            )
 
     def note_faults(self, chaos: Any) -> None:
         faults = chaos.injected()
@@ -702,7 +736,8 @@ class _Run:
                 self.peak = max(self.peak, seen.ledger)
             if seen.creates:
                 self.scale_ups += 1
-                self.note(f"scale up: {seen.creates} instance(s) created")
+                # asked for: the lines below say which Vultr created and which it refused
+                self.note(f"scale up: {seen.creates} instance(s) asked for")
             if seen.drains:
                 self.scale_ins += 1
                 self.note(f"scale in: {len(seen.drains)} instance(s) draining")
@@ -722,7 +757,15 @@ class _Run:
             self.stop.set()
         self.on_tick(
             Tick(
-                elapsed, result, error, cfg, jobs, self.enqueued, self.fleet_now, self.take_notes()
+                elapsed,
+                result,
+                error,
+                cfg,
+                jobs,
+                self.enqueued,
+                self.fleet_now,
+                self.take_notes(),
+                instances=None if seen is None else seen.instances,
             )
         )
 

@@ -63,7 +63,17 @@ def _run_demo(pg_url: str, tmp_path: Path, *args: str) -> tuple[dict[str, Any], 
         f"--- {p.parent.name}\n{p.read_text(errors='replace')[-1500:]}"
         for p in sorted(logs.glob("*/worker.log"))
     )
-    why = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-4000:]}\n{worker_logs}"
+    # The start of the output too: a run that went wrong at once says so in its first lines.
+    err = (
+        proc.stderr
+        if len(proc.stderr) < 8000
+        else f"{proc.stderr[:4000]}\n...\n{proc.stderr[-4000:]}"
+    )
+    passes = logs / "passes.jsonl"  # a chaos run's pass processes: what the first two answered
+    first = passes.read_text().splitlines()[:2] if passes.is_file() else []
+    why = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{err}\n{worker_logs}\n" + "".join(
+        f"--- pass\n{line[:3000]}\n" for line in first
+    )
     try:
         doc = json.loads(proc.stdout)
     except ValueError:

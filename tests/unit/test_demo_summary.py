@@ -108,3 +108,47 @@ def test_the_pass_process_config_reads_back_as_the_same_settings(tmp_path: Path)
     for section in ("fleet", "worker", "queue", "policy", "budget", "drain"):
         assert getattr(back, section) == getattr(cfg, section), section
     assert "postgresql" not in path.read_text()  # secrets stay in the environment
+
+
+def test_the_pass_config_keeps_a_fleet_name_that_shares_six_characters_with_the_api_key(
+    tmp_path: Path,
+) -> None:
+    # The masking of a key's fragments (six characters or more, wherever they appear) is for
+    # what is shown; the file a pass reads back is written unmasked. A demo whose key began
+    # "demo-1" wrote its fleet name as "***796187083-c47d", and every pass refused the config.
+    from vultrscale import config
+
+    name = "demo-1796187083-c47d"
+    cfg = demo.demo_config(
+        demo.Settings(),
+        api_url="http://127.0.0.1:1",
+        api_key="demo-1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c",
+        db_url="postgresql://u:p@127.0.0.1/db",
+        ssh_key=str(tmp_path / "key"),
+        ssh_port=2222,
+        queue=name,
+        fleet=name,
+    )
+    assert "***" in cfg.masked()["fleet"]["name"]  # shown: masked, the key's run in it
+    path = tmp_path / "vultrscale.toml"
+    path.write_text(demo.config_toml(cfg))
+    back = config.load(str(path), env={"VULTR_API_URL": cfg.api_url})
+    assert (back.fleet.name, back.queue.queue, back.worker.queue) == (name, name, name)
+    assert "demo-1f0e9d" not in path.read_text()  # and the key itself is not a setting
+
+
+def test_a_pass_that_failed_before_its_pass_is_an_error_not_a_silent_pass() -> None:
+    doc = {"error": "Invalid configuration:\n  - fleet.name: ...", "hint": "Fix", "exit_code": 2}
+    with pytest.raises(ValueError, match="^Invalid configuration:$"):
+        demo.PassSeen.of_json(doc)
+    seen = demo.PassSeen.of_json(
+        {
+            "inputs": {"instances": {"running": 3, "draining": 1}},
+            "actions": [{"kind": "create"}, {"kind": "drain", "label": "demo-x"}],
+            "results": [{"label": "demo-y", "result": "created 1 on ewr/vc2-1c-2gb"}],
+            "errors": ["boom"],
+        }
+    )
+    assert (seen.creates, seen.drains, seen.ledger) == (1, ("demo-x",), 4)
+    assert seen.instances == {"running": 3, "draining": 1}
+    assert seen.lines == ("demo-y: created 1 on ewr/vc2-1c-2gb", "error: boom")

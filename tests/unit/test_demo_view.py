@@ -258,3 +258,9 @@ def test_the_summary_counts_the_starts_of_revived_workers_only_when_there_were_s
     out = Console(width=80, record=True, highlight=False)
     views.print_demo_summary(out, _summary(ssh={**ssh, "start": 0}))
     assert "SSH: 16 stop, 12 is-active, 0 refused" in out.export_text()
+
+
+def test_the_progress_line_shows_the_fleet_a_pass_process_saw() -> None:
+    # A chaos run's passes are processes: the tick has their JSON's counts, not a result.
+    tick = replace(PHASES["starting"], elapsed=14.0, instances={"running": 3, "booting": 1})
+    assert views.demo_counts(tick).startswith("[ 14.0s] instances: 3 running, 1 booting |")
