@@ -188,8 +188,10 @@ def demo_config(
             min_instances=0,
             max_instances=settings.max_instances,
             scale_up_cooldown=timedelta(seconds=5),
-            scale_down_cooldown=timedelta(seconds=15),
-            idle_before_scale_down=timedelta(seconds=10),
+            # Short enough that a run ends soon after its work (the test suite runs five demos),
+            # long enough that a pass or two of empty queue between bursts scales nothing in.
+            scale_down_cooldown=timedelta(seconds=10),
+            idle_before_scale_down=timedelta(seconds=5),
             boot_timeout=timedelta(seconds=60),
             billing_hour_aware=False,
             # The demo's clock runs minutes to seconds: a boot of seconds, and the wait worth

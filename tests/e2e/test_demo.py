@@ -25,8 +25,10 @@ from tests.e2e.worker_procs import wait_for
 
 pytestmark = pytest.mark.e2e
 
-# 16 jobs at once ask for 4 instances (4 jobs each, cap 4); 8 more after 30 s ask for 2.
-BURSTS = "0:16,30:8"
+# 16 jobs at once ask for 4 instances (4 jobs each, cap 4); 8 more after 8 s, while those boot
+# or run, ask for none beyond the cap. (A second burst after the scale-in, at 30 s, made this
+# the suite's second-longest test, 64 s, and a second scale-up from zero is the same path.)
+BURSTS = "0:16,8:8"
 
 
 def _processes_using(db_url: str) -> list[int]:
@@ -135,7 +137,7 @@ def test_demo_scales_up_and_back_down_without_losing_a_job(pg_url: str, tmp_path
     assert workers == (hosts["booted"], hosts["booted"])
     assert events is not None
     passes, with_drains = events
-    assert passes >= 10 and with_drains == fleet["scale_ins"]
+    assert passes >= 5 and with_drains == fleet["scale_ins"]
 
     # no worker process outlived the demo
     assert _processes_using(pg_url) == []
