@@ -119,16 +119,39 @@ def start(timeout: float = 60.0) -> ThrowawayPostgres:
     if init.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         raise DatabaseError(f"initdb failed: {init.stderr.strip()[-400:]}")
-    try:
-        _pg_start(server, timeout)
-    except DatabaseError:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
-    return server
+    # Postgres cannot be given port 0: the port is found free, let go, then bound by the
+    # server, and another process may take it in between. Then the server says so and
+    # another port is tried.
+    for attempt in range(_PORT_ATTEMPTS):
+        try:
+            _pg_start(server, timeout)
+            return server
+        except DatabaseError as exc:
+            if attempt + 1 < _PORT_ATTEMPTS and _PORT_TAKEN in str(exc):
+                # the failed server may still be on its way out, its postmaster.pid in place
+                # (and the next start refused for it) on a loaded machine
+                _wait_gone(server.datadir / "postmaster.pid", timeout)
+                server.port = _free_port()
+                continue
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+_PORT_ATTEMPTS = 3
+_PORT_TAKEN = "Address already in use"  # the server's words (its log) for a port taken
+
+
+def _wait_gone(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _pg_start(server: ThrowawayPostgres, timeout: float) -> None:
     root = server.datadir.parent
+    log = root / "log"
+    before = log.stat().st_size if log.exists() else 0  # this start's words only, below
     opts = (
         f"-c listen_addresses=127.0.0.1 -c port={server.port} -c fsync=off "
         f"-c synchronous_commit=off -c full_page_writes=off -c max_connections=300 "
@@ -142,7 +165,7 @@ def _pg_start(server: ThrowawayPostgres, timeout: float) -> None:
             "-o",
             opts,
             "-l",
-            str(root / "log"),
+            str(log),
             "-w",
             "-t",
             str(int(timeout)),
@@ -150,8 +173,12 @@ def _pg_start(server: ThrowawayPostgres, timeout: float) -> None:
         ]
     )
     if started.returncode != 0:
-        log = (root / "log").read_text(errors="replace")[-400:] if (root / "log").exists() else ""
-        raise DatabaseError(f"Postgres did not start: {started.stderr.strip()} {log}".strip())
+        said = ""
+        if log.exists():
+            with log.open("rb") as f:
+                f.seek(before)
+                said = f.read().decode(errors="replace")[-600:]
+        raise DatabaseError(f"Postgres did not start: {started.stderr.strip()} {said}".strip())
     _wait_ready(server.port, timeout)
 
 
