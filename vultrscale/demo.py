@@ -231,8 +231,8 @@ class Tick:
     enqueued: int
     fleet: int  # tagged instances at the simulator now
     notes: list[str]  # what happened since the last tick (bursts, boots, drains)
-    # The fleet by state as the pass saw it (a pass process's too, which has no ``result``);
-    # None: the pass did not observe.
+    # The fleet by state as the last pass that observed it saw it (a pass process's too, which
+    # has no ``result``); None: not given (the view counts the result's instances).
     instances: dict[str, int] | None = None
 
 
@@ -432,6 +432,9 @@ class _Run:
         self.notes_lock = threading.Lock()
         self.peak = 0
         self.fleet_now = 0
+        # the fleet by state as the last pass that observed it saw it: a pass killed or failed
+        # says nothing of it, and "none" would read as an empty fleet
+        self.fleet_seen: dict[str, int] = {}
         self.pending_bursts = list(settings.bursts)
         self.enqueued = 0
         self.scale_ups = self.scale_ins = 0
@@ -732,6 +735,8 @@ class _Run:
         from vultrscale.db import pg
 
         elapsed = time.monotonic() - self.started
+        if seen is not None and seen.instances is not None:
+            self.fleet_seen = seen.instances
         if seen is not None:
             if seen.ledger is not None:
                 # the ledger's view too, besides the simulator's sampled one
@@ -767,7 +772,7 @@ class _Run:
                 self.enqueued,
                 self.fleet_now,
                 self.take_notes(),
-                instances=None if seen is None else seen.instances,
+                instances=self.fleet_seen,
             )
         )
 
