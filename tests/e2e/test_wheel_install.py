@@ -132,35 +132,33 @@ def test_the_wheel_installs_in_an_empty_venv_and_runs_a_worker_from_there(
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         return result.stdout
 
+    def python(code: str) -> str:
+        """``code`` run by the venv's python, as the package's own code would run."""
+        result = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", code],
+            env=env,
+            cwd=home,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
     assert run("--version").strip() == "vultrscale 0.1.0"
     # The files the package ships: the same as the repository's, read from the wheel's copy.
-    shipped = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", SHIPPED],
-        env=env,
-        cwd=home,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    shipped = python(SHIPPED).split()
     assert shipped[0].startswith(str(venv)), shipped  # the wheel's copy, not the repository's
     expected = sorted(p.name for d in ("deploy", "cloud-init") for p in (REPO / d).iterdir())
     assert sorted(shipped[1:]) == expected
     # Every module of the tree is in the wheel, and imports from there.
-    modules = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", MODULES],
-        env=env,
-        cwd=home,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert modules.returncode == 0, modules.stderr[-3000:]
+    modules = python(MODULES).split()
     in_tree = {
         ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
         for p in (REPO / "vultrscale").rglob("*.py")
         if p.name != "__main__.py" and "__pycache__" not in p.parts
     } - {"vultrscale"}
-    assert in_tree <= set(modules.stdout.split()), in_tree - set(modules.stdout.split())
+    assert in_tree <= set(modules), in_tree - set(modules)
 
     # User-data from the shipped templates: the worker's env file, its unit's drop-in, the
     # sudoers rule.

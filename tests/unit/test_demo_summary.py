@@ -89,19 +89,24 @@ def test_job_seconds() -> None:
             demo.parse_job_seconds(bad)
 
 
-def test_the_pass_process_config_reads_back_as_the_same_settings(tmp_path: Path) -> None:
-    from vultrscale import config
-
-    cfg = demo.demo_config(
+def _pass_config(tmp_path: Path, *, api_key: str, name: str) -> Any:
+    """The demo's config for a run whose fleet and queue are ``name``."""
+    return demo.demo_config(
         demo.Settings(),
         api_url="http://127.0.0.1:1",
-        api_key="k",
+        api_key=api_key,
         db_url="postgresql://u:p@127.0.0.1/db",
         ssh_key=str(tmp_path / "key"),
         ssh_port=2222,
-        queue="demo-q",
-        fleet="demo-f",
+        queue=name,
+        fleet=name,
     )
+
+
+def test_the_pass_process_config_reads_back_as_the_same_settings(tmp_path: Path) -> None:
+    from vultrscale import config
+
+    cfg = _pass_config(tmp_path, api_key="k", name="demo-f")
     path = tmp_path / "vultrscale.toml"
     path.write_text(demo.config_toml(cfg))
     back = config.load(str(path), env={"VULTR_API_URL": cfg.api_url})
@@ -119,16 +124,7 @@ def test_the_pass_config_keeps_a_fleet_name_that_shares_six_characters_with_the_
     from vultrscale import config
 
     name = "demo-1796187083-c47d"
-    cfg = demo.demo_config(
-        demo.Settings(),
-        api_url="http://127.0.0.1:1",
-        api_key="demo-1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c",
-        db_url="postgresql://u:p@127.0.0.1/db",
-        ssh_key=str(tmp_path / "key"),
-        ssh_port=2222,
-        queue=name,
-        fleet=name,
-    )
+    cfg = _pass_config(tmp_path, api_key="demo-1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c", name=name)
     assert "***" in cfg.masked()["fleet"]["name"]  # shown: masked, the key's run in it
     path = tmp_path / "vultrscale.toml"
     path.write_text(demo.config_toml(cfg))
