@@ -39,6 +39,7 @@ import ctypes
 import gc
 import multiprocessing
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -56,6 +57,7 @@ from vultrscale import metrics as metrics_mod
 from vultrscale.cli import passlog
 from vultrscale.db import queue, schema, throwaway
 from vultrscale.db.ledger import PgStore
+from vultrscale.errors import SSHError
 from vultrscale.model import HostTarget, ServiceState
 from vultrscale.reconcile import Parts, PassResult, run_forever
 from vultrscale.ssh import generate_host_key
@@ -65,47 +67,130 @@ from vultrscale.wiring import user_data_renderer
 KEY = "soak-key-0123456789abcdef0123456789abcdef"
 PLAN = "vc2-1c-2gb"
 START = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
+TAG = "vultrscale-workers"  # the fleet's tag (fleet.tag's default)
 INTERVAL = timedelta(seconds=30)
 
 
 # --- the simulator, in a child process on a clock the loop moves ------------------------------
 
 
-def _serve(conn: Connection) -> None:
-    """The child: the simulator on loopback with a fake clock; commands come over ``conn``."""
+def _serve(conn: Connection, real_ssh: bool = False) -> None:
+    """The child: the simulator on loopback with a fake clock; commands come over ``conn``.
+    With ``real_ssh``, each instance also gets an SSH server on its own 127.0.0.x address
+    (``SSHServers``), all on one port: sent with the simulator's URL."""
     from vultrscale.clock import FakeClock
     from vultrscale.sim.app import Simulator, Timings
+    from vultrscale.sim.hosts import LoopbackIps
     from vultrscale.sim.server import start_server
 
     clock = FakeClock(START)
+    servers = SSHServers(_free_port()) if real_ssh else None
     sim = Simulator(
         KEY,
         clock=clock,
         seed=11,
         rate_limit=None,
         timings=Timings(boot_pending=30, boot_ready=30, visible_after=0, snapshot_complete=1),
+        ip_allocator=LoopbackIps() if real_ssh else None,
+        on_instance_ready=servers.on_instance_ready if servers else None,
     )
     server = start_server(sim, tick_interval=3600)  # lifecycles move when the clock does
     sim.create_instance(region="ewr", plan=PLAN, os_id=2136, label="base")
-    conn.send(server.url)
+    conn.send((server.url, servers.port if servers else None))
     while True:
         what, arg = conn.recv()
         if what == "advance":
             clock.advance(arg)
             sim.tick()
+            if servers:
+                servers.power_off_gone(set(sim.instances))
             conn.send(None)
         elif what == "active":  # labels of tagged instances that are up
             conn.send(
                 [
                     i["label"]
                     for i in sim.instances.values()
-                    if "vultrscale-workers" in i["tags"] and i["status"] == "active"
+                    if TAG in i["tags"] and i["status"] == "active"
                 ]
+            )
+        elif what == "ssh":  # what the SSH servers saw
+            c = servers.counters if servers else None
+            conn.send(
+                f"{c.stop} stops, {c.is_active} is-active, {c.refused_logins} refused logins, "
+                f"{c.refused_commands} refused commands"
+                if c
+                else None
             )
         else:
             server.stop()
+            if servers:
+                servers.power_off_gone(set())
             conn.send(None)
             return
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class StandInUnit:
+    """worker.service as a host's SSH server reports it, without a worker process: "active"
+    from boot until `systemctl stop`, then "inactive" (the worker's side is the harness's)."""
+
+    def __init__(self) -> None:
+        self.state = "active"
+
+    def start(self) -> None:
+        self.state = "active"
+
+    def start_again(self) -> None:
+        self.state = "active"
+
+    def stop(self) -> None:
+        self.state = "inactive"
+
+    def power_off(self, grace: float = 0.0) -> bool:
+        return False
+
+
+class SSHServers:
+    """In the child: the demo's simulated hosts' SSH side (``vultrscale.sim.hosts``): each
+    booted instance of the fleet gets an SSH server on its 127.0.0.x address that presents the
+    host key from its user-data, lets in only the scaler's key and answers the scaler's three
+    commands from a ``StandInUnit``; deleted instances are powered off."""
+
+    def __init__(self, port: int) -> None:
+        from vultrscale.sim.hosts import SSHCounters
+
+        self.port = port
+        self.counters = SSHCounters()
+        self.hosts: dict[str, Any] = {}  # instance id -> SimulatedHost
+
+    def on_instance_ready(self, instance: dict[str, Any], user_data: str) -> None:
+        from vultrscale.sim.hosts import SimulatedHost, parse_user_data
+
+        if TAG not in (instance.get("tags") or []):
+            return
+        iid = str(instance["id"])
+        spec = parse_user_data(user_data)
+        host = SimulatedHost(
+            iid,
+            str(instance["main_ip"]),
+            spec,
+            StandInUnit(),
+            self.port,
+            self.counters,  # type: ignore[arg-type]
+        )
+        host.start()  # listening before the simulator answers that the instance is active
+        self.hosts[iid] = host
+
+    def power_off_gone(self, alive: set[str]) -> None:
+        for iid in [i for i in self.hosts if i not in alive]:
+            host = self.hosts.pop(iid)
+            # Closing a server waits for its accept loop (up to 0.2 s): not on the clock's step.
+            threading.Thread(target=host.power_off, daemon=True).start()
 
 
 class Lockstep:
@@ -165,19 +250,63 @@ class Hosts:
         out: dict[str, Any] = {}
         for t in targets:
             if t.label in self.stopping:
-                queue.mark_stopped(self.db, t.label)
-                self.stopping.discard(t.label)
-                self.up.discard(t.label)
-                self.gone.add(t.label)
-                self.stopped += 1
+                self.worker_stopped(t.label)
                 out[t.label] = ServiceState.INACTIVE
             else:
                 up = t.label in self.up
                 out[t.label] = ServiceState.ACTIVE if up else ServiceState.INACTIVE
         return out
 
+    def worker_stopped(self, label: str) -> None:
+        """The worker drained and exited: its row says so, and the label is forgotten once
+        its instance is deleted."""
+        queue.mark_stopped(self.db, label)
+        self.stopping.discard(label)
+        self.up.discard(label)
+        self.gone.add(label)
+        self.stopped += 1
+
     def close(self) -> None:  # the pass's end; the transport keeps nothing across passes
         pass
+
+
+class RealSSH:
+    """--ssh real: the drain `reconcile --loop` builds (``wiring._LazyDrain``: a
+    ``vultrscale.ssh.SSHDrain`` made on first use in a pass and closed after it), with the
+    worker's side recorded as the stand-in does: a host that answers "inactive" after its stop
+    has a stopped worker. SSH errors are counted (a healthy soak has none)."""
+
+    def __init__(self, hosts: Hosts, key_path: str) -> None:
+        from vultrscale.wiring import _LazyDrain
+
+        self.hosts = hosts
+        self.drain = _LazyDrain(key_path)
+        self.errors: list[str] = []
+
+    def _note(self, answers: dict[str, Any]) -> None:
+        self.errors += [str(a) for a in answers.values() if isinstance(a, SSHError)]
+
+    def stop_many(self, targets: list[HostTarget]) -> dict[str, Any]:
+        out: dict[str, Any] = self.drain.stop_many(targets)
+        self._note(out)
+        self.hosts.stopping |= {label for label, err in out.items() if err is None}
+        return out
+
+    def start_many(self, targets: list[HostTarget]) -> dict[str, Any]:
+        out: dict[str, Any] = self.drain.start_many(targets)
+        self._note(out)
+        return out
+
+    def is_active_many(self, targets: list[HostTarget]) -> dict[str, Any]:
+        out: dict[str, Any] = self.drain.is_active_many(targets)
+        self._note(out)
+        for label, state in out.items():
+            if label in self.hosts.stopping and state == ServiceState.INACTIVE:
+                self.hosts.worker_stopped(label)
+        return out
+
+    def close(self) -> None:
+        self.drain.close()
 
 
 # --- memory -------------------------------------------------------------------------------------
@@ -248,6 +377,13 @@ def main() -> int:
     ap.add_argument("--report", type=int, default=50, help="print memory every N lifecycles")
     ap.add_argument("--warmup", type=int, default=100, help="lifecycles before the baseline")
     ap.add_argument("--max-seconds", type=float, default=900, help="wall-time bound")
+    ap.add_argument(
+        "--ssh",
+        choices=("stand-in", "real"),
+        default="stand-in",
+        help="the drain: an in-memory stand-in, or the real SSHDrain against SSH servers on "
+        "127.0.0.x in the child process",
+    )
     ap.add_argument("--verbose", action="store_true", help="print every pass's plan and results")
     ap.add_argument("--no-print", action="store_true", help="do not format the passes' log lines")
     ap.add_argument(
@@ -268,30 +404,46 @@ def main() -> int:
 
 
 def soak(args: argparse.Namespace, db_url: str) -> int:
+    real = args.ssh == "real"
     mine, theirs = multiprocessing.get_context("fork").Pipe()
-    child = multiprocessing.get_context("fork").Process(target=_serve, args=(theirs,))
+    child = multiprocessing.get_context("fork").Process(target=_serve, args=(theirs, real))
     child.start()
     tmp = Path(tempfile.mkdtemp(prefix="vs-soak-"))
     try:
-        url = mine.recv()
+        url, ssh_port = mine.recv()
         clock = Lockstep(mine)
         client = VultrClient(KEY, url, sleep=clock.sleep, timeout=10)
         base = [i for i in client.list_instances() if i.label == "base"][0]
         snap = client.create_snapshot(base.id, "soak")
         clock.sleep(2)
-        cfg = _config(tmp, db_url, snap.id, args.per_cycle)
-        _, scaler_public = generate_host_key()
+        # The scaler's key, as `reconcile` reads it: a 0600 file (fleet.ssh_key).
+        key_path = tmp / "scaler_ed25519"
+        scaler_private, scaler_public = generate_host_key()
+        key_path.touch(mode=0o600)
+        key_path.write_text(scaler_private)
+        cfg = _config(tmp, db_url, snap.id, args.per_cycle, key_path, ssh_port)
         hosts = Hosts(db_url)
+        drain = RealSSH(hosts, str(key_path)) if real else hosts
         parts = Parts(
             cloud=client,
             store=PgStore(db_url, keep=True),
-            drain=hosts,  # type: ignore[arg-type]
+            drain=drain,  # type: ignore[arg-type]
             clock=clock,
             keygen=generate_host_key,
             render_user_data=user_data_renderer(cfg, scaler_public),
             overlap_reads=True,
         )
-        return _loop(args, cfg, parts, hosts, mine, tmp)
+        code = _loop(args, cfg, parts, hosts, mine, tmp)
+        if isinstance(drain, RealSSH):
+            mine.send(("ssh", None))
+            seen = mine.recv()
+            first = f" (first: {drain.errors[0]})" if drain.errors else ""
+            print(
+                f"SSH servers answered: {seen}; SSH errors seen by the scaler: "
+                f"{len(drain.errors)}{first}"
+            )
+            code = code or int(bool(drain.errors))
+        return code
     finally:
         with contextlib.suppress(Exception):
             mine.send(("stop", None))
@@ -415,13 +567,17 @@ def _summary(
     return 0
 
 
-def _config(tmp: Path, db_url: str, snapshot_id: str, per_cycle: int) -> config_mod.Config:
+def _config(
+    tmp: Path, db_url: str, snapshot_id: str, per_cycle: int, key_path: Path, ssh_port: int | None
+) -> config_mod.Config:
     path = tmp / "vultrscale.toml"
     path.write_text(
         f"""[fleet]
 snapshot_id = "{snapshot_id}"
 plan = "{PLAN}"
 region = "ewr"
+ssh_key = "{key_path}"
+ssh_port = {ssh_port or 22}
 
 [policy]
 max_instances = {per_cycle}
