@@ -200,6 +200,7 @@ class Lockstep:
         self._sim = sim
         self._now = START
         self._mono = 1000.0
+        self._lock = threading.Lock()  # the pass's overlapped reads may wait for the pace
 
     def now(self) -> datetime:
         return self._now
@@ -210,10 +211,11 @@ class Lockstep:
     def sleep(self, seconds: float) -> None:
         if seconds <= 0:
             return
-        self._now += timedelta(seconds=seconds)
-        self._mono += seconds
-        self._sim.send(("advance", seconds))
-        self._sim.recv()
+        with self._lock:
+            self._now += timedelta(seconds=seconds)
+            self._mono += seconds
+            self._sim.send(("advance", seconds))
+            self._sim.recv()
 
 
 # --- the hosts: workers that report in, finish their jobs and stop when told -----------------
@@ -412,7 +414,9 @@ def soak(args: argparse.Namespace, db_url: str) -> int:
     try:
         url, ssh_port = mine.recv()
         clock = Lockstep(mine)
-        client = VultrClient(KEY, url, sleep=clock.sleep, timeout=10)
+        # Paced on the loop's clock: on the real one, the soak's passes (hundreds a second of
+        # wall time) ran ahead of the pace's 25 requests/s until every call was refused.
+        client = VultrClient(KEY, url, sleep=clock.sleep, monotonic=clock.monotonic, timeout=10)
         base = [i for i in client.list_instances() if i.label == "base"][0]
         snap = client.create_snapshot(base.id, "soak")
         clock.sleep(2)
