@@ -12,8 +12,8 @@ pass, each pass's log line formatted as the loop prints it), against:
 - a real Postgres: a scratch database on DATABASE_URL's server, else on a throwaway server;
 - a workload that fills and empties the queue: ``--per-cycle`` instances are created, boot,
   their workers report in and finish the jobs, the queue stays empty, and the loop drains
-  (`systemctl stop` answered in memory: the SSH side is a stand-in, see below) and deletes
-  them; then it fills again.
+  (`systemctl stop`, then `systemctl is-active`: see --ssh below) and deletes them; then it
+  fills again.
 
 It prints this process's RSS, glibc's heap and (with --tracemalloc) the memory tracemalloc
 traces every --report lifecycles; at the end, RSS after the warm-up and at the end, the growth
@@ -23,12 +23,22 @@ by traceback (--frames deep). Traced total flat while RSS grows: the allocators'
 not objects kept. Bounded: it stops after --lifecycles lifecycles or --max-seconds of wall
 time, whichever comes first. Loopback only.
 
-The SSH drain is an in-memory stand-in (no sshd): in the CLI the SSH transport is built for a
-pass and closed after it (connections live within one pass), so it keeps nothing across passes.
+The drain (--ssh):
+
+- ``stand-in`` (the default): answered in memory, no SSH at all;
+- ``real``: the drain `reconcile --loop` builds (an ``SSHDrain`` made on first use in a pass
+  and closed after it: paramiko, the host key pinned per instance, the scaler's key from a
+  0600 file), against the demo's simulated hosts' SSH servers (``vultrscale.sim.hosts``) in the
+  simulator's child process: each instance of the fleet gets one on its own 127.0.0.x address,
+  all on one port, presenting the host key from its user-data, letting in only the scaler's
+  key, and answering `systemctl is-active` "active" until `systemctl stop`, then "inactive"
+  (no worker process: the worker's side stays the harness's). Every drain is a real SSH
+  handshake, login, exec channels and close in this process. A lifecycle takes a few ms more
+  of wall time; any SSH error is counted and makes the run exit 1.
 
 Usage: python scripts/soak_loop.py [--lifecycles 500] [--per-cycle 4] [--report 50]
-                                   [--warmup 100] [--tracemalloc [--frames 8]]
-                                   [--max-seconds 900]
+                                   [--warmup 100] [--ssh {stand-in,real}]
+                                   [--tracemalloc [--frames 8]] [--max-seconds 900]
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import argparse
 import contextlib
 import ctypes
 import gc
+import logging
 import multiprocessing
 import os
 import socket
@@ -84,6 +95,9 @@ def _serve(conn: Connection, real_ssh: bool = False) -> None:
     from vultrscale.sim.server import start_server
 
     clock = FakeClock(START)
+    # The servers' paramiko logs a peer that closed with data unread ("Socket exception:
+    # Connection reset by peer"): the scaler closing its connections at a pass's end.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     servers = SSHServers(_free_port()) if real_ssh else None
     sim = Simulator(
         KEY,
@@ -383,8 +397,7 @@ def main() -> int:
         "--ssh",
         choices=("stand-in", "real"),
         default="stand-in",
-        help="the drain: an in-memory stand-in, or the real SSHDrain against SSH servers on "
-        "127.0.0.x in the child process",
+        help="the drain: in memory, or the real SSHDrain (see above)",
     )
     ap.add_argument("--verbose", action="store_true", help="print every pass's plan and results")
     ap.add_argument("--no-print", action="store_true", help="do not format the passes' log lines")
