@@ -33,8 +33,8 @@ The drain (--ssh):
   all on one port, presenting the host key from its user-data, letting in only the scaler's
   key, and answering `systemctl is-active` "active" until `systemctl stop`, then "inactive"
   (no worker process: the worker's side stays the harness's). Every drain is a real SSH
-  handshake, login, exec channels and close in this process. A lifecycle takes a few ms more
-  of wall time; any SSH error is counted and makes the run exit 1.
+  handshake, login, exec channels and close in this process. A lifecycle takes up to 0.2 s
+  more of wall time; any SSH error is counted and makes the run exit 1.
 
 Usage: python scripts/soak_loop.py [--lifecycles 500] [--per-cycle 4] [--report 50]
                                    [--warmup 100] [--ssh {stand-in,real}]
