@@ -518,11 +518,13 @@ class Config:
             )
         return self.secrets.database_url
 
-    def settings(self, *, mask: bool = False) -> dict[str, dict[str, Any]]:
-        """The settings' sections as plain data, as a config file writes them. Unmasked, for a
-        file ``load`` reads back: the masking of a secret's fragments also masks a setting
-        that merely shares six characters with the key (the demo's key began "demo-", as every
-        demo's fleet name does, and 1 demo in 16 wrote its fleet name as "***...")."""
+    def settings(self, *, mask: bool = True) -> dict[str, dict[str, Any]]:
+        """The settings' sections as plain data, every secret masked. ``mask=False`` only for
+        a file ``load`` reads back (the demo's pass config, mode 0600): the masking of a
+        secret's fragments also masks a setting that merely shares six characters with the
+        key (the demo's key began "demo-", as every demo's fleet name does, and 1 demo in 16
+        wrote its fleet name as "***..."). No secret is a setting, but a password pasted into
+        one would be in that file as it is in the config the user wrote."""
         secrets = self.secrets.values() if mask else ()
         out = {
             section: _plain(getattr(self, section), secrets)
@@ -534,7 +536,7 @@ class Config:
 
     def masked(self) -> dict[str, Any]:
         """The resolved configuration as plain data with every secret masked, for display."""
-        out: dict[str, Any] = dict(self.settings(mask=True))
+        out: dict[str, Any] = dict(self.settings())
         db = self.secrets.database_url.reveal()
         wdb = self.secrets.worker_database_url.reveal()
         scaler_url_ok = self.worker.use_scaler_database_url

@@ -381,7 +381,7 @@ def config_toml(cfg: config_mod.Config) -> str:
     they stay in the environment). A value is a string, number, bool, a list of values, or a
     table of them (``policy.forecast``, an offering), written inline (``config.toml_value``)."""
     lines: list[str] = []
-    for section, values in cfg.settings().items():
+    for section, values in cfg.settings(mask=False).items():
         lines.append(f"[{section}]")
         lines += [
             f"{key} = {config_mod.toml_value(value)}"
