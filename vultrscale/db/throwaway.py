@@ -155,6 +155,8 @@ def _pg_start(server: ThrowawayPostgres, timeout: float) -> None:
     opts = (
         f"-c listen_addresses=127.0.0.1 -c port={server.port} -c fsync=off "
         f"-c synchronous_commit=off -c full_page_writes=off -c max_connections=300 "
+        # its log in English whatever the locale: _PORT_TAKEN is read in it
+        f"-c lc_messages=C "
         f"-c unix_socket_directories={root}"
     )
     started = server._run(
