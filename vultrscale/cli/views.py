@@ -194,8 +194,7 @@ def demo_counts(tick: Tick) -> str:
     """The run in one line: the fleet's states and the jobs."""
     states: dict[str, int] = dict(tick.instances or {})
     if not states and tick.result is not None and tick.result.observation is not None:
-        for i in tick.result.observation.instances:
-            states[i.state.value] = states.get(i.state.value, 0) + 1
+        states = tick.result.observation.summary()["instances"]
     fleet = ", ".join(f"{n} {s}" for s, n in states.items()) or "none"
     return f"[{tick.elapsed:5.1f}s] instances: {fleet} | {demo_jobs(tick)}"
 
