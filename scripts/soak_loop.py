@@ -34,7 +34,8 @@ The drain (--ssh):
   key, and answering `systemctl is-active` "active" until `systemctl stop`, then "inactive"
   (no worker process: the worker's side stays the harness's). Every drain is a real SSH
   handshake, login, exec channels and close in this process. A lifecycle takes up to 0.2 s
-  more of wall time; any SSH error is counted and makes the run exit 1.
+  more of wall time; any SSH error is counted and makes the run exit 1, as does any failed
+  pass (a soak whose passes fail measures something else than the loop's steady work).
 
 Usage: python scripts/soak_loop.py [--lifecycles 500] [--per-cycle 4] [--report 50]
                                    [--warmup 100] [--ssh {stand-in,real}]
@@ -78,7 +79,7 @@ from vultrscale.wiring import user_data_renderer
 KEY = "soak-key-0123456789abcdef0123456789abcdef"
 PLAN = "vc2-1c-2gb"
 START = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
-TAG = "vultrscale-workers"  # the fleet's tag (fleet.tag's default)
+TAG = config_mod.FleetConfig().tag  # the fleet's tag: the default the soak's config keeps
 INTERVAL = timedelta(seconds=30)
 
 
@@ -230,6 +231,13 @@ class Lockstep:
             self._mono += seconds
             self._sim.send(("advance", seconds))
             self._sim.recv()
+
+    def active(self) -> list[str]:
+        """The simulator's active tagged instances, asked on the same pipe under the same lock
+        (a pass that ended on an error may leave a read thread pacing on it)."""
+        with self._lock:
+            self._sim.send(("active", None))
+            return list(self._sim.recv())
 
 
 # --- the hosts: workers that report in, finish their jobs and stop when told -----------------
@@ -450,7 +458,7 @@ def soak(args: argparse.Namespace, db_url: str) -> int:
             render_user_data=user_data_renderer(cfg, scaler_public),
             overlap_reads=True,
         )
-        code = _loop(args, cfg, parts, hosts, mine, tmp)
+        code = _loop(args, cfg, parts, hosts, tmp)
         if isinstance(drain, RealSSH):
             mine.send(("ssh", None))
             seen = mine.recv()
@@ -473,10 +481,11 @@ def _loop(
     cfg: config_mod.Config,
     parts: Parts,
     hosts: Hosts,
-    sim: Connection,
     tmp: Path,
 ) -> int:
     metrics = metrics_mod.Metrics(cfg.fleet.name)
+    lockstep = parts.clock
+    assert isinstance(lockstep, Lockstep)
     secrets = cfg.secrets.values()
     metrics_file = str(tmp / "vultrscale.prom")
     devnull = open(os.devnull, "w")  # noqa: SIM115 - open for the whole soak
@@ -523,8 +532,7 @@ def _loop(
             line = passlog.pass_line(result, cfg.fleet.name, passlog.LogFormat.HUMAN, secrets)
             print(line, file=sys.stdout if args.verbose else devnull)
         # The world moves: the queue fills when the fleet is gone, instances boot.
-        sim.send(("active", None))
-        active = sim.recv()
+        active = lockstep.active()
         hosts.gone &= set(active)  # deleted: forgotten
         if not active and not hosts.up and not state["filled"]:
             queue.enqueue(hosts.db, [{} for _ in range(4 * args.per_cycle)])
@@ -581,7 +589,8 @@ def _summary(
             print(f"  {stat}")
             for line in stat.traceback.format(most_recent_first=True)[: 2 * args.frames]:
                 print(f"      {line.strip()}")
-    return 0
+    # a failed pass is a soak that measured something else than the loop's steady work
+    return 1 if state["failed"] else 0
 
 
 def _config(
