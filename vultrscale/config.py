@@ -185,7 +185,7 @@ def parse_duration(value: object, key: str = "duration") -> timedelta:
 
 
 def toml_value(value: object) -> str:
-    """A setting's value (as ``Config.masked`` gives it) written as TOML writes it inline: a
+    """A setting's value (as ``Config.settings`` gives it) written as TOML writes it inline: a
     quoted string, true or false, a number, a list or an inline table of them."""
     if isinstance(value, str):
         return json.dumps(value)
