@@ -218,8 +218,7 @@ def _checked_pass(
             refused,
             probe=not result.dry_run,
         )
-        # A refused pass (bad input, exit 2) writes nothing, not even the forecast's cache.
-        reads = _forecast(cfg, parts, ledger, reads, save=not result.dry_run and refused is None)
+        reads, fresh_profile = _forecast(cfg, parts, reads)
         decision = decide(reads, cfg)
         if decision.refused_outright and refused is not None:  # nothing to wind down
             raise refused
@@ -236,6 +235,11 @@ def _checked_pass(
         result.exit_code = (
             EXIT_USAGE if decision.refused else EXIT_RUNTIME if result.errors else EXIT_OK
         )
+        # The forecast's cache is written by a pass that succeeded only: a failed one (the API
+        # down, no snapshot, a refusal) changes nothing but its fleet_events row and the steps
+        # it carried out. The profile stays in this process's cache for its next pass to save.
+        if fresh_profile is not None and result.exit_code == EXIT_OK and not result.dry_run:
+            ledger.save_forecast_profile(fresh_profile)
         failed = False
     except VultrscaleError as exc:
         result.exit_code = exc.exit_code
@@ -308,29 +312,28 @@ def _offering_checks(
 
 
 def _forecast(
-    cfg: Config, parts: Parts, ledger: FleetLedger, reads: Readings, *, save: bool
-) -> Readings:
-    """The readings with a fresh forecast profile: the cached one while it is fresh, else one
-    computed from the queue's history and saved for every pass (``save``; a dry run writes
-    nothing). The history is scanned once per ``policy.forecast.refresh``, not every pass.
-    A history that cannot be read keeps the cached profile, if any, and never fails the pass:
-    the forecast only ever raises a floor."""
+    cfg: Config, parts: Parts, reads: Readings
+) -> tuple[Readings, forecast.Profile | None]:
+    """The readings with a fresh forecast profile, and that profile when the ledger's is older
+    (for the pass to save if it succeeds; else None): the ledger's while it is fresh, else this
+    process's, else one computed from the queue's history. The history is scanned once per
+    ``policy.forecast.refresh``, not every pass. A history that cannot be read keeps the cached
+    profile, if any, and never fails the pass: the forecast only ever raises a floor."""
     fc = cfg.policy.forecast
     cached = reads.forecast
     if fc.mode == "off" or parts.history is None or (cached and cached.fresh(fc, reads.now)):
-        return reads
+        return reads, None
     mine = parts.cache.profile
     if mine is not None and mine.fresh(fc, reads.now):
-        return replace(reads, forecast=mine)
+        return replace(reads, forecast=mine), mine
     try:
         profile = forecast_profile(cfg, parts.history, cached, reads.now)
     except DatabaseError as exc:
         log.warning("the floor forecast keeps its last profile: %s", exc)
-        return reads if cached is not None and cached.fits(fc) else replace(reads, forecast=None)
+        kept = reads if cached is not None and cached.fits(fc) else replace(reads, forecast=None)
+        return kept, None
     parts.cache.profile = profile
-    if save:
-        ledger.save_forecast_profile(profile)
-    return replace(reads, forecast=profile)
+    return replace(reads, forecast=profile), profile
 
 
 def forecast_profile(
