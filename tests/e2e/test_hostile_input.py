@@ -205,6 +205,10 @@ CASES_WHOLE = [
     c('url-api-bad-host', CHECK, 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'http://exa_mple..com'}),
     c('url-api-newline', 'instances', 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'http://127.0.0.1:80\nX-Evil: 1'}),
     c('url-api-query', CHECK, 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'https://api.vultr.com/?key=x'}),
+    c('url-api-ipv6-unclosed', CHECK, 2, "VULTR_API_URL has a '[' or ']' out of place", env={'VULTR_API_URL': 'http://[::1/'}),
+    c('url-api-ipv6-unclosed-pass', 'reconcile', 2, "VULTR_API_URL has a '[' or ']' out of place", env={'VULTR_API_URL': f'http://u:{PROXY_PASSWORD}@[::1'}),
+    c('url-api-ipv6-not-an-address', 'instances', 2, 'VULTR_API_URL has something other than an IPv6 address', env={'VULTR_API_URL': 'http://[zz]/'}),
+    c('url-api-ipv6-port-out-of-range', CHECK, 2, 'VULTR_API_URL has a port', env={'VULTR_API_URL': 'http://[::1]:99999/'}),
     c('url-database-port-out-of-range', 'enqueue', 2, 'DATABASE_URL names a port', env={'DATABASE_URL': 'postgresql://u:pw@127.0.0.1:106469/db'}),
     c('url-worker-database-port-zero', CHECK, 2, 'WORKER_DATABASE_URL names a port', env={'WORKER_DATABASE_URL': 'postgresql://u:pw@127.0.0.1:0/db'}),
     # --- the environment -------------------------------------------------------------------------
