@@ -138,6 +138,7 @@ CASES = [
     c('flag-simulate-monthly-nan', 'simulate --days 1 --monthly-usd nan', 2, '--monthly-usd'),
     c('flag-simulate-days-huge', 'simulate --days 36500', 2, '--days'),
     c('flag-simulate-replay-huge', 'simulate --days 366 --jobs-per-day 100000', 2, 'more than a replay holds'),
+    c('flag-simulate-sweep-grid-huge', 'simulate --days 1 --sweep policy.max_instances=' + ','.join(map(str, range(1, 200))) + ' --sweep policy.max_step_up=0,1', 2, '--sweep policy.max_instances (199 values) x'),
     c('flag-enqueue-queue-injection', ('enqueue', '--queue', 'a b;drop'), 2, '--queue'),
     c('flag-enqueue-queue-empty', ('enqueue', '--queue', ''), 2, '--queue'),
     c('flag-enqueue-count-zero', 'enqueue --count 0', 2, '--count'),

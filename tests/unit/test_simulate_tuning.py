@@ -73,7 +73,38 @@ def test_a_grid_past_the_limit_exits_2_before_any_replay(
             "--sweep", f"policy.max_step_up={values}"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "39,601 variants (199 x 199)" in err and f"more than {compare.MAX_VARIANTS}" in err
+    assert "39,601 variants" in err and f"more than the {compare.MAX_VARIANTS}" in err
+    # Issue 36: it named neither --sweep nor how far to shrink it.
+    assert "--sweep policy.max_instances (199 values) x --sweep policy.max_step_up (199" in err
+    assert "Sweep fewer keys at once" in err
+
+
+@pytest.mark.parametrize(
+    ("tables", "sweep", "says", "fix"),
+    [(101, None, "{file} (101 variants) make 101 variants", "Keep at most 100 variants in {file}"),
+     (30, "policy.max_instances=1,2,3,4",
+      "--sweep policy.max_instances (4 values) x {file} (30 variants) make 120 variants",
+      "Keep at most 25 variants in {file}"),
+     (2, "policy.max_instances=" + ",".join(map(str, range(1, 52))),
+      "--sweep policy.max_instances (51 values) x {file} (2 variants) make 102 variants",
+      "Give --sweep policy.max_instances at most 50 values")],
+    ids=["file-alone", "file-the-larger", "sweep-the-larger"],
+)  # fmt: skip
+def test_a_grid_past_the_limit_names_what_makes_it_and_how_far_to_shrink_it(
+    tables: int,
+    sweep: str | None,
+    says: str,
+    fix: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 36: the refusal named neither --sweep nor the variants file."""
+    variants = tmp_path / "v.toml"
+    variants.write_text("".join(f"[v{i}]\n" for i in range(tables)))
+    argv = [*DAY, "--variants", str(variants), *(["--sweep", sweep] if sweep else [])]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())  # the message as one line
+    assert says.format(file=variants) in err and fix.format(file=variants) in err
 
 
 def test_a_floor_with_commas_inside_is_one_sweep_value() -> None:

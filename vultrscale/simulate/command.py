@@ -140,7 +140,13 @@ def execute(
             )
         variants = compare.with_current(
             compare.sweep_configs(
-                sweeps, config_path, env, monthly=opts.monthly_usd, named=named, current=cfg
+                sweeps,
+                config_path,
+                env,
+                monthly=opts.monthly_usd,
+                named=named,
+                current=cfg,
+                variants_file=opts.variants,
             ),
             cfg,
             price,
