@@ -305,6 +305,36 @@ def test_the_table_fits_100_columns_and_wide_shows_every_column(
     assert "refused/429/dead" in wide and f"policy.floor={FLOOR_2}" in wide
 
 
+@pytest.mark.parametrize(
+    ("terminal", "columns", "wide", "fits"),
+    [(True, "100", False, 100), (True, "140", False, 140), (False, "200", False, 100),
+     (False, "200", True, 100)],
+    ids=["terminal-100", "terminal-140", "piped", "piped-wide"],
+)  # fmt: skip
+def test_the_notes_under_the_table_wrap_to_the_terminal_or_100_when_piped(
+    terminal: bool,
+    columns: str,
+    wide: bool,
+    fits: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 36: with COLUMNS=100 the table fit in 94 columns and its notes ran to 198."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", columns)
+    if terminal:
+        monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich's own switch: write as to a terminal
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "30", "--policies", "naive,vultrscale",
+            *(["--wide"] if wide else [])]  # fmt: skip
+    assert main(argv) == 0
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # the colours' codes
+    notes = out[out.index("workload: ") :].splitlines()
+    assert max(len(line) for line in notes) <= fits
+    assert max(len(line) for line in notes) > fits - 20  # the lines are filled
+    assert "and >= marks a wait that rests on one" in " ".join(notes)  # wrapped, not cut
+
+
 # --- hindsight ------------------------------------------------------------------------------
 
 
