@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from vultrscale import forecast, lifecycle, offerings
+from vultrscale import forecast, interrupts, lifecycle, offerings
 from vultrscale.clock import Clock
 from vultrscale.config import Config, Offering, format_duration
 from vultrscale.decision import (
@@ -254,12 +254,16 @@ def _checked_pass(
         result.errors.append("interrupted (SIGINT) before the pass finished")
         raise
     finally:
-        if result.errors:
-            # Belt and braces: whatever an adapter put in an error, no secret reaches the ledger.
-            secrets = cfg.secrets.values()
-            result.errors = [redact(e, secrets) for e in result.errors]
-        if not result.dry_run:
-            _record(ledger, result, quiet=failed)
+        # A Ctrl-C now is raised once the pass is recorded: it cut the row's write, and a pass
+        # that ran (and created) left none.
+        with interrupts.held_off():
+            if result.errors:
+                # Belt and braces: whatever an adapter put in an error, no secret reaches the
+                # ledger.
+                secrets = cfg.secrets.values()
+                result.errors = [redact(e, secrets) for e in result.errors]
+            if not result.dry_run:
+                _record(ledger, result, quiet=failed)
 
 
 def _record(ledger: FleetLedger, result: PassResult, *, quiet: bool) -> None:
