@@ -10,7 +10,8 @@
 - *Decide* is pure: ``lifecycle`` (ledger state machine, drain verdicts) and ``policy.decide``.
 - *Apply* carries the decision out through the ports; a failure on one instance is that
   instance's error, and the rest of the fleet is still acted on.
-- *Record*: every pass that held the lock writes its ``fleet_events`` row, failed ones too.
+- *Record*: every pass that held the lock writes its ``fleet_events`` row, failed ones too
+  (a Ctrl-C as it writes it is raised after); the forecast's cache only a pass that succeeded.
 
 The pass is level-triggered and safe to kill at any point: every irreversible step is preceded
 by a ledger write that lets the next pass find it (the create intent right before the POST, the
