@@ -102,6 +102,8 @@ _API_URL_FORM = (
 # unencoded '/' or '?' is then not taken for the host or the path.
 _HTTP_URL_PARTS = re.compile(r"(?P<scheme>[A-Za-z][\w+.-]*)://(?:.*@)?(?P<rest>[^@]*)", re.S)
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+# An [IPv6] host, whole, then an optional :PORT (checked as any port).
+_BRACKETED_HOST = re.compile(r"\[(?P<ip>[^\[\]]*)\](?::[^\[\]]*)?")
 
 
 def _http_host_ok(host: str) -> bool:
@@ -128,9 +130,15 @@ def api_url_problem(url: str) -> str | None:
     m = _HTTP_URL_PARTS.fullmatch(url)
     if m is None or m["scheme"].lower() not in ("http", "https"):
         return f"{name} is not {_API_URL_FORM}"
+    bracket_problem = _bracketed_host_problem(m["rest"])
+    if bracket_problem:
+        return f"{name} {bracket_problem}"
     from urllib.parse import urlsplit
 
-    parts = urlsplit(f"http://{m['rest']}")
+    try:
+        parts = urlsplit(f"http://{m['rest']}")
+    except ValueError:  # what the checks above missed: never "unexpected ValueError", exit 1
+        return f"{name} is not {_API_URL_FORM}"
     try:
         port = parts.port
     except ValueError:
@@ -141,6 +149,28 @@ def api_url_problem(url: str) -> str | None:
         return f"{name} names no valid host (a name, an IPv4 or an [IPv6] address)"
     if parts.query or parts.fragment or "?" in m["rest"] or "#" in m["rest"]:
         return f"{name} carries a query or fragment ('?...', '#...'); expected {_API_URL_FORM}"
+    return None
+
+
+def _bracketed_host_problem(rest: str) -> str | None:
+    """What is wrong with the brackets of a URL's host (``rest``: from the host on), if any:
+    urlsplit raised ValueError for some ('[::1/'), took others ('[::1]x') that httpx refuses."""
+    host_port = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "[" not in host_port and "]" not in host_port:
+        return None
+    m = _BRACKETED_HOST.fullmatch(host_port)
+    if m is None:
+        return (
+            "has a '[' or ']' out of place: an IPv6 host is written whole in brackets, then "
+            "an optional :PORT (https://[2001:db8::5]:8443)"
+        )
+    try:
+        ipaddress.IPv6Address(m["ip"])
+    except ValueError:
+        return (
+            "has something other than an IPv6 address in its [brackets]: write an IPv4 address "
+            "or a name without them (http://127.0.0.1:8080), an IPv6 one within (http://[2001:db8::5])"
+        )
     return None
 
 

@@ -10,7 +10,8 @@
 - *Decide* is pure: ``lifecycle`` (ledger state machine, drain verdicts) and ``policy.decide``.
 - *Apply* carries the decision out through the ports; a failure on one instance is that
   instance's error, and the rest of the fleet is still acted on.
-- *Record*: every pass that held the lock writes its ``fleet_events`` row, failed ones too.
+- *Record*: every pass that held the lock writes its ``fleet_events`` row, failed ones too
+  (a Ctrl-C as it writes it is raised after); the forecast's cache only a pass that succeeded.
 
 The pass is level-triggered and safe to kill at any point: every irreversible step is preceded
 by a ledger write that lets the next pass find it (the create intent right before the POST, the
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from vultrscale import forecast, lifecycle, offerings
+from vultrscale import forecast, interrupts, lifecycle, offerings
 from vultrscale.clock import Clock
 from vultrscale.config import Config, Offering, format_duration
 from vultrscale.decision import (
@@ -218,8 +219,7 @@ def _checked_pass(
             refused,
             probe=not result.dry_run,
         )
-        # A refused pass (bad input, exit 2) writes nothing, not even the forecast's cache.
-        reads = _forecast(cfg, parts, ledger, reads, save=not result.dry_run and refused is None)
+        reads, fresh_profile = _forecast(cfg, parts, reads)
         decision = decide(reads, cfg)
         if decision.refused_outright and refused is not None:  # nothing to wind down
             raise refused
@@ -236,6 +236,11 @@ def _checked_pass(
         result.exit_code = (
             EXIT_USAGE if decision.refused else EXIT_RUNTIME if result.errors else EXIT_OK
         )
+        # The forecast's cache is written by a pass that succeeded only: a failed one (the API
+        # down, no snapshot, a refusal) changes nothing but its fleet_events row and the steps
+        # it carried out. The profile stays in this process's cache for its next pass to save.
+        if fresh_profile is not None and result.exit_code == EXIT_OK and not result.dry_run:
+            ledger.save_forecast_profile(fresh_profile)
         failed = False
     except VultrscaleError as exc:
         result.exit_code = exc.exit_code
@@ -250,12 +255,16 @@ def _checked_pass(
         result.errors.append("interrupted (SIGINT) before the pass finished")
         raise
     finally:
-        if result.errors:
-            # Belt and braces: whatever an adapter put in an error, no secret reaches the ledger.
-            secrets = cfg.secrets.values()
-            result.errors = [redact(e, secrets) for e in result.errors]
-        if not result.dry_run:
-            _record(ledger, result, quiet=failed)
+        # A Ctrl-C now is raised once the pass is recorded: it cut the row's write, and a pass
+        # that ran (and created) left none.
+        with interrupts.held_off():
+            if result.errors:
+                # Belt and braces: whatever an adapter put in an error, no secret reaches the
+                # ledger.
+                secrets = cfg.secrets.values()
+                result.errors = [redact(e, secrets) for e in result.errors]
+            if not result.dry_run:
+                _record(ledger, result, quiet=failed)
 
 
 def _record(ledger: FleetLedger, result: PassResult, *, quiet: bool) -> None:
@@ -308,29 +317,28 @@ def _offering_checks(
 
 
 def _forecast(
-    cfg: Config, parts: Parts, ledger: FleetLedger, reads: Readings, *, save: bool
-) -> Readings:
-    """The readings with a fresh forecast profile: the cached one while it is fresh, else one
-    computed from the queue's history and saved for every pass (``save``; a dry run writes
-    nothing). The history is scanned once per ``policy.forecast.refresh``, not every pass.
-    A history that cannot be read keeps the cached profile, if any, and never fails the pass:
-    the forecast only ever raises a floor."""
+    cfg: Config, parts: Parts, reads: Readings
+) -> tuple[Readings, forecast.Profile | None]:
+    """The readings with a fresh forecast profile, and that profile when the ledger's is older
+    (for the pass to save if it succeeds; else None): the ledger's while it is fresh, else this
+    process's, else one computed from the queue's history. The history is scanned once per
+    ``policy.forecast.refresh``, not every pass. A history that cannot be read keeps the cached
+    profile, if any, and never fails the pass: the forecast only ever raises a floor."""
     fc = cfg.policy.forecast
     cached = reads.forecast
     if fc.mode == "off" or parts.history is None or (cached and cached.fresh(fc, reads.now)):
-        return reads
+        return reads, None
     mine = parts.cache.profile
     if mine is not None and mine.fresh(fc, reads.now):
-        return replace(reads, forecast=mine)
+        return replace(reads, forecast=mine), mine
     try:
         profile = forecast_profile(cfg, parts.history, cached, reads.now)
     except DatabaseError as exc:
         log.warning("the floor forecast keeps its last profile: %s", exc)
-        return reads if cached is not None and cached.fits(fc) else replace(reads, forecast=None)
+        kept = reads if cached is not None and cached.fits(fc) else replace(reads, forecast=None)
+        return kept, None
     parts.cache.profile = profile
-    if save:
-        ledger.save_forecast_profile(profile)
-    return replace(reads, forecast=profile)
+    return replace(reads, forecast=profile), profile
 
 
 def forecast_profile(

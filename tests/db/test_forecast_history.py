@@ -6,21 +6,26 @@ process, recomputed only once per ``policy.forecast.refresh``."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from vultrscale import cli, forecast
+from vultrscale import cli, forecast, reconcile
 from vultrscale.clock import FakeClock
 from vultrscale.config import Config, FleetConfig, ForecastConfig, PolicyConfig, Secret, Secrets
+from vultrscale.db import ledger
 from vultrscale.db.history import PgHistory
 from vultrscale.db.ledger import PgStore
+from vultrscale.errors import VultrscaleError
 from vultrscale.forecast import Bucket
 from vultrscale.memory import SNAPSHOT, MemoryCloud, MemoryDrain, MemoryHistory, host_keys
 from vultrscale.ports import Parts
 from vultrscale.reconcile import run_pass
+from vultrscale.vultr.errors import ApiUnreachable
+from vultrscale.vultr.models import VInstance, VPlan
 
 MONDAY = datetime(2026, 6, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -154,6 +159,69 @@ def test_mode_off_reads_no_profile_and_scans_no_history(db_url: str) -> None:
     assert history.scans == 0 and result.plan is not None and result.plan.forecast_floor is None
     with psycopg.connect(db_url, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM forecast_profiles").fetchone() == (0,)
+
+
+
+class _BrokenCloud(MemoryCloud):
+    """A cloud that fails the pass while ``broken``: the API unreachable, or the fleet's
+    snapshot deleted (a pass that must create then refuses, exit 2)."""
+
+    def __init__(self, clock: FakeClock, how: str) -> None:
+        super().__init__(clock, snapshots={} if how == "snapshot-missing" else None)
+        self.how = how
+        self.broken = True
+
+    def mend(self) -> None:
+        self.broken = False
+        self.snapshots[SNAPSHOT] = "complete"
+
+    def get_plan(self, plan_id: str) -> VPlan:
+        self._down()
+        return super().get_plan(plan_id)
+
+    def list_instances(self, tag: str | None = None) -> list[VInstance]:
+        self._down()
+        return super().list_instances(tag)
+
+    def _down(self) -> None:
+        if self.broken and self.how == "api-unreachable":
+            raise ApiUnreachable("GET /v2/instances: cannot connect to api.vultr.com")
+
+
+@pytest.mark.parametrize(("how", "code"), [("api-unreachable", 1), ("snapshot-missing", 2)])
+def test_a_failed_pass_leaves_the_cached_profile_and_the_next_good_one_saves_it(
+    db_url: str, how: str, code: int
+) -> None:
+    """Issue 36: a pass that failed (API unreachable, snapshot missing) still upserted its
+    freshly computed profile into forecast_profiles; a failed pass changes nothing."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for created, run in _history():
+            _insert(conn, created, run)
+    now = MONDAY + 2 * WEEK + 8 * HOUR
+    policy = PolicyConfig(min_instances=2, forecast=ForecastConfig(mode="observe"))
+    cfg = replace(_config("observe"), policy=policy)  # it creates: the snapshot is needed
+    stale = reconcile.forecast_profile(cfg, PgHistory(db_url), None, now - 2 * HOUR)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        ledger.save_forecast_profile(conn, cfg.fleet.name, stale)
+    clock = FakeClock(now)
+    cloud = _BrokenCloud(clock, how)
+    parts = _parts(db_url, cloud, CountingHistory(db_url))
+
+    try:
+        got = run_pass(cfg, parts).exit_code
+    except VultrscaleError as exc:
+        got = exc.exit_code
+    assert got == code
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute("SELECT computed_at FROM forecast_profiles").fetchall() == [
+            (now - 2 * HOUR,)
+        ]
+        assert conn.execute("SELECT exit_code FROM fleet_events").fetchall() == [(code,)]
+
+    cloud.mend()  # the next pass succeeds: the profile this process computed is saved now
+    assert run_pass(cfg, parts).exit_code == 0
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute("SELECT computed_at FROM forecast_profiles").fetchall() == [(now,)]
 
 
 # --- `vultrscale forecast` ---------------------------------------------------------------------

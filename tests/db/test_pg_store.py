@@ -231,6 +231,42 @@ def test_a_pass_reads_the_ledger_and_the_signals_in_one_round_trip(
     assert sum(1 for a, b in zip(sides, sides[1:], strict=False) if (a, b) == ("F", "B")) == 1
 
 
+def test_a_pass_cut_short_by_ctrl_c_inside_its_read_still_records_itself(
+    cfg: Config, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36: a Ctrl-C (a real SIGINT) in the pass's one round trip left the signals'
+    read-only transaction open; the pass's row was then refused ("cannot execute INSERT in a
+    read-only transaction") and the pass went unrecorded, the process exiting 130 all the same."""
+    import signal
+
+    from vultrscale.clock import FakeClock
+    from vultrscale.memory import MemoryCloud, MemoryDrain, host_keys
+    from vultrscale.ports import Parts
+    from vultrscale.reconcile import run_pass
+
+    ready_count_query = signals_mod._ready_count_query
+
+    def ctrl_c_mid_read(queue: str | None) -> Any:
+        signal.raise_signal(signal.SIGINT)  # after the read's BEGIN ... READ ONLY, before COMMIT
+        return ready_count_query(queue)
+
+    monkeypatch.setattr(signals_mod, "_ready_count_query", ctrl_c_mid_read)
+    clock = FakeClock(datetime(2026, 3, 2, tzinfo=UTC))
+    parts = Parts(
+        cloud=MemoryCloud(clock),
+        store=PgStore(db_url),
+        drain=MemoryDrain(),
+        clock=clock,
+        keygen=host_keys(),
+        render_user_data=lambda label, private, public: "#cloud-config\n",
+    )
+    with pytest.raises(KeyboardInterrupt):
+        run_pass(cfg, parts)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT exit_code, errors FROM fleet_events").fetchall()
+    assert rows == [(130, ["interrupted (SIGINT) before the pass finished"])]
+
+
 def test_signals_that_cannot_be_read_leave_the_ledger_read_and_the_connection_usable(
     store: PgStore, cfg: Config, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

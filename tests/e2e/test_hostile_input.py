@@ -50,6 +50,7 @@ class Case:
     env: dict[str, str | None] = field(default_factory=dict)
     bom: bool = False
     as_nobody: bool = False
+    writes: tuple[str, ...] = ()  # tables a failed pass may change besides fleet_events
 
 
 def c(id: str, argv: str | tuple[str, ...], code: int, says: str, **kw: Any) -> Case:
@@ -137,6 +138,7 @@ CASES = [
     c('flag-simulate-monthly-nan', 'simulate --days 1 --monthly-usd nan', 2, '--monthly-usd'),
     c('flag-simulate-days-huge', 'simulate --days 36500', 2, '--days'),
     c('flag-simulate-replay-huge', 'simulate --days 366 --jobs-per-day 100000', 2, 'more than a replay holds'),
+    c('flag-simulate-sweep-grid-huge', 'simulate --days 1 --sweep policy.max_instances=' + ','.join(map(str, range(1, 200))) + ' --sweep policy.max_step_up=0,1', 2, '--sweep policy.max_instances (199 values) x'),
     c('flag-enqueue-queue-injection', ('enqueue', '--queue', 'a b;drop'), 2, '--queue'),
     c('flag-enqueue-queue-empty', ('enqueue', '--queue', ''), 2, '--queue'),
     c('flag-enqueue-count-zero', 'enqueue --count 0', 2, '--count'),
@@ -161,6 +163,11 @@ CASES = [
     c('db-unreachable', 'events', 1, 'cannot read the events', env={'DATABASE_URL': f'postgresql://u:{DB_PASSWORD}@127.0.0.1:{{closed}}/db'}),
     c('db-unreachable-enqueue', 'enqueue', 1, 'cannot enqueue', env={'DATABASE_URL': f"host=127.0.0.1 port={{closed}} password='{DB_PASSWORD} x'"}),
     c('db-without-schema', 'enqueue', 1, 'db init', env={'DATABASE_URL': '{empty_db}'}),
+    # A failed pass writes its fleet_events row, never the forecast's cache (forecast_profiles);
+    # what else it may write (README "Exit codes"): the steps it carried out (here the queue's
+    # idle time, read from Postgres), and the plan checks Vultr answered (stamped, 10 minutes).
+    c('pass-api-unreachable', 'reconcile', 1, 'cannot connect', env={'VULTR_API_URL': 'http://127.0.0.1:{closed}'}, writes=('public.fleet_state',)),
+    c('pass-snapshot-missing', 'reconcile', 2, f'snapshot {VID}', env={'VULTRSCALE_FLEET_SNAPSHOT_ID': VID, 'VULTRSCALE_POLICY_MIN_INSTANCES': '1', 'WORKER_DATABASE_URL': 'postgresql://vultrscale_worker:pw@127.0.0.1:{closed}/db'}, writes=('public.plan_checks',)),
 ]
 DEEP = 20_000
 CUSTOM_SQL = "[queue]\npreset = 'custom'\nin_flight_sql = 'select 0'\noldest_ready_seconds_sql = 'select 0'\n"
@@ -199,6 +206,10 @@ CASES_WHOLE = [
     c('url-api-bad-host', CHECK, 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'http://exa_mple..com'}),
     c('url-api-newline', 'instances', 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'http://127.0.0.1:80\nX-Evil: 1'}),
     c('url-api-query', CHECK, 2, 'VULTR_API_URL', env={'VULTR_API_URL': 'https://api.vultr.com/?key=x'}),
+    c('url-api-ipv6-unclosed', CHECK, 2, "VULTR_API_URL has a '[' or ']' out of place", env={'VULTR_API_URL': 'http://[::1/'}),
+    c('url-api-ipv6-unclosed-pass', 'reconcile', 2, "VULTR_API_URL has a '[' or ']' out of place", env={'VULTR_API_URL': f'http://u:{PROXY_PASSWORD}@[::1'}),
+    c('url-api-ipv6-not-an-address', 'instances', 2, 'VULTR_API_URL has something other than an IPv6 address', env={'VULTR_API_URL': 'http://[zz]/'}),
+    c('url-api-ipv6-port-out-of-range', CHECK, 2, 'VULTR_API_URL has a port', env={'VULTR_API_URL': 'http://[::1]:99999/'}),
     c('url-database-port-out-of-range', 'enqueue', 2, 'DATABASE_URL names a port', env={'DATABASE_URL': 'postgresql://u:pw@127.0.0.1:106469/db'}),
     c('url-worker-database-port-zero', CHECK, 2, 'WORKER_DATABASE_URL names a port', env={'WORKER_DATABASE_URL': 'postgresql://u:pw@127.0.0.1:0/db'}),
     # --- the environment -------------------------------------------------------------------------
@@ -245,7 +256,9 @@ def world(
         yield w
 
 
-def _row_counts(db: str) -> dict[str, int]:
+def _tables(db: str) -> dict[str, tuple[int, str]]:
+    """Each table's row count and a digest of its rows: an upsert that rewrites a row (the
+    forecast's cache did) changes no count."""
     with psycopg.connect(db, autocommit=True) as conn:
         tables = [
             r[0]
@@ -254,7 +267,8 @@ def _row_counts(db: str) -> dict[str, int]:
                 "FROM pg_stat_user_tables"
             )
         ]
-        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables}  # type: ignore[index]
+        digest = "SELECT count(*), md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM {} t"
+        return {t: conn.execute(digest.format(t)).fetchone() for t in tables}  # type: ignore[misc]
 
 
 def _changes(sim: Simulator) -> int:
@@ -325,7 +339,7 @@ def test_hostile_input_is_refused_cleanly(
     if case.as_nobody:  # what a failing command imports lazily, imported while it can be
         main(["--config", "/nonexistent/vultrscale.toml", "config", "check"])
         capsys.readouterr()
-    rows_before, changes_before = _row_counts(world.db), _changes(world.sim)
+    rows_before, changes_before = _tables(world.db), _changes(world.sim)
 
     try:
         with _as_nobody(case.as_nobody):
@@ -343,10 +357,12 @@ def test_hostile_input_is_refused_cleanly(
     for secret in (API_KEY, DB_PASSWORD, PROXY_PASSWORD):
         assert secret not in text
     assert _changes(world.sim) == changes_before
-    rows_after = _row_counts(world.db)
-    # A refused reconcile pass records itself (its fleet_events row, with the reason) and
-    # writes nothing else; every other command writes nothing at all.
-    recorded = rows_after.pop("public.fleet_events") - rows_before.pop("public.fleet_events")
+    rows_after = _tables(world.db)
+    # A refused or failed reconcile pass records itself (its fleet_events row, with the
+    # reason) and writes nothing else; every other command writes nothing at all.
+    recorded = rows_after.pop("public.fleet_events")[0] - rows_before.pop("public.fleet_events")[0]
+    for table in case.writes:
+        rows_after.pop(table), rows_before.pop(table)
     assert rows_after == rows_before
     a_pass_ran = case.argv[:1] == ("reconcile",) and "--dry-run" not in case.argv
     assert recorded in ((0, 1) if a_pass_ran else (0,))

@@ -4,6 +4,7 @@ document on stdout with --json, a traceback only with --debug."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -192,6 +193,81 @@ def test_ctrl_c_in_a_command_is_exit_130_and_says_interrupted(
         assert json.loads(out.out) == {"error": "interrupted.", "hint": None, "exit_code": 130}
     else:
         assert out.out == ""
+
+
+class _CtrlCAtImport:
+    """A finder that Ctrl-Cs (a real SIGINT) when the command line's package is imported: the
+    start-up of a process, before the command's guard is set."""
+
+    def find_spec(self, name: str, *_args: object) -> None:
+        if name == "vultrscale.cli":
+            _ctrl_c()
+
+
+@pytest.fixture
+def _sigint_restored() -> Iterator[None]:
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def _console_script(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int | str:
+    """The `vultrscale` command as pip installs it (pyproject's entry point: import its module,
+    call it); its exit status, or what escaped it (a process would die of it: status -2)."""
+    import importlib
+    import sys
+    import tomllib
+
+    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    target = tomllib.loads(pyproject.read_text())["project"]["scripts"]["vultrscale"]
+    module, _, name = target.partition(":")
+    monkeypatch.setattr(sys, "argv", ["vultrscale", *argv])
+    try:
+        getattr(importlib.import_module(module), name)()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:  # noqa: BLE001 - what escaped is the finding
+        return f"raised {type(exc).__name__}"
+    return 0
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+@pytest.mark.usefixtures("_sigint_restored")
+def test_ctrl_c_while_the_command_starts_up_is_exit_130_not_death_by_the_signal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """Issue 36: a Ctrl-C in the first fraction of a second (Typer and the rest still being
+    imported) escaped as a KeyboardInterrupt: a traceback, and the process killed by the
+    signal (status -2)."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "vultrscale.cli")  # imported again, as by a new process
+    monkeypatch.setattr(sys, "meta_path", [_CtrlCAtImport(), *sys.meta_path])
+    argv = ["reconcile", *(["--json"] if as_json else [])]
+    assert _console_script(argv, monkeypatch) == 130
+    out = capsys.readouterr()
+    assert out.err == "Error: interrupted.\n"
+    if as_json:
+        assert json.loads(out.out) == {"error": "interrupted.", "hint": None, "exit_code": 130}
+
+
+@pytest.mark.usefixtures("_sigint_restored")
+def test_ctrl_c_as_the_command_exits_cannot_kill_the_process_by_the_signal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 36: a Ctrl-C after the command's end (the pass done and recorded, Python shutting
+    down) killed the process by the signal: status -2, no line. SIGINT is ignored from the
+    command's end to the process's, so its exit status is the command's."""
+    import signal
+
+    assert _console_script(["--version"], monkeypatch) == 0
+    try:
+        signal.raise_signal(signal.SIGINT)  # the Ctrl-C, as the process exits
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C after the command still raises: the process dies of it (-2)")
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(

@@ -440,6 +440,7 @@ def test_a_workers_role_postgres_reserves_is_a_config_error(tmp_path: Path, role
         "https://api.vultr.com",
         "http://127.0.0.1:8090",
         "http://[::1]:8090",
+        "http://[::ffff:127.0.0.1]/",
         "https://user:p%2Fw@proxy.example:8443/vultr",
         "https://user:p/w?x@proxy.example",  # an unencoded '/' and '?' in the password
         "http://localhost",
@@ -462,6 +463,18 @@ def test_api_urls_the_client_can_use_are_taken(url: str) -> None:
         ("https://files.example/?a=1", "query"),
         ("ftp://files.example", "is not an http(s) URL"),
         ("files.example", "is not an http(s) URL"),
+        # Issue 36: a malformed [IPv6] host ended in "unexpected ValueError", exit 1.
+        ("http://[::1/", "'[' or ']' out of place"),
+        ("http://[::1", "'[' or ']' out of place"),
+        ("https://u:pw@[::1/v2", "'[' or ']' out of place"),
+        ("http://[::1]x/", "'[' or ']' out of place"),
+        ("http://x[::1]/", "'[' or ']' out of place"),
+        ("http://[[::1]]/", "'[' or ']' out of place"),
+        ("http://[zz]/", "other than an IPv6 address"),
+        ("http://[]/", "other than an IPv6 address"),
+        ("http://[v1.x]/", "other than an IPv6 address"),
+        ("http://[1.2.3.4]/", "other than an IPv6 address"),
+        ("http://[::1]:99999/", "port"),
     ],
     ids=lambda v: v if isinstance(v, str) and len(v) < 12 else None,
 )

@@ -27,6 +27,7 @@ from vultrscale.model import (
     HostTarget,
     Instance,
     InstanceState,
+    PassEvent,
     ServiceState,
     Signals,
     WorkerView,
@@ -988,6 +989,25 @@ def test_a_pass_interrupted_by_ctrl_c_is_recorded_as_interrupted_not_ok(fleet: F
     event = fleet.ledger.events[-1]
     assert event["exit_code"] == 130
     assert event["errors"] == ["interrupted (SIGINT) before the pass finished"]
+
+
+def test_ctrl_c_while_a_pass_records_itself_is_raised_once_it_is_recorded(fleet: Fleet) -> None:
+    """Issue 36: a Ctrl-C (a real SIGINT) landing as the pass writes its fleet_events row cut
+    that write: a pass that ran, created, and left no row. It is raised once the row is in."""
+    import signal
+
+    record = fleet.ledger.record_event
+
+    def ctrl_c_then_record(event: PassEvent) -> int:
+        signal.raise_signal(signal.SIGINT)
+        return record(event)
+
+    fleet.ledger.record_event = ctrl_c_then_record  # type: ignore[method-assign]
+    fleet.queue(8)
+    with pytest.raises(KeyboardInterrupt):
+        fleet.run()
+    assert [e["exit_code"] for e in fleet.ledger.events] == [0]  # the pass, as it ended
+    assert fleet.cloud.posts > 0
 
 
 class _WatchedDrain(MemoryDrain):

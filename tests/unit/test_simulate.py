@@ -544,7 +544,7 @@ def test_a_concurrency_sweep_gives_each_row_its_own_lower_bound(
         (["--sweep", "polcy.max_instances=1,2"], "Did you mean policy.max_instances?"),
         (["--sweep", "policy.max_instance=1,2"], "Did you mean policy.max_instances?"),
         (["--sweep", "policy.max_instances=" + ",".join(map(str, range(1, 12))),
-          "--sweep", "policy.max_step_up=" + ",".join(map(str, range(10)))], "more than 100"),
+          "--sweep", "policy.max_step_up=" + ",".join(map(str, range(10)))], "more than the 100"),
         (["--boot-time", "15m..10m"], "ends before it starts"),
         (["--boot-time", "soon"], "expected a duration"),
         (["--policies", "always-on,hpa"], "unknown policy: hpa"),

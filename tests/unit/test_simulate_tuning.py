@@ -73,7 +73,38 @@ def test_a_grid_past_the_limit_exits_2_before_any_replay(
             "--sweep", f"policy.max_step_up={values}"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "39,601 variants (199 x 199)" in err and f"more than {compare.MAX_VARIANTS}" in err
+    assert "39,601 variants" in err and f"more than the {compare.MAX_VARIANTS}" in err
+    # Issue 36: it named neither --sweep nor how far to shrink it.
+    assert "--sweep policy.max_instances (199 values) x --sweep policy.max_step_up (199" in err
+    assert "Sweep fewer keys at once" in err
+
+
+@pytest.mark.parametrize(
+    ("tables", "sweep", "says", "fix"),
+    [(101, None, "{file} (101 variants) make 101 variants", "Keep at most 100 variants in {file}"),
+     (30, "policy.max_instances=1,2,3,4",
+      "--sweep policy.max_instances (4 values) x {file} (30 variants) make 120 variants",
+      "Keep at most 25 variants in {file}"),
+     (2, "policy.max_instances=" + ",".join(map(str, range(1, 52))),
+      "--sweep policy.max_instances (51 values) x {file} (2 variants) make 102 variants",
+      "Give --sweep policy.max_instances at most 50 values")],
+    ids=["file-alone", "file-the-larger", "sweep-the-larger"],
+)  # fmt: skip
+def test_a_grid_past_the_limit_names_what_makes_it_and_how_far_to_shrink_it(
+    tables: int,
+    sweep: str | None,
+    says: str,
+    fix: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 36: the refusal named neither --sweep nor the variants file."""
+    variants = tmp_path / "v.toml"
+    variants.write_text("".join(f"[v{i}]\n" for i in range(tables)))
+    argv = [*DAY, "--variants", str(variants), *(["--sweep", sweep] if sweep else [])]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())  # the message as one line
+    assert says.format(file=variants) in err and fix.format(file=variants) in err
 
 
 def test_a_floor_with_commas_inside_is_one_sweep_value() -> None:
@@ -272,6 +303,36 @@ def test_the_table_fits_100_columns_and_wide_shows_every_column(
     assert main([*argv, "--wide"]) == 0
     wide = capsys.readouterr().out.split("\nworkload:")[0]
     assert "refused/429/dead" in wide and f"policy.floor={FLOOR_2}" in wide
+
+
+@pytest.mark.parametrize(
+    ("terminal", "columns", "wide", "fits"),
+    [(True, "100", False, 100), (True, "140", False, 140), (False, "200", False, 100),
+     (False, "200", True, 100)],
+    ids=["terminal-100", "terminal-140", "piped", "piped-wide"],
+)  # fmt: skip
+def test_the_notes_under_the_table_wrap_to_the_terminal_or_100_when_piped(
+    terminal: bool,
+    columns: str,
+    wide: bool,
+    fits: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 36: with COLUMNS=100 the table fit in 94 columns and its notes ran to 198."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", columns)
+    if terminal:
+        monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich's own switch: write as to a terminal
+    argv = ["simulate", "--days", "1", "--jobs-per-day", "30", "--policies", "naive,vultrscale",
+            *(["--wide"] if wide else [])]  # fmt: skip
+    assert main(argv) == 0
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # the colours' codes
+    notes = out[out.index("workload: ") :].splitlines()
+    assert max(len(line) for line in notes) <= fits
+    assert max(len(line) for line in notes) > fits - 20  # the lines are filled
+    assert "and >= marks a wait that rests on one" in " ".join(notes)  # wrapped, not cut
 
 
 # --- hindsight ------------------------------------------------------------------------------

@@ -329,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         code = _outcome(exc, as_json, interrupted=bool(interrupted))
     finally:
         if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+            # The process's own command (argv None) only exits from here: a Ctrl-C now found
+            # the work done and, Python shutting down, killed the process by the signal (status
+            # -2, not the command's code). It is ignored instead.
+            signal.signal(signal.SIGINT, signal.SIG_IGN if argv is None else previous)
     if argv is None:
         sys.exit(code)
     return code

@@ -605,6 +605,10 @@ def events(
 # --- the adapters of the pass's ports (vultrscale.ports) ---------------------------------------
 
 
+# Left open by a pass cut short inside a transaction (PgLedger.record_event).
+_IN_TRANSACTION = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
+
+
 class PgLedger:
     """The FleetLedger port on one Postgres connection; psycopg errors leave as DatabaseError."""
 
@@ -768,6 +772,10 @@ class PgLedger:
 
     def record_event(self, event: PassEvent) -> int:
         with self._t("recording the pass"):
+            # A pass cut short (Ctrl-C) inside its read left that read-only transaction open,
+            # and its row was refused as a write in it: the row goes in outside it.
+            if self.conn.info.transaction_status in _IN_TRANSACTION:
+                self.conn.rollback()
             return record_event(self.conn, fleet=self.fleet, **event)
 
 

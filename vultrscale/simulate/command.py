@@ -140,7 +140,13 @@ def execute(
             )
         variants = compare.with_current(
             compare.sweep_configs(
-                sweeps, config_path, env, monthly=opts.monthly_usd, named=named, current=cfg
+                sweeps,
+                config_path,
+                env,
+                monthly=opts.monthly_usd,
+                named=named,
+                current=cfg,
+                variants_file=opts.variants,
             ),
             cfg,
             price,
@@ -176,8 +182,11 @@ def execute(
         elif not out.is_terminal:
             out.width = render.NARROW
         out.print(render.table(result, title=title, wide=opts.wide))
+        # The notes wrap to the terminal, or to NARROW on a pipe (a --wide table's width
+        # is for its columns, not for prose).
+        notes_width = out.width if out.is_terminal else render.NARROW
         for line in render.footer(result):
-            out.print(line, highlight=False, soft_wrap=True)
+            out.print(line, highlight=False, width=notes_width)
         if plot is not None:
             out.print(f"plot written to {plot}", highlight=False)
     return EXIT_OK

@@ -609,12 +609,14 @@ def sweep_configs(
     monthly: float | None = None,
     named: Sequence[tuple[str, Mapping[str, object]]] = (),
     current: Config | None = None,
+    variants_file: str | Path | None = None,
 ) -> list[Variant]:
     """One config per combination of the swept values (times each named variant), each loaded
     and validated as the fleet's own would be (the swept values are read like
     VULTRSCALE_<SECTION>_<KEY> settings, the named variants' like the file's), and priced at its
     own plan (or at ``monthly``): every variant refused before any replay. A variant that is
-    the ``current`` config is marked so."""
+    the ``current`` config is marked so. ``variants_file``: where ``named`` was read, for
+    the messages."""
     base_env = dict(os.environ if env is None else env)
     keys = [k for k, _ in sweeps]
     for name, flags in named:
@@ -624,14 +626,12 @@ def sweep_configs(
                 f"variant {name!r} sets {', '.join(both)}, which --sweep varies too",
                 hint="Vary each key in one place: the variants file or --sweep.",
             )
-    count = math.prod(len(v) for _, v in sweeps) * max(1, len(named))
+    factors = [(f"--sweep {k}", len(v)) for k, v in sweeps]
+    if named:
+        factors.append((str(variants_file or "the variants file"), len(named)))
+    count = math.prod(n for _, n in factors)
     if count > MAX_VARIANTS:
-        sizes = " x ".join([str(len(v)) for _, v in sweeps] + ([str(len(named))] if named else []))
-        raise UsageError(
-            f"the sweep makes {count:,} variants ({sizes}), more than {MAX_VARIANTS} a replay "
-            "compares",
-            hint="Sweep fewer values per key, or fewer keys at once: start coarse, then narrow.",
-        )
+        raise _too_many(factors, count, named_last=bool(named))
     out = []
     for variant, flags in list(named) or [("", {})]:
         for combo in itertools.product(*(v for _, v in sweeps)):
@@ -653,6 +653,29 @@ def sweep_configs(
             is_current = current is not None and _same(cfg, current)
             out.append(Variant(label or "current", cfg, price, knobs, is_current))
     return out
+
+
+def _too_many(factors: Sequence[tuple[str, int]], count: int, *, named_last: bool) -> UsageError:
+    """The refusal of a grid past MAX_VARIANTS: what makes it (each --sweep, the variants
+    file), and how far its largest factor must shrink, alone, to fit."""
+    last = len(factors) - 1
+    parts = [
+        f"{what} ({n} {'variants' if named_last and i == last else 'values'})"
+        for i, (what, n) in enumerate(factors)
+    ]
+    message = (
+        f"{' x '.join(parts)} make {count:,} variants, more than the {MAX_VARIANTS} a replay "
+        "compares (each is a whole replay of the trace)"
+    )
+    i, (what, n) = max(enumerate(factors), key=lambda f: f[1][1])
+    room = MAX_VARIANTS // (count // n)  # what the largest may keep, the others as they are
+    if room < 1:
+        hint = "Sweep fewer keys at once"
+    elif named_last and i == last:
+        hint = f"Keep at most {room} variants in {what}"
+    else:
+        hint = f"Give {what} at most {room} values"
+    return UsageError(message, hint=f"{hint}: start coarse, then narrow around the best row.")
 
 
 def with_current(variants: Sequence[Variant], cfg: Config, price: PlanPrice) -> list[Variant]:
