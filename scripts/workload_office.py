@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write a workload CSV for `vultrscale simulate --workload PATH.csv`: an office's week.
 
-Not one of the built-in shapes, so a policy tuned on those is tried on something else:
+The built-in shape `office` (`vultrscale simulate --workload office`), with the sizes of its
+parts yours to set:
 
 - a weekday surge at 09:00 UTC: reports everyone asks for when they sit down (``--surge``
   jobs arriving over 20 minutes, 2 to 6 minutes each);
@@ -22,28 +23,16 @@ import argparse
 import random
 import sys
 
-DAY = 86_400.0
-HOUR = 3_600.0
+from vultrscale.simulate import workload
 
 
 def jobs(days: int, seed: int, surge: int, trickle: int, batch: int) -> list[tuple[float, float]]:
+    """The office week as ``vultrscale simulate --workload office`` builds it, with its
+    three parts' sizes of your choosing."""
     rng = random.Random(f"office:{seed}")
     out: list[tuple[float, float]] = []
     for day in range(days):
-        start = day * DAY
-        weekday = day % 7 < 5  # day 0 is a Monday
-        for _ in range(batch):
-            out.append((start + 2 * HOUR + rng.uniform(0, 60), rng.uniform(60, 180)))
-        if not weekday:
-            continue
-        for _ in range(surge):
-            out.append((start + 9 * HOUR + rng.uniform(0, 20 * 60), rng.uniform(120, 360)))
-        t = start + 8 * HOUR
-        while True:
-            t += rng.expovariate(trickle / HOUR)
-            if t >= start + 18 * HOUR:
-                break
-            out.append((t, rng.uniform(20, 120)))
+        out += workload.office_jobs(rng, day, surge=surge, trickle_per_hour=trickle, batch=batch)
     out.sort()
     return out
 

@@ -335,6 +335,50 @@ class FloorConfig:
     min_instances: int = 1
 
 
+class WaitTarget:
+    """``policy.target_wait``: a fixed duration, or "auto" (``fixed`` None): a share of the
+    learned boot time (``waits.target``). "0s" is the depth rule alone."""
+
+    __slots__ = ("fixed",)
+    AUTO = "auto"
+
+    def __init__(self, fixed: timedelta | None = None) -> None:
+        object.__setattr__(self, "fixed", fixed)
+
+    fixed: timedelta | None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("WaitTarget is immutable")
+
+    @classmethod
+    def parse(cls, value: object, key: str = "policy.target_wait") -> WaitTarget:
+        if isinstance(value, WaitTarget):
+            return value
+        if isinstance(value, str) and value.strip().lower() == cls.AUTO:
+            return cls()
+        try:
+            return cls(to_duration(value))
+        except ValueError as exc:
+            raise ValueError(f'{key}: {exc}, or "auto" (a share of the boot time)') from None
+
+    @property
+    def off(self) -> bool:
+        """0s: no wait rule, the depth rule alone."""
+        return self.fixed is not None and not self.fixed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WaitTarget) and other.fixed == self.fixed
+
+    def __hash__(self) -> int:
+        return hash(self.fixed)
+
+    def __str__(self) -> str:
+        return self.AUTO if self.fixed is None else format_duration(self.fixed)
+
+    def __repr__(self) -> str:
+        return f"WaitTarget({str(self)!r})"
+
+
 FORECAST_MODES = ("off", "observe", "scale")
 
 
@@ -379,9 +423,9 @@ class PolicyConfig:
     revive: bool = True
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     # Boot only when it helps (vultrscale.waits): a create is made only if the queue's
-    # estimated wait would pass this; 0s turns the rule off (the plain depth rule). 15m: the
-    # simulate sweep in README "Boot only when it helps".
-    target_wait: timedelta = timedelta(minutes=15)
+    # estimated wait would pass this; "auto": a share of the learned boot time (the workload
+    # suite, docs/policy.md); 0s turns the rule off (the plain depth rule).
+    target_wait: WaitTarget = field(default_factory=WaitTarget)
     # Create to worker up, until the ledger holds enough boots to learn it (vultrscale.boottime).
     boot_time: timedelta = timedelta(minutes=12)
 
@@ -671,6 +715,8 @@ def _plain(value: Any, secrets: Sequence[str] = ()) -> Any:
         return {f.name: _plain(getattr(value, f.name), secrets) for f in dataclasses.fields(value)}
     if isinstance(value, timedelta):
         return format_duration(value)
+    if isinstance(value, WaitTarget):
+        return str(value)
     if isinstance(value, tuple | list):
         return [_plain(v, secrets) for v in value]
     return redact(value, secrets) if isinstance(value, str) else value
@@ -1034,6 +1080,8 @@ def _build_section(
             problems.append(f"{named} unknown key ({guess}known in [{section}]: {known})")
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
+        if default is None and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         if isinstance(value, _FromEnv) and (
             key in ("floor", "offerings")
             or isinstance(default, bool | int | float | timedelta | tuple)
@@ -1090,6 +1138,8 @@ def setting_keys() -> list[str]:
 
 
 def _coerce(where: str, value: Any, default: Any) -> Any:
+    if isinstance(default, WaitTarget):
+        return WaitTarget.parse(value, where)
     if isinstance(default, timedelta):
         return parse_duration(value, where)
     if isinstance(default, bool):

@@ -194,11 +194,9 @@ def demo_config(
             idle_before_scale_down=timedelta(seconds=5),
             boot_timeout=timedelta(seconds=60),
             billing_hour_aware=False,
-            # The demo's clock runs minutes to seconds: a boot of seconds, and the wait worth
-            # a boot one boot long (as 15m is to a 12-minute snapshot boot), not 15 minutes,
-            # which no demo backlog reaches.
+            # The demo's clock runs minutes to seconds: a boot of seconds (the wait rule's
+            # target, "auto", follows it).
             boot_time=timedelta(seconds=settings.boot_seconds),
-            target_wait=timedelta(seconds=settings.boot_seconds),
         ),
         budget=BudgetConfig(monthly_ceiling_usd=100.0),
         drain=DrainConfig(

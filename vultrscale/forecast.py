@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -38,6 +38,11 @@ WEEK_ORIGIN = datetime(2001, 1, 1, tzinfo=UTC)
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 # A load this small is no load: float sums of run times must not ask for an instance.
 _EPSILON = 1e-9
+# The backtest: a profile computed as it stood up to this long ago (at most; whole days of the
+# history past min_history) is held to what came since. It is trusted when at least
+# ``MIN_SKILL`` of the load it predicted over that time came.
+BACKTEST = timedelta(days=7)
+MIN_SKILL = 0.5
 
 
 class Settings(Protocol):
@@ -84,10 +89,39 @@ class Profile:
     jobs: int  # jobs seen
     mean_run_seconds: float | None  # None: no job has finished yet
     pool: str = "week"  # POOLS: which slot of the pool a moment reads (slot_key)
+    # The backtest (``backtest``): the days it covered (0: too little history past
+    # min_history to check the profile yet), and the share of the load the profile of then
+    # predicted over them that came (None: it predicted none).
+    checked_days: int = 0
+    skill: float | None = None
 
     @property
     def enough(self) -> bool:
         return self.history >= self.min_history and bool(self.loads)
+
+    @property
+    def trusted(self) -> bool:
+        """Enough history, and the backtest says the profile predicts: it may raise a floor."""
+        return (
+            self.enough
+            and self.checked_days > 0
+            and (self.skill is None or self.skill >= MIN_SKILL)
+        )
+
+    def distrust(self) -> str:
+        """Why a profile with enough history does not act; "" when it does."""
+        if self.trusted or not self.enough:
+            return ""
+        if not self.checked_days:
+            return (
+                f"its profile cannot be checked yet: a day of history past "
+                f"{_dur(self.min_history)} (policy.forecast.min_history) is needed"
+            )
+        return (
+            f"its profile would not have predicted the last {self.checked_days} day(s): "
+            f"{self.skill or 0:.0%} of the load it predicted came, {MIN_SKILL:.0%} needed "
+            "(nothing weekly to learn)"
+        )
 
     def shortfall(self) -> str:
         """Why the profile is not used; "" when it is."""
@@ -112,6 +146,8 @@ class Profile:
             "jobs": self.jobs,
             "mean_run_seconds": self.mean_run_seconds,
             "pool": self.pool,
+            "checked_days": self.checked_days,
+            "skill": self.skill,
         }
 
     @classmethod
@@ -128,6 +164,8 @@ class Profile:
             mean_run_seconds=data["mean_run_seconds"],
             # a profile cached before pools existed is a "week" profile
             pool=str(data.get("pool", "week")),
+            checked_days=int(data.get("checked_days", 0)),
+            skill=None if data.get("skill") is None else float(data["skill"]),
         )
 
     def fits(self, cfg: Settings) -> bool:
@@ -242,8 +280,10 @@ def compute(
     quantile: float,
     min_history: timedelta,
     pool: str = "week",
+    check: bool = True,
 ) -> Profile:
-    """The profile of the buckets ``found`` over the ``weeks`` before ``now``.
+    """The profile of the buckets ``found`` over the ``weeks`` before ``now``, and (``check``)
+    its ``backtest``.
 
     Each slot's load in one week is the work that became due in it (arrivals times their mean
     run time: the slot's own finished jobs', else the whole history's) over the slot's length:
@@ -275,7 +315,46 @@ def compute(
         samples[slot_key(t, slot, pool)].append(loads_at.get(t, 0.0))
         t += slot
     loads = tuple(_nearest_rank(s, quantile) for s in samples)
-    return Profile(now, slot, loads, history, min_history, weeks, quantile, jobs, mean, pool)
+    if not check:
+        return Profile(now, slot, loads, history, min_history, weeks, quantile, jobs, mean, pool)
+    profile = Profile(now, slot, loads, history, min_history, weeks, quantile, jobs, mean, pool)
+    return backtest(profile, found, loads_at)
+
+
+def backtest(profile: Profile, found: Sequence[Bucket], loads_at: dict[datetime, float]) -> Profile:
+    """``profile`` with its backtest: the profile as it would have been computed ``BACKTEST``
+    ago (or as many whole days ago as its history past ``min_history`` allows) is held to
+    the load that came since, slot by slot: the share of the load it predicted that came.
+    A profile whose slots hold a weekly rhythm predicts most of it; one of random spikes, or
+    of a rhythm that has changed, does not, and stays out of the way (``trusted``)."""
+    spare = profile.history - profile.min_history
+    days = min(BACKTEST, spare) // DAY
+    if days < 1:
+        return profile
+    start = profile.computed_at - days * DAY
+    then = compute(
+        found,
+        start,
+        slot=profile.slot,
+        weeks=profile.weeks,
+        quantile=profile.quantile,
+        min_history=profile.min_history,
+        pool=profile.pool,
+        check=False,
+    )
+    if not then.enough:
+        return profile
+    predicted = came = 0.0
+    t = slot_start(start, profile.slot)
+    if t < start:
+        t += profile.slot
+    while t + profile.slot <= profile.computed_at:
+        p = then.loads[slot_key(t, profile.slot, profile.pool)]
+        predicted += p
+        came += min(p, loads_at.get(t, 0.0))
+        t += profile.slot
+    skill = came / predicted if predicted > _EPSILON else None
+    return replace(profile, checked_days=int(days), skill=skill)
 
 
 def _nearest_rank(values: list[float], q: float) -> float:
@@ -341,6 +420,8 @@ def floor_at(
         )
     if not profile.enough:
         return FloorForecast(0, 0, f"forecast: {profile.shortfall()}", False)
+    if not profile.trusted:
+        return FloorForecast(0, 0, f"forecast: {profile.distrust()}", False)
     ahead = now + lead
     here_n = need(profile, now, jobs_per_instance, round_up_from, clear_within)
     ahead_n = need(profile, ahead, jobs_per_instance, round_up_from, clear_within)
@@ -365,8 +446,8 @@ def floor_at(
 
 def next_change(profile: Profile | None, now: datetime, lead: timedelta) -> datetime | None:
     """The first moment after ``now`` when ``floor_at`` may answer otherwise: a slot boundary
-    at ``now`` or one ``lead`` ahead. None without a usable profile."""
-    if profile is None or not profile.enough:
+    at ``now`` or one ``lead`` ahead. None without a trusted profile."""
+    if profile is None or not profile.trusted:
         return None
     here = slot_start(now, profile.slot) + profile.slot
     ahead = slot_start(now + lead, profile.slot) + profile.slot - lead

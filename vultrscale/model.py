@@ -239,6 +239,8 @@ class Signals:
     # RECENT_WINDOW): how many, and their mean run time. None: this preset does not tell.
     recent_jobs: int | None = None
     recent_job_seconds: float | None = None
+    # The jobs that arrived within vultrscale.waits.ARRIVAL_WINDOW. None: not told.
+    recent_arrivals: int | None = None
 
     @property
     def demand(self) -> int:
@@ -258,6 +260,7 @@ class Signals:
                 if self.recent_job_seconds is None
                 else {"recent_job_seconds": round(self.recent_job_seconds, 1)}
             ),
+            **({} if self.recent_arrivals is None else {"recent_arrivals": self.recent_arrivals}),
         }
 
     @property

@@ -364,7 +364,7 @@ class _Sizing:
                 )
         else:
             needed = desired  # the depth rule's; the wait rule may ask fewer
-            if desired > n_now and signals is not None and pol.target_wait:
+            if desired > n_now and signals is not None and not pol.target_wait.off:
                 needed = min(desired, self._wait_rule(signals, staying, desired))
             want = max(needed, floor)
             if want > n_now:
@@ -410,13 +410,14 @@ class _Sizing:
     def _wait_rule(self, signals: Signals, staying: list[Instance], desired: int) -> int:
         """Instances the queue wants by its wait (``vultrscale.waits``; at most ``desired``),
         with the why in numbers among the reasons."""
-        boot, cfg = self.obs.boot_time, self.cfg
+        cfg = self.cfg
+        boot = forecast_lead(self.obs, cfg)
         call = waits.size(
             signals,
             staying,
             jobs_per_instance=self._new_per_instance(),
-            boot=boot.estimate if boot is not None else self.pol.boot_time,
-            target_wait=self.pol.target_wait,
+            boot=boot,
+            target_wait=waits.target(self.pol.target_wait, boot),
             depth=desired,
             now=self.now,
             slots_of=lambda i: offerings.jobs_per_instance(cfg, i.region, i.plan),

@@ -4,26 +4,34 @@ create now would shorten it. Pure: no I/O, ``now`` is an argument.
 On Vultr a new instance is ready 10-15 minutes after its create and is billed a whole started
 hour. The depth rule (one instance per ``jobs_per_instance`` jobs of demand) boots for a
 backlog that the running workers clear in four minutes, and the instance arrives in twelve to
-an empty queue. Here the policy estimates, for the jobs queued now (ready and expired leases),
-when each would start:
+an empty queue. Here the policy estimates when each job will start, for the jobs queued now
+(ready and expired leases) and for those that will arrive meanwhile:
 
 - every job runs for the queue's recent mean run time ``d`` (the ``RECENT_JOBS`` newest
   finished within ``RECENT_WINDOW``, read with the signals);
+- jobs arrive at the queue's recent rate (those that arrived within ``ARRIVAL_WINDOW``,
+  read with the signals), or at the rate the floor forecast expects over the next boot where
+  that is higher and the forecast acts (``expected_rate``);
 - a running instance has ``jobs_per_instance`` slots; those holding a job in flight free up
   ``d / 2`` from now (its start is not known: half a run on average), the others now;
 - an instance still booting adds its slots when it is expected ready: its create plus the
   boot time (learned, ``vultrscale.boottime``), or now if that has passed;
-- the queued jobs start in order, each in the slot that frees first.
+- the jobs start in order, each in the slot that frees first, never before it arrives.
 
 The wait that matters is the longest: the oldest ready job's (its age, read every pass, plus
-when it starts) or the newest's (when the last queued job starts). A create is made only when
-that wait passes ``policy.target_wait`` AND a new instance, ready one boot time from now,
-would still find queued jobs; then as few as clear the queue within one boot time plus the
-target (never more than the depth rule asks). Without ``MIN_JOBS`` recent finished jobs (a new
-queue, or a preset that does not report them) the depth rule decides alone.
+when it starts), the newest queued job's, or that of a job arriving before a new instance
+could be ready (one boot time from now). A create is made only when that wait passes the
+target AND a new instance, ready one boot time from now, would still find jobs waiting; then
+as few as start every job, queued or arriving until one target after that boot, within the
+target of its arrival or of the boot, whichever is later (never more than the depth rule
+asks). So a job waits longer than the target plus a boot only when the fleet is at a limit
+(the cap, the budget, a cool-down) or more work came than the recent rate said.
 
-Not modelled: jobs that arrive after this pass (a later pass sees them; the forecast of the
-queue's history raises the floor ahead of a known surge).
+The target is ``policy.target_wait``: a duration, or "auto" (the default), ``AUTO_SHARE`` of
+the learned boot time, so a fleet that boots in a minute keeps its waits to seconds and one
+that boots in twelve trades a few minutes of wait for the boots it does not buy. Without
+``MIN_JOBS`` recent finished jobs, or without the arrival count (a new queue, a preset that
+does not report them) the depth rule decides alone.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from vultrscale.config import format_duration
+from vultrscale.config import WaitTarget, format_duration
 from vultrscale.model import CAPACITY_STATES, Instance, InstanceState, Signals
 
 #: The finished jobs the mean run time rests on: the newest ones...
@@ -42,6 +50,29 @@ RECENT_JOBS = 100
 RECENT_WINDOW = timedelta(hours=24)
 #: Fewer recent finished jobs than this: no estimate, the depth rule decides.
 MIN_JOBS = 10
+#: The jobs that arrived within this long give the recent arrival rate.
+ARRIVAL_WINDOW = timedelta(minutes=10)
+#: ``target_wait = "auto"``: this share of the boot time, at most ``AUTO_MAX``
+#: (docs/policy.md, the workload suite).
+AUTO_SHARE = 0.25
+AUTO_MAX: timedelta | None = None
+
+
+def target(setting: WaitTarget, boot: timedelta) -> timedelta:
+    """The wait the rule aims for: ``policy.target_wait`` as set, or "auto": ``AUTO_SHARE``
+    of the boot time the policy plans with, at most ``AUTO_MAX``."""
+    if setting.fixed is not None:
+        return setting.fixed
+    auto = boot * AUTO_SHARE
+    return auto if AUTO_MAX is None else min(auto, AUTO_MAX)
+
+
+def arrival_rate(signals: Signals) -> float | None:
+    """Jobs a second that arrived within ``ARRIVAL_WINDOW``; None: the preset does not tell."""
+    n = signals.recent_arrivals
+    if n is None:
+        return None
+    return max(0, n) / ARRIVAL_WINDOW.total_seconds()
 
 
 @dataclass(frozen=True)
@@ -66,6 +97,11 @@ def _t(seconds: float) -> str:
     return f"{s // 60}m" + (f"{s % 60:02d}s" if s % 60 else "")
 
 
+def _per_minute(rate: float) -> str:
+    per_min = rate * 60
+    return f"{per_min:.2g}" if per_min < 10 else f"{per_min:.0f}"
+
+
 def size(
     signals: Signals,
     instances: Sequence[Instance],
@@ -76,14 +112,16 @@ def size(
     depth: int,
     now: datetime,
     slots_of: Callable[[Instance], int] | None = None,
+    expected_rate: float | None = None,
 ) -> WaitCall:
     """How many of the capacity ``instances`` (staying; pending and booting included) plus new
     ones the queue wants, given that the depth rule wants ``depth`` (more than there are).
     ``jobs_per_instance``: a new instance's; ``slots_of``: an instance's own (its offering's,
-    README "Offerings"), ``jobs_per_instance`` when not given."""
+    README "Offerings"), ``jobs_per_instance`` when not given. ``expected_rate``: the jobs a
+    second the forecast expects over the next boot (None: no forecast acts)."""
     n_now = len(instances)
     jobs, mean = signals.recent_jobs, signals.recent_job_seconds
-    if jobs is None or mean is None or jobs < MIN_JOBS or mean <= 0:
+    if jobs is None or mean is None or jobs < MIN_JOBS or mean <= 0 or not math.isfinite(mean):
         seen = "not reported by this queue preset" if jobs is None else f"{jobs} recent"
         return WaitCall(
             depth,
@@ -91,59 +129,107 @@ def size(
             f"within {format_duration(RECENT_WINDOW)}): the depth rule decides",
             applied=False,
         )
+    recent = arrival_rate(signals)
+    if recent is None:
+        return WaitCall(
+            depth,
+            "wait rule: the queue preset does not report its arrivals: the depth rule decides",
+            applied=False,
+        )
+    rate = recent
+    arrivals = f"{_per_minute(recent)} job(s)/min arriving (last {format_duration(ARRIVAL_WINDOW)})"
+    if expected_rate is not None and math.isfinite(expected_rate) and expected_rate > recent:
+        rate = expected_rate
+        arrivals += f", {_per_minute(expected_rate)}/min expected by the forecast"
     queued = signals.ready + signals.expired_leases
     boot_s = boot.total_seconds()
     groups = _slots(
         signals, instances, slots_of or (lambda _: jobs_per_instance), boot_s, mean, now
     )
     first = _start_of(1, groups, mean) if queued else 0.0
-    last = _start_of(queued, groups, mean) if queued else 0.0
-    oldest = signals.oldest_ready_seconds + first
-    wait = max(oldest, last)
+    oldest = signals.oldest_ready_seconds + first if queued else 0.0
+    newest = _worst(queued, rate, groups, mean, boot_s)
+    wait = max(oldest, newest)
     facts = (
         f"wait rule: {queued} queued job(s), the oldest waiting "
-        f"{_t(signals.oldest_ready_seconds)}; "
-        f"mean run {_t(mean)} over {jobs} recent job(s); {n_now} instance(s) (booting ones "
-        f"ready {_t(boot_s)} after their create) start the oldest in {_t(first)}, the last in "
-        f"{_t(last)}: longest wait {_t(wait)}"
+        f"{_t(signals.oldest_ready_seconds)}; {arrivals}; mean run {_t(mean)} over {jobs} "
+        f"recent job(s); {n_now} instance(s) (booting ones ready {_t(boot_s)} after their "
+        f"create) start the oldest in {_t(first)}; longest wait {_t(wait)}"
     )
-    target = target_wait.total_seconds()
-    if wait <= target:
+    target_s = target_wait.total_seconds()
+    if wait <= target_s:
         return WaitCall(
             n_now,
-            f"{facts}, within target_wait {_t(target)}: no create (the depth rule asked "
+            f"{facts}, within target_wait {_t(target_s)}: no create (the depth rule asked "
             f"{depth - n_now})",
             applied=True,
         )
-    left = queued - _starts_by(boot_s, groups, mean)
-    if left <= 0:
+    left = queued + rate * boot_s - _starts_by(boot_s, groups, mean)
+    if left < 1:
         return WaitCall(
             n_now,
-            f"{facts}, past target_wait {_t(target)}, but every queued job has started before a "
-            f"new instance would be ready in {_t(boot_s)}: no create (the depth rule asked "
-            f"{depth - n_now})",
+            f"{facts}, past target_wait {_t(target_s)}, but every job queued or arriving has "
+            f"started before a new instance would be ready in {_t(boot_s)}: no create (the "
+            f"depth rule asked {depth - n_now})",
             applied=True,
         )
     most = max(1, depth - n_now)
-    clear_by = boot_s + target
-    # The fewest new instances (ready one boot from now) that start the last queued job within
-    # a boot time plus the target; the start is monotone in their number: bisect.
+    horizon = boot_s + target_s
+
+    def late(extra: int) -> float:
+        more = [*groups, (boot_s, extra * jobs_per_instance)]
+        return _worst(queued, rate, more, mean, horizon, ready_at=boot_s)
+
+    # The fewest new instances (ready one boot from now) that start every job queued or
+    # arriving until a target after that boot within the target of the later of its arrival
+    # and the boot; the wait falls as their number grows: bisect.
     lo, hi = 1, most
     while lo < hi:
         mid = (lo + hi) // 2
-        extra = [*groups, (boot_s, mid * jobs_per_instance)]
-        if _start_of(queued, extra, mean) <= clear_by:
+        if late(mid) <= target_s:
             hi = mid
         else:
             lo = mid + 1
-    extra = [*groups, (boot_s, lo * jobs_per_instance)]
     return WaitCall(
         n_now + lo,
-        f"{facts}, past target_wait {_t(target)}; {left} job(s) still queued when a new "
-        f"instance is ready in {_t(boot_s)}: {lo} new instance(s) start the last by "
-        f"{_t(_start_of(queued, extra, mean))} (the depth rule asked {most})",
+        f"{facts}, past target_wait {_t(target_s)}; {left:.0f} job(s) still waiting when a new "
+        f"instance is ready in {_t(boot_s)}: {lo} new instance(s) start each within "
+        f"{_t(late(lo))} of that or of its arrival (the depth rule asked {most})",
         applied=True,
     )
+
+
+def _worst(
+    queued: int,
+    rate: float,
+    groups: Sequence[tuple[float, int]],
+    mean: float,
+    horizon: float,
+    ready_at: float = 0.0,
+) -> float:
+    """The longest any job waits from the later of its arrival and ``ready_at``: the newest
+    of the ``queued`` (arrived by now) and the jobs arriving at ``rate`` over ``horizon``.
+
+    Job ``queued + j`` (the ``j``-th arrival, at ``j / rate``) starts at the later of its
+    arrival and the ``queued + j``-th slot start. Between two moments at which the fleet's
+    slots change (a group freeing, ``ready_at``) the wait grows or shrinks steadily with ``j``,
+    so the longest is at one of those moments or at an end: only they are looked at."""
+    if queued == 0 and rate <= 0:
+        return 0.0
+    last = math.floor(rate * horizon) if rate > 0 else 0
+    picks = {0, last}
+    if rate > 0:
+        for t in {*(free for free, _ in groups), ready_at}:
+            for j in (_starts_by(t, groups, mean) - queued, math.floor(rate * t)):
+                picks.update(k for k in (j, j + 1) if 0 <= k <= last)
+
+    def wait(j: int) -> float:
+        if queued + j < 1:
+            return 0.0
+        arrived = j / rate if j else 0.0
+        return max(0.0, _start_of(queued + j, groups, mean) - max(arrived, ready_at))
+
+    return max(wait(j) for j in picks)
 
 
 def _slots(

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from vultrscale import waits
+from vultrscale.config import WaitTarget
 from vultrscale.model import Instance, InstanceState, Signals
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
@@ -19,14 +24,23 @@ def vm(
 
 
 def signals(
-    ready: int, *, oldest: float = 0.0, in_flight: int = 0, jobs: int | None = 50
+    ready: int,
+    *,
+    oldest: float = 0.0,
+    in_flight: int = 0,
+    jobs: int | None = 50,
+    per_minute: float | None = 0.0,
 ) -> Signals:
+    """``per_minute``: jobs arriving a minute (over the last ARRIVAL_WINDOW); None: the preset
+    does not count arrivals."""
+    window = waits.ARRIVAL_WINDOW.total_seconds() / 60
     return Signals(
         ready=ready,
         in_flight=in_flight,
         oldest_ready_seconds=oldest,
         recent_jobs=jobs,
         recent_job_seconds=None if jobs is None else 60.0,
+        recent_arrivals=None if per_minute is None else round(per_minute * window),
     )
 
 
@@ -46,7 +60,7 @@ def test_a_backlog_the_running_workers_clear_soon_boots_nothing() -> None:
     # 16 jobs on 1 instance (4 slots, 60 s each): the last starts in 3 minutes.
     call = size(signals(16), [vm("a")], depth=4)
     assert call.applied and call.wanted == 1
-    assert "the last in 3m" in call.reason
+    assert "longest wait 3m" in call.reason
     assert "within target_wait 10m: no create (the depth rule asked 3)" in call.reason
 
 
@@ -57,7 +71,7 @@ def test_a_wait_past_the_target_that_outlasts_a_boot_creates_fewer_than_the_dept
     assert call.applied
     assert 1 < call.wanted < 50
     assert "past target_wait 10m" in call.reason
-    assert f"{call.wanted - 1} new instance(s) start the last by" in call.reason
+    assert f"{call.wanted - 1} new instance(s) start each within" in call.reason
     more = size(signals(200), [vm("a")], depth=50, target_wait=timedelta(minutes=1))
     assert more.wanted > call.wanted  # a tighter target buys more instances
 
@@ -66,7 +80,7 @@ def test_a_wait_past_the_target_that_ends_before_a_boot_creates_nothing() -> Non
     # 40 jobs on 1 instance: the last starts in 9 min, before a new one is ready (12 min).
     call = size(signals(40), [vm("a")], depth=10, target_wait=timedelta(minutes=5))
     assert call.wanted == 1
-    assert "every queued job has started before a new instance would be ready in 12m" in (
+    assert "every job queued or arriving has started before a new instance would be ready in " in (
         call.reason
     )
 
@@ -104,7 +118,7 @@ def test_jobs_in_flight_hold_their_slots_for_half_a_run() -> None:
 def test_no_instance_at_all_never_clears_and_creates() -> None:
     call = size(signals(3), [], depth=1)
     assert call.wanted == 1
-    assert "the last in never" in call.reason
+    assert "longest wait never" in call.reason
 
 
 def test_too_little_job_history_falls_back_to_the_depth_rule() -> None:
@@ -117,3 +131,105 @@ def test_a_preset_without_job_history_falls_back_to_the_depth_rule() -> None:
     call = size(signals(16, jobs=None), [vm("a")], depth=4)
     assert not call.applied and call.wanted == 4
     assert "not reported by this queue preset" in call.reason
+
+
+def test_a_preset_without_arrivals_falls_back_to_the_depth_rule() -> None:
+    call = size(signals(16, per_minute=None), [vm("a")], depth=4)
+    assert not call.applied and call.wanted == 4
+    assert "does not report its arrivals: the depth rule decides" in call.reason
+
+
+# --- arrivals ------------------------------------------------------------------------------------
+
+
+def test_an_inflow_the_fleet_keeps_up_with_boots_nothing() -> None:
+    # 1 instance starts 4 jobs a minute; 3 a minute arrive: the 16 queued still clear.
+    call = size(signals(16, per_minute=3), [vm("a")], depth=5)
+    assert call.applied and call.wanted == 1
+    assert "3 job(s)/min arriving" in call.reason
+
+
+def test_an_inflow_past_the_fleet_boots_though_the_backlog_alone_would_clear() -> None:
+    # The 16 queued alone clear in 3 min (no create above); with 8 a minute arriving, twice
+    # what the instance starts, the job arriving as a boot lands (12 min) waits far longer.
+    call = size(signals(16, per_minute=8), [vm("a")], depth=6)
+    assert call.applied and call.wanted > 1
+    assert "past target_wait 10m" in call.reason
+
+
+def test_the_instances_created_keep_up_with_the_inflow() -> None:
+    # 20 a minute arrive (5 instances' worth at 60 s a job): the fleet asked for starts each
+    # job within the target, so it runs at least the inflow.
+    call = size(signals(40, per_minute=20), [vm("a")], depth=20, target_wait=timedelta(minutes=2))
+    assert call.wanted >= 5
+    assert call.wanted <= 20  # never more than the depth rule
+
+
+def test_more_arrivals_never_ask_fewer_instances() -> None:
+    asked = [
+        size(signals(30, per_minute=r), [vm("a")], depth=30, target_wait=timedelta(minutes=2))
+        .wanted
+        for r in (0, 2, 4, 8, 16, 32)
+    ]
+    assert asked == sorted(asked)
+
+
+def test_the_forecasts_expected_rate_counts_where_it_is_higher() -> None:
+    quiet = size(signals(16, per_minute=1), [vm("a")], depth=5)
+    assert quiet.wanted == 1
+    surge = size(signals(16, per_minute=1), [vm("a")], depth=5, expected_rate=10 / 60)
+    assert surge.wanted > 1
+    assert "10/min expected by the forecast" in surge.reason
+    lower = size(signals(16, per_minute=1), [vm("a")], depth=5, expected_rate=0.5 / 60)
+    assert lower.wanted == 1 and "expected by the forecast" not in lower.reason
+
+
+# --- the target ----------------------------------------------------------------------------------
+
+
+def test_auto_follows_the_boot_time_and_a_duration_stays_as_written() -> None:
+    auto = WaitTarget()
+    fast, slow = waits.target(auto, timedelta(minutes=1)), waits.target(auto, BOOT)
+    assert fast < slow
+    assert fast == min(timedelta(minutes=1) * waits.AUTO_SHARE, waits.AUTO_MAX or fast)
+    assert waits.target(WaitTarget(timedelta(minutes=7)), BOOT) == timedelta(minutes=7)
+    assert WaitTarget(timedelta(0)).off and not auto.off
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("auto", WaitTarget()), ("AUTO", WaitTarget()), ("90s", WaitTarget(timedelta(seconds=90)))],
+)
+def test_target_wait_reads_auto_or_a_duration(text: str, expected: WaitTarget) -> None:
+    assert WaitTarget.parse(text) == expected
+    assert str(WaitTarget.parse(str(expected))) == str(expected)
+
+
+def test_target_wait_that_is_neither_names_both_forms() -> None:
+    with pytest.raises(ValueError, match=r'policy.target_wait: .* or "auto"'):
+        WaitTarget.parse("soon")
+
+
+@given(
+    ready=st.integers(0, 400),
+    in_flight=st.integers(0, 40),
+    per_minute=st.floats(0, 60),
+    running=st.integers(0, 6),
+    booting=st.integers(0, 3),
+    target_s=st.integers(0, 1800),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_rule_never_asks_more_than_the_depth_rule_nor_fewer_than_it_has(
+    ready: int, in_flight: int, per_minute: float, running: int, booting: int, target_s: int
+) -> None:
+    fleet = [vm(f"r{i}") for i in range(running)]
+    fleet += [vm(f"b{i}", InstanceState.BOOTING, minutes_ago=5) for i in range(booting)]
+    depth = len(fleet) + 1 + (ready + in_flight) // 4
+    call = size(
+        signals(ready, in_flight=min(in_flight, 4 * running), per_minute=per_minute),
+        fleet,
+        depth=depth,
+        target_wait=timedelta(seconds=target_s),
+    )
+    assert call.applied
+    assert len(fleet) <= call.wanted <= depth

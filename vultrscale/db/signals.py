@@ -299,6 +299,15 @@ def _recent_query(queue: str | None) -> sql.Composed:
     )
 
 
+def _arrivals_query(queue: str | None) -> sql.Composed:
+    """How many jobs were enqueued within ``waits.ARRIVAL_WINDOW``: the recent arrival rate of
+    the wait rule. jobs_created_at_brin narrows it to the newest pages of the table."""
+    return sql.SQL(
+        "SELECT count(*) FROM jobs WHERE created_at > now() - {window} "
+        "AND created_at <= now(){q}"
+    ).format(window=sql.Literal(waits.ARRIVAL_WINDOW), q=_and_queue("queue", queue))
+
+
 def _leases_query(queue: str | None) -> sql.Composed:
     """Live and expired leases per worker (of the queue's jobs, with a queue)."""
     leases: sql.Composable
@@ -320,9 +329,10 @@ def _vultrscale(
     # The leases (live and expired, per worker), the planner setting and the ready jobs in one
     # round trip: literals only, so the statements go together as one simple query.
     cur.execute(
-        sql.SQL("{}; {}; {}; {}").format(
+        sql.SQL("{}; {}; {}; {}; {}").format(
             _leases_query(queue),
             _recent_query(queue),
+            _arrivals_query(queue),
             sql.SQL(_COUNT_PLANNER),
             _ready_count_query(queue),
         )
@@ -330,13 +340,18 @@ def _vultrscale(
     leases = cur.fetchall()
     cur.nextset()  # the recent finished jobs
     recent = cur.fetchone()
+    cur.nextset()  # the recent arrivals
+    arrived = cur.fetchone()
     cur.nextset()  # the planner settings
     cur.nextset()  # the ready jobs
-    return _vultrscale_signals(leases, cur.fetchone(), recent)
+    return _vultrscale_signals(leases, cur.fetchone(), recent, arrived)
 
 
 def _vultrscale_signals(
-    leases: list[Any], counted: tuple[Any, ...] | None, recent: tuple[Any, ...] | None = None
+    leases: list[Any],
+    counted: tuple[Any, ...] | None,
+    recent: tuple[Any, ...] | None = None,
+    arrived: tuple[Any, ...] | None = None,
 ) -> Signals:
     by_worker: dict[str, int] = {}
     expired = 0
@@ -359,6 +374,7 @@ def _vultrscale_signals(
         leases_by_worker=by_worker,
         recent_jobs=None if recent is None else int(recent[0]),
         recent_job_seconds=None if recent is None or recent[1] is None else float(recent[1]),
+        recent_arrivals=None if arrived is None or arrived[0] is None else int(arrived[0]),
     )
 
 
@@ -380,6 +396,7 @@ class SentSignals:
         )
         self._leases = conn.execute(_leases_query(queue))
         self._recent = conn.execute(_recent_query(queue))
+        self._arrived = conn.execute(_arrivals_query(queue))
         conn.execute(_COUNT_PLANNER)
         self._ready = conn.execute(_ready_count_query(queue))
         self._commit = conn.execute("COMMIT")
@@ -392,7 +409,10 @@ class SentSignals:
     def result(self) -> Signals:
         with _translated("", self.preset):
             return _vultrscale_signals(
-                self._leases.fetchall(), self._ready.fetchone(), self._recent.fetchone()
+                self._leases.fetchall(),
+                self._ready.fetchone(),
+                self._recent.fetchone(),
+                self._arrived.fetchone(),
             )
 
     def error(self, exc: psycopg.Error) -> DatabaseError:

@@ -404,6 +404,7 @@ class Vultrscale:
             oldest_ready_seconds=world.oldest_ready_seconds(),
             recent_jobs=jobs,
             recent_job_seconds=mean,
+            recent_arrivals=world.recent_arrivals(),
         )
         seen_for = lifecycle.WORKER_SEEN_WITHIN.total_seconds()
         workers: dict[str, WorkerView] = {}

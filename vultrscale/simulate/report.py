@@ -153,6 +153,24 @@ def instance_bill(
     return hours, cost
 
 
+def job_waits(world: World, end: float) -> tuple[list[float], float]:
+    """Every job's wait (arrival to result, less its run time), ascending, and the lowest of
+    the waits that are only floors. A job never finished waited at least until the replay
+    stopped (``end`` - arrival - its run time, a floor); left out, a policy that loses work
+    would show shorter waits. Plain floats, sorted once: a replay has up to millions of jobs."""
+    arrivals, durations = world.trace.arrivals, world.duration
+    waits = [
+        (fin if fin is not None else end) - arrivals[j] - durations[j]
+        for j, fin in enumerate(world.finished_at)
+    ]
+    lowest_floor = min(
+        (w for w, fin in zip(waits, world.finished_at, strict=True) if fin is None),
+        default=math.inf,
+    )
+    waits.sort()
+    return waits, lowest_floor
+
+
 def measure(
     name: str,
     world: World,
@@ -178,19 +196,8 @@ def measure(
         inst_hours, inst_cost = instance_bill(inst.created, gone, trace.epoch, own)
         hours += inst_hours
         cost += inst_cost
-    # A job never finished waited at least until the replay stopped: (end - arrival - its run
-    # time, a floor). Left out, a policy that loses work would show shorter waits.
-    # Plain floats, sorted once: a replay has up to millions of jobs.
-    arrivals, durations = trace.arrivals, world.duration  # durations as the world ran them
-    waits = [
-        (fin if fin is not None else end) - arrivals[j] - durations[j]
-        for j, fin in enumerate(world.finished_at)
-    ]
-    lowest_floor = min(
-        (w for w, fin in zip(waits, world.finished_at, strict=True) if fin is None),
-        default=math.inf,
-    )
-    waits.sort()
+    durations = world.duration  # as the world ran them
+    waits, lowest_floor = job_waits(world, end)
     p50, p50_floor = wait_percentile(waits, 0.50, lowest_floor)
     p95, p95_floor = wait_percentile(waits, 0.95, lowest_floor)
     top, top_floor = wait_percentile(waits, 1.0, lowest_floor)

@@ -22,9 +22,41 @@ DAY = 86_400.0
 # Every built-in trace starts at midnight UTC on a Monday, at the start of a calendar month, so
 # weekdays, business-hour floors and the monthly price cap fall where a reader expects them.
 TRACE_EPOCH = datetime(2026, 6, 1, tzinfo=UTC)
-SHAPES = ("bursty-day", "steady", "spiky")
+SHAPES = (
+    "bursty-day",
+    "steady",
+    "spiky",
+    "office",
+    "nightly",
+    "trickle",
+    "ramp",
+    "long-jobs",
+    "mixed",
+)
 # Default jobs per (week)day of each shape: a small fleet's working day.
-DEFAULT_JOBS_PER_DAY = {"bursty-day": 600, "steady": 2_000, "spiky": 400}
+DEFAULT_JOBS_PER_DAY = {
+    "bursty-day": 600,
+    "steady": 2_000,
+    "spiky": 400,
+    "office": 330,
+    "nightly": 400,
+    "trickle": 60,
+    "ramp": 1_500,
+    "long-jobs": 80,
+    "mixed": 1_200,
+}
+# What each shape is, in one line (`simulate --help`, the workload suite's table).
+SHAPE_NOTES = {
+    "bursty-day": "four office bursts a weekday (09:00, 11:30, 14:00, 16:30) and a trickle",
+    "steady": "a steady Poisson stream all day, every day",
+    "spiky": "a quiet background and 2-3 spikes a day at random times",
+    "office": "a 09:00 weekday surge of 2-6 min reports, a working-day trickle, a 02:00 batch",
+    "nightly": "a 02:00 batch of 1-10 min jobs every night, almost nothing by day",
+    "trickle": "a few jobs an hour, all day: every job meets a cold fleet",
+    "ramp": "a rate that climbs from 06:00 to a peak at 18:00 and then stops, every day",
+    "long-jobs": "jobs of about 20 min (minutes to 2 h) in groups of 1-5 through the day",
+    "mixed": "seconds-long and quarter-hour jobs together, in random bursts and a background",
+}
 # Job durations: log-normal with a median of 40 s (mean ~55 s), clipped to 1 s .. 30 min:
 # most jobs are short, a few run for many minutes, as in a typical background queue.
 _MEDIAN_DURATION = 40.0
@@ -79,9 +111,14 @@ def from_jobs(
     )
 
 
-def _duration(rng: random.Random) -> float:
-    d = rng.lognormvariate(math.log(_MEDIAN_DURATION), _DURATION_SIGMA)
-    return min(max(d, _MIN_DURATION), _MAX_DURATION)
+def _duration(
+    rng: random.Random,
+    median: float = _MEDIAN_DURATION,
+    sigma: float = _DURATION_SIGMA,
+    top: float = _MAX_DURATION,
+) -> float:
+    d = rng.lognormvariate(math.log(median), sigma)
+    return min(max(d, _MIN_DURATION), top)
 
 
 def _burst(rng: random.Random, at: float, n: int, spread: float) -> list[tuple[float, float]]:
@@ -101,8 +138,40 @@ def _poisson(rng: random.Random, start: float, end: float, n_mean: float) -> lis
     return out
 
 
+def _ramp(rng: random.Random, start: float, end: float, n_mean: float) -> list[float]:
+    """Arrivals whose rate climbs linearly from 0 at ``start`` to its peak at ``end``
+    (``n_mean`` expected in all): a Poisson process thinned by the rising rate."""
+    return [
+        t
+        for t in _poisson(rng, start, end, 2 * n_mean)
+        if rng.random() < (t - start) / (end - start)
+    ]
+
+
+def office_jobs(
+    rng: random.Random, day: int, *, surge: int, trickle_per_hour: float, batch: int
+) -> list[tuple[float, float]]:
+    """One day of the office shape (``scripts/workload_office.py`` writes it as a CSV): the
+    02:00 batch every day; on weekdays the 09:00 surge over 20 minutes and the 08:00-18:00
+    trickle."""
+    start = day * DAY
+    out = [(start + 2 * 3600.0 + rng.uniform(0, 60), rng.uniform(60, 180)) for _ in range(batch)]
+    if day % 7 >= 5:  # day 0 is a Monday
+        return out
+    out += [
+        (start + 9 * 3600.0 + rng.uniform(0, 20 * 60), rng.uniform(120, 360)) for _ in range(surge)
+    ]
+    t = start + 8 * 3600.0
+    while trickle_per_hour > 0:
+        t += rng.expovariate(trickle_per_hour / 3600.0)
+        if t >= start + 18 * 3600.0:
+            break
+        out.append((t, rng.uniform(20, 120)))
+    return out
+
+
 def shape(name: str, *, days: int, seed: int, jobs_per_day: int | None = None) -> Trace:
-    """A built-in workload: ``bursty-day``, ``steady`` or ``spiky``, seeded."""
+    """A built-in workload (one of ``SHAPES``, ``SHAPE_NOTES`` says what each is), seeded."""
     if name not in SHAPES:
         raise UsageError(
             f"unknown workload {name!r}",
@@ -133,16 +202,54 @@ def shape(name: str, *, days: int, seed: int, jobs_per_day: int | None = None) -
                 jobs += _burst(rng, at, n, spread=180.0)
             trickle = _poisson(rng, base + 8 * 3600.0, base + 18 * 3600.0, volume * 0.1)
             jobs += [(t, _duration(rng)) for t in trickle]
-        else:  # spiky: a quiet background and two or three sudden spikes a day
+        elif name == "spiky":  # a quiet background and two or three sudden spikes a day
             jobs += [(t, _duration(rng)) for t in _poisson(rng, base, base + DAY, per_day * 0.1)]
             for _ in range(rng.choice((2, 3))):
                 at = base + rng.uniform(0.0, DAY - 3600.0)
                 # At least one job a spike, unless the day has none (--jobs-per-day 0).
                 n = max(min(1, per_day), round(rng.gauss(per_day * 0.9 / 2.5, per_day * 0.1)))
                 jobs += _burst(rng, at, n, spread=30.0)
+        elif name == "office":  # the default day: 150 surge, 12 an hour of trickle, 60 batch
+            scale = per_day / DEFAULT_JOBS_PER_DAY["office"]
+            jobs += office_jobs(
+                rng,
+                day,
+                surge=round(150 * scale),
+                trickle_per_hour=12 * scale,
+                batch=round(60 * scale),
+            )
+        elif name == "nightly":  # 95% in a batch at 02:00 (within 2 min), 1-10 min each
+            at = base + 2 * 3600.0
+            jobs += [
+                (at + rng.uniform(0.0, 120.0), rng.uniform(60.0, 600.0))
+                for _ in range(round(per_day * 0.95))
+            ]
+            jobs += [(t, _duration(rng)) for t in _poisson(rng, base, base + DAY, per_day * 0.05)]
+        elif name == "trickle":
+            jobs += [(t, _duration(rng)) for t in _poisson(rng, base, base + DAY, per_day)]
+        elif name == "ramp":  # 06:00 to 18:00, the rate rising to its peak, then nothing
+            ramp = _ramp(rng, base + 6 * 3600.0, base + 18 * 3600.0, per_day)
+            jobs += [(t, _duration(rng)) for t in ramp]
+        elif name == "long-jobs":  # groups of 1-5 jobs, 20 min median (5 min to 2 h)
+            for t in _poisson(rng, base, base + DAY, per_day / 3.0):
+                jobs += [
+                    (t + rng.uniform(0.0, 60.0), _duration(rng, 1200.0, 0.5, 7200.0))
+                    for _ in range(rng.randint(1, 5))
+                ]
+        else:  # mixed: 85% of ~10 s jobs, 15% of ~15 min; 70% in 6 random bursts a day
+
+            def job(at: float) -> tuple[float, float]:
+                if rng.random() < 0.85:
+                    return at, _duration(rng, 10.0, 0.6)
+                return at, _duration(rng, 900.0, 0.4, 3600.0)
+
+            jobs += [job(t) for t in _poisson(rng, base, base + DAY, per_day * 0.3)]
+            for _ in range(6):
+                at = base + rng.uniform(0.0, DAY - 600.0)
+                jobs += [job(at + rng.uniform(0.0, 300.0)) for _ in range(round(per_day * 0.7 / 6))]
     span = days * DAY
     jobs = [(a, d) for a, d in jobs if 0.0 <= a < span]
-    per = "weekday" if name == "bursty-day" else "day"
+    per = "weekday" if name in ("bursty-day", "office") else "day"
     note = f"{name}, {days} day(s), {per_day} jobs per {per}, seed {seed}"
     return from_jobs(name, jobs, span=span, note=note)
 

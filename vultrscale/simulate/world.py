@@ -211,6 +211,13 @@ class World:
             return 0, None
         return len(recent), self._recent_sum / len(recent)
 
+    def recent_arrivals(self) -> int:
+        """The jobs that arrived within ``waits.ARRIVAL_WINDOW`` up to now, as the vultrscale
+        preset counts them (enqueued in the window; a job run again is not a new arrival)."""
+        since = self.now - waits.ARRIVAL_WINDOW.total_seconds()
+        arrivals = self.arrival
+        return bisect.bisect_right(arrivals, self.now) - bisect.bisect_right(arrivals, since)
+
     def oldest_ready_seconds(self) -> float:
         """The oldest ready job's age (its due time: a killed job keeps its arrival)."""
         return max(0.0, self.now - self.ready[0][0]) if self.ready else 0.0
