@@ -54,8 +54,8 @@ MIN_JOBS = 10
 ARRIVAL_WINDOW = timedelta(minutes=10)
 #: ``target_wait = "auto"``: this share of the boot time, at most ``AUTO_MAX``
 #: (docs/policy.md, the workload suite).
-AUTO_SHARE = 0.25
-AUTO_MAX: timedelta | None = None
+AUTO_SHARE = 0.5
+AUTO_MAX: timedelta | None = timedelta(minutes=1)
 
 
 def target(setting: WaitTarget, boot: timedelta) -> timedelta:
