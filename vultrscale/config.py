@@ -378,6 +378,10 @@ class WaitTarget:
     def __repr__(self) -> str:
         return f"WaitTarget({str(self)!r})"
 
+    def __reduce__(self) -> tuple[type[WaitTarget], tuple[timedelta | None]]:
+        # Pickled into simulate's replay processes: rebuilt by __init__, not set slot by slot.
+        return (WaitTarget, (self.fixed,))
+
 
 FORECAST_MODES = ("off", "observe", "scale")
 

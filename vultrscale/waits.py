@@ -83,6 +83,10 @@ class WaitCall:
     wanted: int
     reason: str
     applied: bool
+    # The longest wait estimated (seconds) and the arrival rate it counted (jobs a second);
+    # None when the rule did not apply.
+    wait: float | None = None
+    rate: float | None = None
 
 
 def _t(seconds: float) -> str:
@@ -157,12 +161,15 @@ def size(
         f"create) start the oldest in {_t(first)}; longest wait {_t(wait)}"
     )
     target_s = target_wait.total_seconds()
-    if wait <= target_s:
+    if wait <= target_s or depth <= n_now:
+        within = "within" if wait <= target_s else "past"
         return WaitCall(
             n_now,
-            f"{facts}, within target_wait {_t(target_s)}: no create (the depth rule asked "
-            f"{depth - n_now})",
+            f"{facts}, {within} target_wait {_t(target_s)}: no create (the depth rule asked "
+            f"{max(depth - n_now, 0)})",
             applied=True,
+            wait=wait,
+            rate=rate,
         )
     left = queued + rate * boot_s - _starts_by(boot_s, groups, mean)
     if left < 1:
@@ -172,6 +179,8 @@ def size(
             f"started before a new instance would be ready in {_t(boot_s)}: no create (the "
             f"depth rule asked {depth - n_now})",
             applied=True,
+            wait=wait,
+            rate=rate,
         )
     most = max(1, depth - n_now)
     horizon = boot_s + target_s
@@ -196,6 +205,8 @@ def size(
         f"instance is ready in {_t(boot_s)}: {lo} new instance(s) start each within "
         f"{_t(late(lo))} of that or of its arrival (the depth rule asked {most})",
         applied=True,
+        wait=wait,
+        rate=rate,
     )
 
 
@@ -248,7 +259,7 @@ def _slots(
     for i in instances:
         if i.state is InstanceState.RUNNING or i.state not in CAPACITY_STATES:
             continue
-        since = i.created_at or now
+        since = min(i.created_at or now, now)  # a clock that ran ahead: no later than now
         groups.append((max(0.0, (since - now).total_seconds() + boot_s), per(i)))
     return [(t, n) for t, n in groups if n > 0]
 

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from vultrscale import waits
 from vultrscale.boottime import BootTime
-from vultrscale.config import BudgetConfig, Config, PolicyConfig, QueueConfig
+from vultrscale.config import BudgetConfig, Config, PolicyConfig, QueueConfig, WaitTarget
 from vultrscale.model import Instance, InstanceState, Observation, PlanPrice, Signals
 from vultrscale.policy import decide
 from vultrscale.status import render, status_document
@@ -22,6 +22,7 @@ PRICE = PlanPrice("vc2-1c-2gb", monthly=10.0)
 
 def cfg(**pol: Any) -> Config:
     pol.setdefault("target_wait", timedelta(minutes=10))
+    pol["target_wait"] = WaitTarget(pol["target_wait"])
     return Config(
         policy=PolicyConfig(max_instances=20, **pol),
         queue=QueueConfig(jobs_per_instance=4),
@@ -40,6 +41,7 @@ def observe(ready: int, *instances: Instance, jobs: int | None = 50, **kw: Any) 
         oldest_ready_seconds=30.0,
         recent_jobs=jobs,
         recent_job_seconds=None if jobs is None else 60.0,
+        recent_arrivals=0,
     )
     return Observation(instances=instances, signals=sig, price=PRICE, **kw)
 
@@ -49,7 +51,7 @@ def test_a_backlog_the_fleet_clears_before_a_boot_is_declined_with_its_numbers()
     plan = decide(observe(24, running("a")), cfg(), NOW)
     assert plan.creates == 0 and plan.desired == 6 and plan.target == 1
     why = next(r for r in plan.reasons if r.startswith("wait rule:"))
-    assert "24 queued job(s)" in why and "the last in 5m" in why
+    assert "24 queued job(s)" in why and "longest wait 5m" in why
     assert "within target_wait 10m: no create (the depth rule asked 5)" in why
 
 
@@ -114,5 +116,31 @@ def test_the_wait_rule_counts_an_offerings_own_jobs_per_instance() -> None:
     big = dataclasses.replace(running("a"), region="ewr", plan=PRICE.plan)
     plan = decide(observe(48, big), config, NOW)
     why = next(r for r in plan.reasons if r.startswith("wait rule:"))
-    assert "the last in 5m" in why and "no create" in why
+    assert "longest wait 5m" in why and "no create" in why
     assert plan.creates == 0 and plan.desired == 6
+
+
+def test_the_plan_status_and_events_show_the_arrival_rate_and_wait_the_estimate_used() -> None:
+    obs = observe(24, running("a"))
+    sig = obs.signals
+    assert sig is not None
+    import dataclasses
+
+    obs = dataclasses.replace(obs, signals=dataclasses.replace(sig, recent_arrivals=20))
+    plan = decide(obs, cfg(), NOW)
+    assert plan.arrival_rate == 20 / waits.ARRIVAL_WINDOW.total_seconds()
+    assert plan.wait_estimate is not None and plan.wait_estimate > 0
+    doc = plan.summary()  # what --json, --dry-run and the events ledger carry
+    assert doc["arrivals_per_minute"] == 2.0
+    assert doc["wait_estimate_seconds"] == round(plan.wait_estimate, 1)
+    why = next(r for r in plan.reasons if r.startswith("wait rule:"))
+    assert "2 job(s)/min arriving (last 10m)" in why
+    out = io.StringIO()
+    Console(file=out, width=100, color_system=None).print(render(obs, plan, NOW, 1000.0, "workers"))
+    assert "job(s)/min arriving" in " ".join(out.getvalue().split())
+    # Estimated when the fleet covers the demand too (the metric follows it every pass)...
+    covered = decide(observe(2, running("a")), cfg(), NOW)
+    assert covered.wait_estimate is not None
+    assert not any(r.startswith("wait rule:") for r in covered.reasons)  # ...said only when asked
+    # ...and never with the rule off.
+    assert decide(obs, cfg(target_wait=timedelta(0)), NOW).wait_estimate is None

@@ -15,7 +15,7 @@ import pytest
 
 from vultrscale import config as config_mod
 from vultrscale.cli import main
-from vultrscale.config import Config, FloorConfig, Offering
+from vultrscale.config import Config, FloorConfig, Offering, WaitTarget
 from vultrscale.errors import UsageError
 from vultrscale.simulate import baselines, compare, engine, workload
 from vultrscale.simulate.fleet import Vultrscale
@@ -781,12 +781,13 @@ _FORECAST_SCALE = replace(CFG.policy.forecast, mode="scale", weeks=1, min_histor
 @pytest.mark.parametrize(
     ("policy_changes", "boot_time", "days", "jobs_per_day"),
     [
-        # The wait rule (target_wait 15m by default) at Vultr's snapshot boots: the oldest job
-        # ages and booting instances come closer to ready with no new observation.
+        # The wait rule (target_wait "auto") at Vultr's snapshot boots: the oldest job ages,
+        # booting instances come closer to ready and arrivals leave the window with no new
+        # observation.
         ({}, "12m", 1, 600),
         # A shorter target over boots that vary, at a plain depth rule's revives too.
-        ({"target_wait": timedelta(minutes=5)}, "6m..14m", 1, 1500),
-        ({"target_wait": timedelta(0)}, "12m", 1, 1500),
+        ({"target_wait": WaitTarget(timedelta(minutes=5))}, "6m..14m", 1, 1500),
+        ({"target_wait": WaitTarget(timedelta(0))}, "12m", 1, 1500),
         # The forecast floor (mode scale) moves by slot, one learned boot time ahead, on an
         # idle fleet as on a busy one: a week and a day, so a time of the week recurs.
         ({"forecast": _FORECAST_SCALE}, "12m", 8, 600),

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from vultrscale.config import Config
+from vultrscale.config import Config, WaitTarget
 from vultrscale.simulate import compare, workload
 from vultrscale.simulate.fleet import Vultrscale
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_process")
 
 def _cfg(target_wait: timedelta) -> Config:
     cfg = Config()
-    return replace(cfg, policy=replace(cfg.policy, target_wait=target_wait))
+    return replace(cfg, policy=replace(cfg.policy, target_wait=WaitTarget(target_wait)))
 
 
 def _run(cfg: Config, trace: workload.Trace) -> compare.PolicyResult:

@@ -233,3 +233,24 @@ def test_the_rule_never_asks_more_than_the_depth_rule_nor_fewer_than_it_has(
     )
     assert call.applied
     assert len(fleet) <= call.wanted <= depth
+
+
+def test_a_booting_instance_stamped_in_the_future_is_ready_no_later_than_a_boot() -> None:
+    # Its create was written while some clock ran an hour ahead: it is not an hour and a boot
+    # away, at most a boot.
+    ahead = vm("b", InstanceState.BOOTING, minutes_ago=-60)
+    now = vm("c", InstanceState.BOOTING, minutes_ago=0)
+    assert size(signals(60), [ahead], depth=15).wanted == size(signals(60), [now], depth=15).wanted
+    assert "start the oldest in 12m" in size(signals(60), [ahead], depth=15).reason
+
+
+def test_a_config_with_either_target_crosses_to_a_replay_process_intact() -> None:
+    import pickle
+    from dataclasses import replace
+
+    from vultrscale.config import Config
+
+    for target in (WaitTarget(), WaitTarget(timedelta(minutes=3))):
+        cfg = Config()
+        cfg = replace(cfg, policy=replace(cfg.policy, target_wait=target))
+        assert pickle.loads(pickle.dumps(cfg)) == cfg
