@@ -444,6 +444,20 @@ def floor_at(
     return FloorForecast(floor, wanted, source, True)
 
 
+def arrival_rate(profile: Profile, now: datetime, lead: timedelta) -> float | None:
+    """The jobs a second the profile expects to arrive over the next ``lead`` (a slot's load
+    is its arrivals times their mean run over its length: Little's law read backwards); None
+    when it is not trusted (``Profile.trusted``) or knows no run time."""
+    mean = profile.mean_run_seconds
+    if not profile.trusted or not mean or mean <= 0:
+        return None
+    t, end, loads = now, now + max(lead, timedelta(seconds=1)), []
+    while t < end:
+        loads.append(profile.loads[slot_key(t, profile.slot, profile.pool)])
+        t = slot_start(t, profile.slot) + profile.slot
+    return sum(loads) / len(loads) / mean
+
+
 def next_change(profile: Profile | None, now: datetime, lead: timedelta) -> datetime | None:
     """The first moment after ``now`` when ``floor_at`` may answer otherwise: a slot boundary
     at ``now`` or one ``lead`` ahead. None without a trusted profile."""

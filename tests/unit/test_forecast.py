@@ -75,7 +75,48 @@ def test_a_quantile_across_weeks_ignores_one_odd_week() -> None:
     jobs += [(MONDAY + WEEK + 9 * HOUR + timedelta(seconds=i), 60.0) for i in range(720)]
     now = MONDAY + 3 * WEEK  # ...but one surge in the second
     assert floor(profile_of(jobs, now, quantile=0.5), now + 9 * HOUR) == 0
-    assert floor(profile_of(jobs, now, quantile=1.0), now + 9 * HOUR) == 3  # 12 at once
+    every = profile_of(jobs, now, quantile=1.0)  # the highest week: the odd one is kept...
+    assert forecast.need(every, now + 9 * HOUR, 4) == 3  # 12 at once
+    # ...and its backtest finds that the surge it predicted for the last week never came.
+    assert every.checked_days == 7 and every.skill is not None and every.skill < 0.1
+    assert not every.trusted and floor(every, now + 9 * HOUR) == 0
+    f = forecast.floor_at(every, now + 9 * HOUR, LEAD, jobs_per_instance=4, max_instances=5)
+    assert "would not have predicted the last 7 day(s)" in f.source and not f.usable
+    assert forecast.next_change(every, now, LEAD) is None
+
+
+def test_a_weekly_rhythm_passes_its_backtest_and_random_spikes_do_not() -> None:
+    weekly = profile_of(surge_history(3), MONDAY + 3 * WEEK)
+    assert weekly.trusted and weekly.skill is not None and weekly.skill > 0.9
+    # A spike of 360 jobs on a different day and hour every week: nothing weekly to learn.
+    spikes = [
+        (MONDAY + w * WEEK + timedelta(days=(3 * w) % 7, hours=(7 * w) % 24, seconds=i), 60.0)
+        for w in range(4)
+        for i in range(360)
+    ]
+    random = profile_of(spikes, MONDAY + 4 * WEEK, quantile=0.9)
+    assert random.enough and not random.trusted
+    assert "nothing weekly to learn" in random.distrust()
+
+
+def test_a_profile_is_checked_only_once_its_history_passes_min_history_by_a_day() -> None:
+    jobs = surge_history(2)
+    young = profile_of(jobs, MONDAY + WEEK + 12 * HOUR)  # a week and a half day
+    assert young.enough and young.checked_days == 0 and not young.trusted
+    assert "cannot be checked yet" in young.distrust()
+    assert profile_of(jobs, MONDAY + WEEK + 30 * HOUR).checked_days == 1
+
+
+def test_the_forecasts_arrival_rate_is_the_coming_slots_load_over_the_run_time() -> None:
+    p = profile_of(surge_history(3), MONDAY + 3 * WEEK)
+    monday = MONDAY + 3 * WEEK
+    # 360 one-minute jobs over 09:00-10:00: 0.1 a second; half an hour ahead from 08:30 is
+    # half quiet (the 08:00 slot) and half surge.
+    assert forecast.arrival_rate(p, monday + 9 * HOUR, LEAD) == pytest.approx(0.1, rel=0.02)
+    assert forecast.arrival_rate(
+        p, monday + 8 * HOUR + timedelta(minutes=45), 30 * timedelta(minutes=1)
+    ) == pytest.approx(0.05, rel=0.02)
+    assert forecast.arrival_rate(p, monday + 12 * HOUR, LEAD) == 0.0
 
 
 def test_unfinished_jobs_count_at_the_mean_run_time() -> None:
@@ -166,14 +207,16 @@ def test_a_burst_is_sized_for_its_work_done_within_clear_within_not_its_mean() -
 
 
 def test_a_weekday_pool_learns_a_burst_from_the_days_before_and_keeps_the_weekend_apart() -> None:
-    # Monday and Tuesday had a 09:00 burst; it is Wednesday 00:00, two days of history.
-    now = MONDAY + timedelta(days=2)
-    jobs = burst_history([MONDAY, MONDAY + timedelta(days=1)])
+    # Monday to Wednesday had a 09:00 burst; it is Thursday 00:00: a day of history past
+    # min_history, for the backtest (Wednesday's burst, predicted from Monday's and Tuesday's).
+    now = MONDAY + timedelta(days=3)
+    jobs = burst_history([MONDAY + timedelta(days=d) for d in range(3)])
     by_week = profile_of(jobs, now, min_history=timedelta(days=1))
-    assert floor(by_week, now + 9 * HOUR) == 0  # no Wednesday seen yet
+    assert floor(by_week, now + 9 * HOUR) == 0  # no Thursday seen yet
     p = profile_of(jobs, now, min_history=timedelta(days=1), pool="weekday")
     assert p.enough and len(p.loads) == 48  # a weekday's 24 slots, then the weekend's
-    assert floor(p, now + 9 * HOUR) == 1  # Wednesday 09:00 learnt from Monday's and Tuesday's
+    assert p.trusted and p.checked_days == 1
+    assert floor(p, now + 9 * HOUR) == 1  # Thursday 09:00 learnt from the weekdays before
     assert floor(p, now + 8 * HOUR + timedelta(minutes=45)) == 1  # one lead ahead
     assert floor(p, now + 12 * HOUR) == 0
     assert floor(p, MONDAY + timedelta(days=5) + 9 * HOUR) == 0  # Saturday is not a weekday
