@@ -125,6 +125,27 @@ class Metrics:
             lbl,
             registry=r,
         )
+        self.wait_estimate = Gauge(
+            "vultrscale_wait_estimate_seconds",
+            "The wait rule's estimate of the longest wait, queued and arriving jobs counted "
+            "(NaN: not estimated: the rule off, too little job history, the queue unread)",
+            lbl,
+            registry=r,
+        )
+        self.arrival_rate = Gauge(
+            "vultrscale_queue_arrival_rate",
+            "Jobs a second arriving, as the wait rule counted them (the recent rate, or the "
+            "forecast's where higher and acting; NaN: not estimated)",
+            lbl,
+            registry=r,
+        )
+        self.boot_time = Gauge(
+            "vultrscale_boot_time_seconds",
+            "Create to worker up, as the policy plans with it: learned from the ledger's boots, "
+            "else policy.boot_time",
+            lbl,
+            registry=r,
+        )
         for code in _EXIT_CODES:
             self.passes.labels(fleet, code)
         for kind in ActionKind:
@@ -170,6 +191,8 @@ class Metrics:
             started = [t for t in since if t is not None]
             age = (result.at - min(started)).total_seconds() if started else 0.0
             self.draining_oldest.labels(f).set(max(age, 0.0))
+            if obs.boot_time is not None:
+                self.boot_time.labels(f).set(obs.boot_time.estimate.total_seconds())
             s = obs.signals
             # Unread this pass: NaN, not the last figures (a stale queue depth looks healthy).
             for gauge, value in (
@@ -188,6 +211,11 @@ class Metrics:
             self.committed.labels(f).set(_UNKNOWN if committed is None else committed)
             fc = plan.forecast_floor
             self.forecast_floor.labels(f).set(_UNKNOWN if fc is None else fc)
+            for gauge, estimated in (
+                (self.wait_estimate, plan.wait_estimate),
+                (self.arrival_rate, plan.arrival_rate),
+            ):
+                gauge.labels(f).set(_UNKNOWN if estimated is None else estimated)
             if not result.dry_run:
                 for action in plan.actions:
                     self.actions.labels(f, action.kind.value).inc()
@@ -197,7 +225,15 @@ class Metrics:
         queue and the month's bill are unread, NaN like any figure a pass could not read."""
         f = self.fleet
         self.passes.labels(f, str(exit_code)).inc()
-        unread = (self.ready, self.in_flight, self.expired, self.oldest, self.month_to_date)
+        unread = (
+            self.ready,
+            self.in_flight,
+            self.expired,
+            self.oldest,
+            self.month_to_date,
+            self.wait_estimate,
+            self.arrival_rate,
+        )
         for gauge in (*unread, self.committed):
             gauge.labels(f).set(_UNKNOWN)
 

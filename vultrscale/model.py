@@ -7,6 +7,7 @@ each with its reason, plus the clamps that applied.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -373,6 +374,10 @@ class Plan:
     forecast_mode: str = "off"
     forecast_floor: int | None = None
     forecast_source: str = ""
+    # The wait rule's estimate (``waits``): the longest wait in seconds and the arrival rate
+    # it counted, jobs a second; None: not estimated (off, no history, signals unread).
+    wait_estimate: float | None = None
+    arrival_rate: float | None = None
 
     def summary(self) -> dict[str, object]:
         """The decision as the ledger, `--json` and `status` show it."""
@@ -396,6 +401,12 @@ class Plan:
                 "floor": self.forecast_floor,
                 "source": self.forecast_source,
             },
+            "wait_estimate_seconds": None
+            if self.wait_estimate is None or not math.isfinite(self.wait_estimate)
+            else round(self.wait_estimate, 1),
+            "arrivals_per_minute": None
+            if self.arrival_rate is None
+            else round(self.arrival_rate * 60, 2),
         }
 
     @property

@@ -265,6 +265,7 @@ class _Sizing:
         self.reasons: list[str] = []
         self.clamps: list[str] = []
         self.warnings: list[str] = []
+        self.wait: waits.WaitCall | None = None  # the wait rule's estimate, when it ran
 
     def run(self) -> Plan:
         obs, pol, now = self.obs, self.pol, self.now
@@ -364,8 +365,14 @@ class _Sizing:
                 )
         else:
             needed = desired  # the depth rule's; the wait rule may ask fewer
-            if desired > n_now and signals is not None and not pol.target_wait.off:
-                needed = min(desired, self._wait_rule(signals, staying, desired))
+            if signals is not None and not pol.target_wait.off:
+                # Estimated every pass (the plan and the metrics show the wait); it decides
+                # only where the depth rule asks more than there is.
+                call = self._wait_rule(signals, staying, desired)
+                self.wait = call
+                if desired > n_now:
+                    self.reasons.append(call.reason)
+                    needed = min(desired, call.wanted)
             want = max(needed, floor)
             if want > n_now:
                 why = (
@@ -403,16 +410,22 @@ class _Sizing:
             forecast_mode=pol.forecast.mode,
             forecast_floor=predicted.floor if predicted and predicted.usable else None,
             forecast_source="" if predicted is None else predicted.source,
+            wait_estimate=self.wait.wait if self.wait else None,
+            arrival_rate=self.wait.rate if self.wait else None,
         )
 
     # --- pieces ---------------------------------------------------------------------------
 
-    def _wait_rule(self, signals: Signals, staying: list[Instance], desired: int) -> int:
-        """Instances the queue wants by its wait (``vultrscale.waits``; at most ``desired``),
-        with the why in numbers among the reasons."""
-        cfg = self.cfg
-        boot = forecast_lead(self.obs, cfg)
-        call = waits.size(
+    def _wait_rule(self, signals: Signals, staying: list[Instance], desired: int) -> waits.WaitCall:
+        """The wait rule's answer (``vultrscale.waits``): instances the queue wants by its
+        wait, at most ``desired``, and why in numbers. The forecast's expected arrivals count
+        where it acts (mode "scale", a profile its backtest trusts)."""
+        cfg, obs = self.cfg, self.obs
+        boot = forecast_lead(obs, cfg)
+        expected = None
+        if self.pol.forecast.mode == "scale" and obs.forecast is not None:
+            expected = forecast.arrival_rate(obs.forecast, self.now, boot)
+        return waits.size(
             signals,
             staying,
             jobs_per_instance=self._new_per_instance(),
@@ -421,9 +434,8 @@ class _Sizing:
             depth=desired,
             now=self.now,
             slots_of=lambda i: offerings.jobs_per_instance(cfg, i.region, i.plan),
+            expected_rate=expected,
         )
-        self.reasons.append(call.reason)
-        return call.wanted
 
     def _describe_capacity(self, capacity: list[Instance], leaving: int) -> str:
         counts: dict[InstanceState, int] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -201,6 +202,14 @@ def summary_lines(obs: Observation, plan: Plan, ceiling: float) -> list[Text]:
                     if sig.recent_jobs and sig.recent_job_seconds is not None
                     else ""
                 )
+            )
+        )
+    if plan.wait_estimate is not None and plan.arrival_rate is not None:
+        wait = plan.wait_estimate
+        lines.append(
+            Text(
+                f"wait estimate: {age_s(wait) if math.isfinite(wait) else 'no instance to run'}"
+                f", {plan.arrival_rate * 60:.2g} job(s)/min arriving"
             )
         )
     if obs.boot_time is not None:

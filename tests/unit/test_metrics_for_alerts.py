@@ -62,3 +62,25 @@ def test_the_committed_bill_is_unknown_after_a_pass_that_failed_before_its_resul
     m.failed(1)
     value = _value(m, "vultrscale_budget_committed_usd")
     assert value is not None and math.isnan(value)
+
+
+def test_the_wait_estimate_the_arrival_rate_and_the_boot_time_are_gauges(tmp_path: Path) -> None:
+    from vultrscale.model import Signals
+
+    fleet = Fleet(tmp_path)
+    m = metrics.Metrics.for_config(fleet.cfg)
+    fleet.bring_up(4)
+    # 20 queued one-minute jobs, 30 arrived in the window (3 a minute) on one running instance.
+    fleet.signals.signals = Signals(
+        ready=20, in_flight=0, recent_jobs=50, recent_job_seconds=60.0, recent_arrivals=30
+    )
+    result = fleet.run()
+    m.observe(result)
+    assert result.plan is not None and result.plan.wait_estimate is not None
+    assert _value(m, "vultrscale_wait_estimate_seconds") == result.plan.wait_estimate
+    assert _value(m, "vultrscale_queue_arrival_rate") == 30 / 600
+    assert _value(m, "vultrscale_boot_time_seconds") == 12 * 60.0  # policy.boot_time, unlearned
+    fleet.queue(20)  # a queue with no history: not estimated, NaN (not the last figure)
+    m.observe(fleet.run())
+    value = _value(m, "vultrscale_wait_estimate_seconds")
+    assert value is not None and math.isnan(value)
