@@ -143,6 +143,47 @@ def test_the_newest_finished_jobs_are_read_from_their_index_not_the_table(db_url
     assert not any("Seq Scan" in line for line in plan), plan
 
 
+def test_vultrscale_counts_the_jobs_enqueued_within_the_arrival_window(db_url: str) -> None:
+    window_s = int(waits.ARRIVAL_WINDOW.total_seconds())
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for queue, ago, n in (("default", 30, 4), ("other", window_s - 60, 2)):
+            conn.execute(
+                "INSERT INTO jobs (queue, created_at) SELECT %s, now() - make_interval(secs => "
+                "%s) FROM generate_series(1, %s)",
+                (queue, ago, n),
+            )
+        # Enqueued before the window, finished or not: not arrivals any more.
+        conn.execute(
+            "INSERT INTO jobs (queue, created_at) VALUES ('default', now() - make_interval(secs "
+            "=> %s))",
+            (window_s + 60,),
+        )
+    assert read_signals(db_url, QueueConfig(preset="vultrscale")).recent_arrivals == 6
+    other = read_signals(db_url, QueueConfig(preset="vultrscale", queue="other"))
+    assert other.recent_arrivals == 2
+    with psycopg.connect(db_url, autocommit=True) as conn, conn.pipeline():
+        sent = signals_mod.send_signals(conn, QueueConfig(preset="vultrscale"))
+        assert sent is not None
+    assert sent.result().recent_arrivals == 6
+
+
+def test_the_arrivals_are_counted_from_the_newest_pages_not_the_whole_table(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (state, created_at, finished_at) SELECT 'succeeded', now() - "
+            "interval '30 days' + make_interval(secs => g), now() FROM generate_series(1, 100000) g"
+        )
+        conn.execute("INSERT INTO jobs (created_at) SELECT now() FROM generate_series(1, 50)")
+        conn.execute("ANALYZE jobs")
+        plan = [
+            str(r[0])
+            for r in conn.execute(
+                b"EXPLAIN " + signals_mod._arrivals_query(None).as_bytes(conn)
+            ).fetchall()
+        ]
+    assert any("jobs_created_at_brin" in line for line in plan), plan
+
+
 def test_vultrscale_on_open_connection_leaves_it_usable(populated: str) -> None:
     with psycopg.connect(populated) as conn:  # not autocommit
         first = read_signals(conn, QueueConfig(preset="vultrscale", queue="other"))
