@@ -80,6 +80,12 @@ def main() -> int:
     ap.add_argument("--candidates", type=Path, help="TOML: one table of settings per candidate")
     ap.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--json", type=Path, help="also write every cell and summary here")
+    ap.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PATH.png",
+        help="also draw each cell's cost and p95 wait against the depth rule's (matplotlib)",
+    )
     ap.add_argument("--quiet", action="store_true", help="the summary only")
     args = ap.parse_args()
 
@@ -119,19 +125,14 @@ def main() -> int:
             print(line)
         print()
     summaries = [suite.summarize(results, name) for name in candidates]
-    for s in summaries:
-        print(f"{s.name}: {len(results)} cells, {len(candidates) + len(suite.BASELINES)} rows each")
-        print(f"  dominated by the depth rule: {len(s.dominated_by_depth)} {_few(s.dominated_by_depth)}")
-        print(f"  dominated by KEDA-style:     {len(s.dominated_by_keda)} {_few(s.dominated_by_keda)}")
-        print(f"  dearer than the depth rule:  {len(s.dearer_than_depth)} {_few(s.dearer_than_depth)}")
-        print(f"  p95 past 1.25x or +60 s of the depth rule's: {len(s.wait_not_close)} {_few(s.wait_not_close)}")
-        boots = ", ".join(f"{b} {v:.2f}" for b, v in s.by_boot.items())
-        print(f"  median cost vs the depth rule: {s.median_cost_vs_depth:.2f} (by boot: {boots})")
-        print(f"  worst p95 vs the depth rule:   {s.worst_p95_vs_depth:.2f} ({s.worst_p95_cell})")
-        print(f"  median cost vs hindsight:      {s.median_cost_vs_hindsight:.2f}")
-        print(f"  jobs lost: {s.lost}; most jobs past target_wait + boot in a cell: {s.worst_over_target:.1%}")
-        print(f"  holds (none of the above, nothing lost): {'yes' if s.holds else 'no'}")
+    for summary in summaries:
+        print(f"{summary.name}: {len(results)} cells, {len(rows)} rows each")
+        for line in _summary_lines(summary):
+            print(f"  {line}")
     print(f"{len(results) * len(rows)} replays in {took:.0f} s")
+    if args.plot:
+        _plot(results, [*candidates, "keda", "hindsight"], args.plot)
+        print(f"plot written to {args.plot}")
     if args.json:
         doc = {
             "cells": [
@@ -144,6 +145,53 @@ def main() -> int:
         }
         args.json.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
     return 0
+
+
+def _plot(results: list[suite.CellResult], rows: list[str], path: Path) -> None:
+    """Each cell of each row as a point: its cost over the depth rule's (x) and its p95 wait
+    over the depth rule's (y, waits under a minute counted as one), on log axes; the
+    depth rule is (1, 1), and the bound of issue 32 the box left of 1 and under 1.25."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
+    markers = "os^Dv<>"
+    for k, row in enumerate(rows):
+        xs = [r.rows[row].cost / max(r.rows["depth"].cost, 1e-9) for r in results]
+        ys = [suite.p95_vs(r.rows[row], r.rows["depth"]) for r in results]
+        ax.scatter(xs, ys, s=18, marker=markers[k % len(markers)], alpha=0.7, label=row)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.axhline(suite.WAIT_FACTOR, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("cost / the depth rule's")
+    ax.set_ylabel("p95 wait / the depth rule's (under 60 s counted as 60 s)")
+    ax.set_title(f"the workload suite: {len(results)} cells (workload x seed x boot time)")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def _summary_lines(s: suite.Summary) -> list[str]:
+    boots = ", ".join(f"{b} {v:.2f}" for b, v in s.by_boot.items())
+    counted = (
+        ("dominated by the depth rule", s.dominated_by_depth),
+        ("dominated by KEDA-style", s.dominated_by_keda),
+        ("dearer than the depth rule", s.dearer_than_depth),
+        ("p95 past 1.25x or +60 s of the depth rule's", s.wait_not_close),
+    )
+    return [
+        *(f"{what}: {len(cells)} {_few(cells)}".rstrip() for what, cells in counted),
+        f"median cost vs the depth rule: {s.median_cost_vs_depth:.2f} (by boot: {boots})",
+        f"worst p95 vs the depth rule: {s.worst_p95_vs_depth:.2f} ({s.worst_p95_cell})",
+        f"median cost vs hindsight: {s.median_cost_vs_hindsight:.2f}",
+        f"jobs lost: {s.lost}",
+        f"jobs past target_wait + boot: median {s.median_over_target:.1%} a cell, at most "
+        f"{s.worst_over_target:.1%} where no cap or budget held ({s.worst_over_cell})",
+        f"holds (none of the above, nothing lost): {'yes' if s.holds else 'no'}",
+    ]
 
 
 def _few(cells: tuple[str, ...]) -> str:
