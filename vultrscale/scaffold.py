@@ -474,7 +474,7 @@ idle_before_scale_down = "90s"
 max_step_up = 0               # 0 = no limit per pass
 boot_timeout = "15m"          # pending/booting longer than this: replaced
 boot_time = "12m"             # create to worker up until the ledger has 5 boots to learn it
-target_wait = "15m"           # boot only if the queue would wait longer; "0s": depth rule only
+target_wait = "auto"          # the wait worth a boot; auto: half the boot, at most 1m; "0s": off
 billing_hour_aware = true
 on_signal_error = "hold"      # hold | floor
 revive = true                 # start a draining instance's worker again before booting one
