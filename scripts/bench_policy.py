@@ -121,15 +121,21 @@ def main() -> int:
     summaries = [suite.summarize(results, name) for name in candidates]
     for s in summaries:
         print(f"{s.name}: {len(results)} cells, {len(candidates) + len(suite.BASELINES)} rows each")
-        print(f"  dominated by the depth rule: {len(s.dominated_by_depth)} {_few(s.dominated_by_depth)}")
-        print(f"  dominated by KEDA-style:     {len(s.dominated_by_keda)} {_few(s.dominated_by_keda)}")
-        print(f"  dearer than the depth rule:  {len(s.dearer_than_depth)} {_few(s.dearer_than_depth)}")
-        print(f"  p95 past 1.25x or +60 s of the depth rule's: {len(s.wait_not_close)} {_few(s.wait_not_close)}")
+        for what, cells in (
+            ("dominated by the depth rule: ", s.dominated_by_depth),
+            ("dominated by KEDA-style:     ", s.dominated_by_keda),
+            ("dearer than the depth rule:  ", s.dearer_than_depth),
+            ("p95 past 1.25x or +60 s of the depth rule's: ", s.wait_not_close),
+        ):
+            print(f"  {what}{len(cells)} {_few(cells)}")
         boots = ", ".join(f"{b} {v:.2f}" for b, v in s.by_boot.items())
         print(f"  median cost vs the depth rule: {s.median_cost_vs_depth:.2f} (by boot: {boots})")
         print(f"  worst p95 vs the depth rule:   {s.worst_p95_vs_depth:.2f} ({s.worst_p95_cell})")
         print(f"  median cost vs hindsight:      {s.median_cost_vs_hindsight:.2f}")
-        print(f"  jobs lost: {s.lost}; most jobs past target_wait + boot in a cell: {s.worst_over_target:.1%}")
+        print(
+            f"  jobs lost: {s.lost}; most jobs past target_wait + boot in a cell: "
+            f"{s.worst_over_target:.1%}"
+        )
         print(f"  holds (none of the above, nothing lost): {'yes' if s.holds else 'no'}")
     print(f"{len(results) * len(rows)} replays in {took:.0f} s")
     if args.json:
