@@ -20,7 +20,8 @@ from vultrscale.config import (
     start_limit_interval_seconds,
     timeout_stop_seconds,
 )
-from vultrscale.errors import UsageError, is_text, redact
+from vultrscale.errors import UsageError
+from vultrscale.redaction import is_text, redact
 
 USER_DATA_TEMPLATE = "user-data.yaml.tmpl"
 SUDOERS_TEMPLATE = "sudoers-worker.tmpl"

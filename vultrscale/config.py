@@ -23,9 +23,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from vultrscale.errors import (
-    ConfigError,
-    UsageError,
+from vultrscale.errors import ConfigError, UsageError
+from vultrscale.forecast import POOLS as FORECAST_POOLS
+from vultrscale.redaction import (
     conninfo_problem,
     http_userinfo,
     is_text,
@@ -34,9 +34,8 @@ from vultrscale.errors import (
     secret_values,
     url_user,
 )
-from vultrscale.errors import mask_url as mask_url  # re-exported: part of config's contract
-from vultrscale.errors import url_password as url_password
-from vultrscale.forecast import POOLS as FORECAST_POOLS
+from vultrscale.redaction import mask_url as mask_url
+from vultrscale.redaction import url_password as url_password
 
 DEFAULT_API_URL = "https://api.vultr.com"
 # The secrets, read only from the environment or the .env next to the config file.
@@ -98,7 +97,7 @@ _API_URL_FORM = (
     "an http(s) URL such as https://api.vultr.com (a proxy with credentials: "
     "https://USER:PASSWORD@proxy.example:8443)"
 )
-# The userinfo ends at the last '@' (errors.http_userinfo reads it alike): a password with an
+# The userinfo ends at the last '@' (redaction.http_userinfo reads it alike): a password with an
 # unencoded '/' or '?' is then not taken for the host or the path.
 _HTTP_URL_PARTS = re.compile(r"(?P<scheme>[A-Za-z][\w+.-]*)://(?:.*@)?(?P<rest>[^@]*)", re.S)
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")

@@ -19,13 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from vultrscale.config import SECRET_NAMES, FleetConfig, check_text
-from vultrscale.errors import (
-    ConfigError,
-    RuntimeFailure,
-    UsageError,
-    VultrscaleError,
-    is_text,
-)
+from vultrscale.errors import ConfigError, RuntimeFailure, UsageError, VultrscaleError
+from vultrscale.redaction import is_text
 
 if TYPE_CHECKING:
     from vultrscale.vultr.client import VultrClient

@@ -179,7 +179,7 @@ def _unreadable(
     from rich.console import Group
 
     from vultrscale.config import format_duration
-    from vultrscale.errors import redact
+    from vultrscale.redaction import redact
     from vultrscale.status import plain
 
     secrets = cfg.secrets.values()

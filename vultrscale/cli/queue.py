@@ -12,8 +12,9 @@ import typer
 
 from vultrscale import params
 from vultrscale.cli._common import examples, group, shown, state
-from vultrscale.errors import UsageError, is_text
+from vultrscale.errors import UsageError
 from vultrscale.model import DEFAULT_MAX_ATTEMPTS
+from vultrscale.redaction import is_text
 from vultrscale.wiring import database_url
 
 _SHORTER = "Send long numbers as strings (in quotes)."

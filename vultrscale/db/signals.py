@@ -68,8 +68,9 @@ from psycopg import sql
 from vultrscale import waits
 from vultrscale.config import QueueConfig
 from vultrscale.db import pg
-from vultrscale.errors import ConfigError, DatabaseError, first_line
+from vultrscale.errors import ConfigError, DatabaseError
 from vultrscale.model import Signals
+from vultrscale.redaction import first_line
 
 PRESETS = ("vultrscale", "procrastinate", "pgqueuer", "custom")
 

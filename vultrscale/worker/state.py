@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from vultrscale.config import mask_url, outage_budget
 from vultrscale.db import queue
 from vultrscale.db.queue import DEFAULT_BACKOFF_CAP_SECONDS, DEFAULT_BACKOFF_SECONDS
-from vultrscale.errors import first_line
+from vultrscale.redaction import first_line
 from vultrscale.worker.job import Job, Run
 from vultrscale.worker.outage import Outage, WorkerDatabase
 
