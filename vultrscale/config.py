@@ -36,6 +36,11 @@ from vultrscale.redaction import (
 )
 from vultrscale.redaction import mask_url as mask_url
 from vultrscale.redaction import url_password as url_password
+from vultrscale.workerunit import RESTART_SECONDS as RESTART_SECONDS  # re-exported
+from vultrscale.workerunit import START_LIMIT_BURST as START_LIMIT_BURST
+from vultrscale.workerunit import outage_budget as outage_budget
+from vultrscale.workerunit import start_limit_interval_seconds as start_limit_interval_seconds
+from vultrscale.workerunit import timeout_stop_seconds as timeout_stop_seconds
 
 DEFAULT_API_URL = "https://api.vultr.com"
 # The secrets, read only from the environment or the .env next to the config file.
@@ -1516,28 +1521,3 @@ def cron_problem(expr: str) -> str | None:
     except CroniterBadDateError:
         return f"{expr!r} matches no date (e.g. a day the month never has)"
     return None
-
-
-# worker.service: RestartSec=5 and StartLimitBurst=5 (the unit file says why).
-RESTART_SECONDS = 5
-START_LIMIT_BURST = 5
-
-
-def outage_budget(outage_seconds: float, lease_seconds: float) -> float:
-    """How long a worker rides out an unreachable database: outage_seconds, else the lease."""
-    return outage_seconds or lease_seconds
-
-
-def start_limit_interval_seconds(worker: WorkerConfig) -> int:
-    """StartLimitIntervalSec for the unit. A worker that gives up on a long outage has waited
-    its whole outage budget (running, or at start-up), so its restarts are at least budget +
-    RestartSec apart: START_LIMIT_BURST + 1 starts span more than this interval and an outage
-    of any length never trips the start limit, while a worker failing faster than that (a
-    crash, not an outage) does, and stays failed for an operator to see."""
-    budget = outage_budget(worker.outage_seconds, worker.lease_seconds)
-    return int(START_LIMIT_BURST * (budget + RESTART_SECONDS)) - 1
-
-
-def timeout_stop_seconds(worker: WorkerConfig) -> int:
-    """TimeoutStopSec for the unit: the drain time plus a margin for giving jobs back."""
-    return int(worker.drain_seconds + max(10.0, worker.drain_seconds * 0.5))

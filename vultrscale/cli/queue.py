@@ -246,7 +246,7 @@ def enqueue_cmd(
     if problem:
         raise UsageError(f"--payload: {problem}.", hint=_STORABLE)
     from vultrscale.cli._common import load_config
-    from vultrscale.config import mask_url
+    from vultrscale.redaction import mask_url
 
     conninfo = database_url(load_config())
     from vultrscale.db import pg, queue
