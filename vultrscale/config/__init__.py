@@ -10,8 +10,9 @@ package is cut by job: ``values`` (durations, values as text), ``kinds`` (how a 
 declared and checked on its own), ``schema`` (the sections), ``secrets`` (the secrets and the
 other variables), ``model`` (the resolved :class:`Config`), ``files`` (the TOML file and the
 .env), ``load`` (flags > environment > file > defaults), ``checks`` (the rules relating several
-settings, and the warnings of ``config check``). The names below are the ones other modules
-import from ``vultrscale.config``.
+settings, and the warnings of ``config check``), ``reference`` (init's template, .env.example
+and docs/reference/settings.md, written from the schema; imported only by what writes them).
+The names below are the ones other modules import from ``vultrscale.config``.
 """
 
 from __future__ import annotations

@@ -423,6 +423,18 @@ SECTIONS: dict[str, type] = {
     "simulate": SimulateConfig,
 }
 
+# What each section is for, in a line: the template's and the reference's headings (a table
+# inside a section has its field's help).
+SECTION_HELP = {
+    "fleet": "the instances: where they run, what they boot, how the scaler reaches them",
+    "worker": "what the user-data tells the worker on each instance",
+    "queue": "where the scaler counts the jobs",
+    "policy": "when to scale, and how far",
+    "budget": "the monthly ceiling",
+    "drain": "how an instance is drained before it is deleted",
+    "simulate": "the world `vultrscale simulate` replays in; the pass never reads it",
+}
+
 
 class Setting:
     """One setting as the schema declares it: ``policy.forecast.mode`` is in section
