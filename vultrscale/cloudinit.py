@@ -13,14 +13,10 @@ import string
 from pathlib import Path
 from typing import Any
 
-from vultrscale.config import (
-    SERVICE_NAME,
-    Config,
-    mask_url,
-    start_limit_interval_seconds,
-    timeout_stop_seconds,
-)
-from vultrscale.errors import UsageError, is_text, redact
+from vultrscale.config import SERVICE_NAME, Config
+from vultrscale.errors import UsageError
+from vultrscale.redaction import is_text, mask_url, redact
+from vultrscale.workerunit import start_limit_interval_seconds, timeout_stop_seconds
 
 USER_DATA_TEMPLATE = "user-data.yaml.tmpl"
 SUDOERS_TEMPLATE = "sudoers-worker.tmpl"

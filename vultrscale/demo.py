@@ -41,16 +41,17 @@ from typing import Any
 
 from vultrscale import config as config_mod
 from vultrscale.clock import SystemClock
-from vultrscale.config import mask_url
 from vultrscale.errors import (
     RuntimeFailure,
     UsageError,
     VultrscaleError,
 )
 from vultrscale.reconcile import Parts, PassResult, run_forever
+from vultrscale.redaction import mask_url
 from vultrscale.sim.chaos import Fault
 from vultrscale.vultr.refusals import Refusal
 from vultrscale.wiring import user_data_renderer
+from vultrscale.workerunit import timeout_stop_seconds
 
 FLEET = "demo"
 TAG = "vultrscale-demo"
@@ -784,7 +785,7 @@ class _Run:
         # gets SIGTERM and, as systemd gives it, TimeoutStopSec (its drain time plus a margin
         # to give back its jobs), then SIGKILL. Only then are the jobs counted, so that what was
         # given back is counted as such.
-        hosts.close(grace=config_mod.timeout_stop_seconds(cfg.worker))
+        hosts.close(grace=timeout_stop_seconds(cfg.worker))
         st = hosts.stats
         jobs = self.job_states(conn, self.queue_name)
         retried = conn.execute(

@@ -7,7 +7,7 @@ URI parser (``conninfo_uri_parse_options``, ``conninfo_uri_parse_params`` and
 ``conninfo_uri_decode`` in ``fe-connect.c``) step by step, so the password masked is the one
 libpq would send; a unit test holds it to libpq's reading through psycopg on a corpus and on
 generated strings. It does not check the query's keywords against libpq's list (that list
-changes with the libpq version): ``errors.conninfo_problem`` leaves that verdict to libpq.
+changes with the libpq version): ``redaction.conninfo_problem`` leaves that verdict to libpq.
 """
 
 from __future__ import annotations

@@ -62,7 +62,6 @@ from vultrscale.errors import (
     RuntimeFailure,
     UsageError,
     VultrscaleError,
-    redact,
 )
 from vultrscale.model import (
     Action,
@@ -83,6 +82,7 @@ from vultrscale.ports import (
     QueueSignals,
 )
 from vultrscale.ports import Parts as Parts  # re-exported: the pass's callers build them
+from vultrscale.redaction import redact
 from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import (
     AmbiguousCreate,

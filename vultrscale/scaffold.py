@@ -19,13 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from vultrscale.config import SECRET_NAMES, FleetConfig, check_text
-from vultrscale.errors import (
-    ConfigError,
-    RuntimeFailure,
-    UsageError,
-    VultrscaleError,
-    is_text,
-)
+from vultrscale.errors import ConfigError, RuntimeFailure, UsageError, VultrscaleError
+from vultrscale.redaction import is_text
 
 if TYPE_CHECKING:
     from vultrscale.vultr.client import VultrClient
@@ -151,8 +146,19 @@ def _pick(
 
 
 def config_text(a: Answers) -> str:
-    """The commented vultrscale.toml (the keys and comments of the README's reference)."""
-    return _CONFIG.format(region=_toml(a.region), plan=_toml(a.plan), snapshot=_toml(a.snapshot_id))
+    """The commented vultrscale.toml: every setting with its help, from the config's schema
+    (``config.reference.template``), the answers in their keys."""
+    from vultrscale.config import reference
+
+    answers = {key: _toml(getattr(a, attr)) for attr, key, _ in _KEYS}
+    return reference.template(answers)
+
+
+def env_text() -> str:
+    """The .env init writes next to the config: placeholders for the secrets."""
+    from vultrscale.config import reference
+
+    return reference.init_env()
 
 
 # TOML basic strings: these characters escaped, control characters as \uXXXX, every other
@@ -274,7 +280,7 @@ def write(config_path: Path, answers: Answers, *, force: bool) -> Written:
             except OSError as exc:
                 raise _WriteFailed(directory, exc) from None
             made.append(directory)
-        kept = _write_together([(config_path, text, 0o666), (env_path, _ENV, 0o600)])
+        kept = _write_together([(config_path, text, 0o666), (env_path, env_text(), 0o600)])
     except _WriteFailed as failed:
         for directory in reversed(made):
             with contextlib.suppress(OSError):
@@ -415,117 +421,6 @@ def next_steps(written: Written) -> list[str]:
         "Then: ssh-keygen -t ed25519 -f ~/.ssh/vultrscale_ed25519 -N ''",
         "      vultrscale config check",
     ]
-
-
-_CONFIG = """\
-# vultrscale.toml, written by `vultrscale init`. Check it with `vultrscale config check`.
-# Secrets never go here: VULTR_API_KEY, DATABASE_URL and WORKER_DATABASE_URL come from the
-# environment or the .env next to this file. Any key can also be set as
-# VULTRSCALE_<SECTION>_<KEY> (VULTRSCALE_POLICY_MAX_INSTANCES=3). Durations: "90s", "5m", "1h".
-
-[fleet]
-name = "workers"              # one fleet per name; several fleets may share a database
-region = {region}
-plan = {plan}
-# Or, instead of region and plan, where the fleet may run in order of preference (a create
-# refused there, sold out say, goes to the next; README "Offerings"):
-# [[fleet.offerings]]
-# region = "ewr"
-# plan = "vc2-1c-2gb"
-# jobs_per_instance = 4       # optional: queue.jobs_per_instance
-unavailable_for = "3m"        # how long an offering whose create was refused is skipped
-snapshot_id = {snapshot}      # empty: the one recorded by `vultrscale snapshot`
-tag = "vultrscale-workers"    # every instance we own carries it; we list by it
-label_prefix = "worker"       # labels are <prefix>-<unix-ts>-<4 random chars>
-service = "worker"            # systemd unit on the instance
-ssh_user = "worker"
-ssh_key = "~/.ssh/vultrscale_ed25519"   # mode 0600; its .pub is authorized on new instances
-ssh_port = 22
-ssh_address = "main_ip"       # or "internal_ip" when the scaler reaches workers over a VPC
-vpc_ids = []                  # attached at create (attach_vpc)
-firewall_group_id = ""
-
-[worker]                      # what the user-data tells the worker on each instance
-app = "myjobs:handle"         # MODULE:FUNC for `vultrscale worker`: your handler
-concurrency = 4               # should equal queue.jobs_per_instance
-drain_seconds = 20            # < TimeoutStopSec of the unit < drain.timeout
-lease_seconds = 60
-queue = "default"
-db_role = "vultrscale_worker" # the workers' database role: `db init` creates it and grants it
-                              # only what the worker runtime uses; "" = you manage the role
-use_scaler_database_url = false  # true: without WORKER_DATABASE_URL, user-data carries the
-                                 # scaler's DATABASE_URL (its password readable on the instance)
-outage_seconds = 0            # ride out an unreachable database this long; 0: lease_seconds
-
-[queue]
-preset = "vultrscale"         # vultrscale | procrastinate | pgqueuer | custom
-jobs_per_instance = 4
-queue = "default"             # only this queue of the preset's table; "" = all. With the
-                              # vultrscale preset, keep it worker.queue (config check warns)
-# custom only, each query returns one number:
-# ready_sql = "..."  in_flight_sql = "..."  oldest_ready_seconds_sql = "..."
-
-[policy]
-min_instances = 0
-max_instances = 5
-scale_up_cooldown = "60s"
-scale_down_cooldown = "5m"    # 2-3x the longest job
-idle_before_scale_down = "90s"
-max_step_up = 0               # 0 = no limit per pass
-boot_timeout = "15m"          # pending/booting longer than this: replaced
-boot_time = "12m"             # create to worker up until the ledger has 5 boots to learn it
-target_wait = "auto"          # the wait worth a boot; auto: half the boot, at most 1m; "0s": off
-billing_hour_aware = true
-on_signal_error = "hold"      # hold | floor
-revive = true                 # start a draining instance's worker again before booting one
-
-# [[policy.floor]]            # "one warm worker in business hours"
-# cron = "* 8-18 * * mon-fri" # minute hour day month weekday, matched per minute
-# timezone = "Europe/Berlin"
-# min_instances = 1
-
-[policy.forecast]             # a floor learned from the queue's history (`vultrscale forecast`)
-mode = "observe"              # off | observe (say what it would do) | scale (raise the floor)
-weeks = 4                     # weeks of history looked back
-min_history = "7d"            # less history than this: no forecast
-slot = "1h"                   # the week is cut into slots this long (UTC)
-quantile = 0.75               # per slot, a high week's load, not the highest
-refresh = "1h"                # the cached profile is recomputed this often
-round_up_from = 0.5           # a slot asks for an instance from half of one's work on
-clear_within = "0s"           # a slot's work done within this (0s: the slot's mean load)
-pool = "week"                 # week | weekday (a slot of the day learns from every weekday)
-
-[budget]
-monthly_ceiling_usd = 50.0
-
-[drain]
-timeout = "5m"                # >= the unit's TimeoutStopSec (drain_seconds + margin)
-poll_interval = "10s"
-unreachable_grace = "10m"
-"""
-
-_ENV = """\
-# .env, written by `vultrscale init`: the secrets vultrscale reads, next to vultrscale.toml.
-# Fill in the three values below; the real environment wins over this file. Keep it mode 0600
-# and out of version control.
-
-# Vultr API key (my.vultr.com > Account > API). With an IP allow-list, allow the scaler's address.
-VULTR_API_KEY=
-
-# The scaler's database: queue signals, the fleet ledger, the events. The schema's owner (and
-# CREATEROLE, so that `vultrscale db init` can create the workers' role).
-# Example: postgresql://vultrscale:PASSWORD@db.internal:5432/jobs
-DATABASE_URL=
-
-# The address and role the WORKERS use; it goes into every instance's user-data (readable there).
-# Log in as [worker] db_role (vultrscale_worker): `vultrscale db init` creates that role and
-# sets its password from this URL. A private/VPC address is best.
-# Example: postgresql://vultrscale_worker:ANOTHER-PASSWORD@10.1.0.5:5432/jobs
-WORKER_DATABASE_URL=
-
-# Point the client at `vultrscale sim serve` to try things (default https://api.vultr.com).
-# VULTR_API_URL=https://api.vultr.com
-"""
 
 
 # --- init --systemd: the scaler's own units ---------------------------------------------------

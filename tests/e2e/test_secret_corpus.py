@@ -25,7 +25,8 @@ from psycopg.conninfo import conninfo_to_dict
 from tests.e2e.cli_world import World, cli_world
 from vultrscale.cli import main
 from vultrscale.db import schema
-from vultrscale.errors import DatabaseError, first_line, mask_url
+from vultrscale.errors import DatabaseError
+from vultrscale.redaction import first_line, mask_url
 
 API_KEY = "VKEY-secret-corpus-0123456789abcdefgh"
 SEPARATORS = [" ", "\\", "'", '"', "#", "/", "?", "@", ":", "%", "=", "&", "ü", "€ ", "%2F", "\\ "]

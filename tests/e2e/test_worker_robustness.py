@@ -330,7 +330,7 @@ def test_a_handler_error_quoting_the_database_address_is_stored_and_printed_reda
 ) -> None:
     """The worker's messages of its own never showed the password; a handler's error that
     quotes the environment's DATABASE_URL went into jobs.last_error and the log as it was."""
-    from vultrscale.errors import url_password
+    from vultrscale.redaction import url_password
 
     url = db_url
     if url_password(url) is None:  # a throwaway server trusts; the password is only carried

@@ -11,7 +11,8 @@ import pytest
 
 from vultrscale import config
 from vultrscale.cli import main
-from vultrscale.errors import ConfigError, UsageError, secret_values
+from vultrscale.errors import ConfigError, UsageError
+from vultrscale.redaction import secret_values
 
 SECRET_KEY = "VULTRKEYabcdefghijklmnopqrstuvwxyz0123"
 SECRET_PW = "hunter2-pa55word"

@@ -1,11 +1,11 @@
-"""errors.first_line: the one helper that turns an error into one line that is safe to show."""
+"""redaction.first_line: the one helper that turns an error into one line that is safe to show."""
 
 from __future__ import annotations
 
 import pytest
 
 from vultrscale import cli, config
-from vultrscale.errors import first_line, secret_values
+from vultrscale.redaction import first_line, secret_values
 
 PW = "Se#cr/et?Pw"  # '#', '/' and '?' defeat a URL parser
 

@@ -13,8 +13,8 @@ from psycopg import ProgrammingError, pq
 from psycopg.conninfo import conninfo_to_dict
 
 from vultrscale import config
-from vultrscale.errors import conninfo_problem, first_line, mask_url, parse_conninfo, url_user
 from vultrscale.pguri import read_uri
+from vultrscale.redaction import conninfo_problem, first_line, mask_url, parse_conninfo, url_user
 
 
 def libpq(text: str) -> dict[str, str] | None:
@@ -25,7 +25,7 @@ def libpq(text: str) -> dict[str, str] | None:
 
 
 # The keywords this libpq knows: a URI naming another is refused by libpq and read by pguri,
-# which leaves the keywords to libpq (errors.conninfo_problem asks it).
+# which leaves the keywords to libpq (redaction.conninfo_problem asks it).
 KNOWN = {o.keyword.decode() for o in pq.Conninfo.get_defaults()}
 
 

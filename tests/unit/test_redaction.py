@@ -14,7 +14,7 @@ import respx
 
 from vultrscale import config
 from vultrscale.cli import main
-from vultrscale.errors import redact
+from vultrscale.redaction import redact
 from vultrscale.vultr.client import VultrClient
 from vultrscale.vultr.errors import AuthError, BadRequest
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vultrscale.errors import UsageError, conninfo_problem, url_user
+from vultrscale.errors import UsageError
+from vultrscale.redaction import conninfo_problem, url_user
 from vultrscale.vultr.client import VultrClient
 
 

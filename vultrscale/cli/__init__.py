@@ -248,7 +248,7 @@ def fail(
     ``already_shown`` it), secrets redacted; with ``as_json`` also as one JSON document on stdout.
     Returns ``code``."""
     from vultrscale.config import Secrets
-    from vultrscale.errors import redact
+    from vultrscale.redaction import redact
 
     secrets = Secrets.from_env(_env_with_dotenv()).values()
     text, fix = _cut_long_words(redact(message, secrets)), _cut_long_words(redact(hint, secrets))
@@ -358,13 +358,8 @@ def _note_sigint(into: list[int]) -> Any:
 def _outcome(exc: BaseException, as_json: bool, *, interrupted: bool = False) -> int:
     """The exit code for an exception ending a command, reported once. ``interrupted``: a
     SIGINT arrived (click turns a Ctrl-C at a prompt into Abort)."""
-    from vultrscale.errors import (
-        EXIT_INTERRUPTED,
-        EXIT_RUNTIME,
-        EXIT_USAGE,
-        VultrscaleError,
-        first_line,
-    )
+    from vultrscale.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, VultrscaleError
+    from vultrscale.redaction import first_line
 
     errors = _click_exceptions()
     if isinstance(exc, (typer.Exit, getattr(errors, "Exit", typer.Exit))):

@@ -179,7 +179,7 @@ def _unreadable(
     from rich.console import Group
 
     from vultrscale.config import format_duration
-    from vultrscale.errors import redact
+    from vultrscale.redaction import redact
     from vultrscale.status import plain
 
     secrets = cfg.secrets.values()
@@ -475,7 +475,7 @@ def instances_cmd(as_json: JsonFlag = False) -> None:
     """The fleet's instances as the Vultr API reports them (no database needed)."""
     cfg = load_config()
     from vultrscale.clock import PASS_DEADLINE_S, Deadline
-    from vultrscale.config import mask_url
+    from vultrscale.redaction import mask_url
     from vultrscale.vultr.client import VultrClient
 
     deadline = Deadline(PASS_DEADLINE_S)  # every page of the listing, as a pass lists them

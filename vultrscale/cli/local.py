@@ -116,7 +116,7 @@ def demo_cmd(
         )
     url = os.environ.get("DATABASE_URL", "").strip() or None
     if url is not None:  # before anything starts: as every other command checks it
-        from vultrscale.errors import conninfo_problem, is_text
+        from vultrscale.redaction import conninfo_problem, is_text
 
         problem = "DATABASE_URL is not UTF-8 text" if not is_text(url) else conninfo_problem(url)
         if problem:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from vultrscale.errors import redact
+from vultrscale.redaction import redact
 
 if TYPE_CHECKING:
     from vultrscale.errors import VultrscaleError

@@ -12,8 +12,9 @@ import typer
 
 from vultrscale import params
 from vultrscale.cli._common import examples, group, shown, state
-from vultrscale.errors import UsageError, is_text
+from vultrscale.errors import UsageError
 from vultrscale.model import DEFAULT_MAX_ATTEMPTS
+from vultrscale.redaction import is_text
 from vultrscale.wiring import database_url
 
 _SHORTER = "Send long numbers as strings (in quotes)."
@@ -245,7 +246,7 @@ def enqueue_cmd(
     if problem:
         raise UsageError(f"--payload: {problem}.", hint=_STORABLE)
     from vultrscale.cli._common import load_config
-    from vultrscale.config import mask_url
+    from vultrscale.redaction import mask_url
 
     conninfo = database_url(load_config())
     from vultrscale.db import pg, queue

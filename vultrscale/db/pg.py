@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from vultrscale.errors import DatabaseError, first_line, mask_url
+from vultrscale.errors import DatabaseError
+from vultrscale.redaction import first_line, mask_url
 
 if TYPE_CHECKING:  # the pool's module is imported by the worker only, when it makes one
     from psycopg_pool import ConnectionPool

@@ -21,7 +21,8 @@ from psycopg import sql
 
 from vultrscale.config import Config, worker_login
 from vultrscale.db import pg, schema
-from vultrscale.errors import DatabaseError, UsageError, url_password, url_user
+from vultrscale.errors import DatabaseError, UsageError
+from vultrscale.redaction import url_password, url_user
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 
 import psycopg
 
-from vultrscale.config import mask_url
 from vultrscale.db import pg
+from vultrscale.redaction import mask_url
 
 # Any constant unique to this project: hashtext('vultrscale.schema') would need a round trip.
 _LOCK_KEY = 0x76_73_63_68_65_6D  # "vschem"

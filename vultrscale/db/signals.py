@@ -66,12 +66,11 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from vultrscale import waits
-from vultrscale.config import QueueConfig
+from vultrscale.config import PRESETS, QueueConfig
 from vultrscale.db import pg
-from vultrscale.errors import ConfigError, DatabaseError, first_line
+from vultrscale.errors import ConfigError, DatabaseError
 from vultrscale.model import Signals
-
-PRESETS = ("vultrscale", "procrastinate", "pgqueuer", "custom")
+from vultrscale.redaction import first_line
 
 #: Liveness window of the foreign presets: the libraries' own defaults.
 PROCRASTINATE_STALE_AFTER = timedelta(seconds=30)

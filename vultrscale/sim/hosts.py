@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vultrscale.config import RESTART_SECONDS, SERVICE_NAME
+from vultrscale.config import SERVICE_NAME
 from vultrscale.errors import RuntimeFailure
+from vultrscale.workerunit import RESTART_SECONDS
 
 if TYPE_CHECKING:
     import paramiko
@@ -47,7 +48,7 @@ log = logging.getLogger("vultrscale.sim.hosts")
 WORKER_ENV_PATH = "/etc/vultrscale/worker.env"
 SUDOERS_DIR = "/etc/sudoers.d/"
 # worker.service: TimeoutStopSec=30 unless the user-data's drop-in says otherwise; RestartSec is
-# config.RESTART_SECONDS, as the unit file sets it.
+# workerunit.RESTART_SECONDS, as the unit file sets it.
 DEFAULT_TIMEOUT_STOP = 30.0
 # `systemctl is-active`: 0 when active, 3 ("program is not running") otherwise.
 EXIT_ACTIVE, EXIT_NOT_ACTIVE = 0, 3

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from vultrscale.db import pg
-from vultrscale.errors import DatabaseError, first_line, mask_url
+from vultrscale.errors import DatabaseError
+from vultrscale.redaction import first_line, mask_url
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool

@@ -19,7 +19,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from vultrscale.db import queue
-from vultrscale.errors import first_line
+from vultrscale.redaction import first_line
 from vultrscale.worker.running import Runner
 from vultrscale.worker.state import WorkerState
 

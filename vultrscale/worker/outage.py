@@ -24,8 +24,8 @@ import psycopg
 import tenacity
 from psycopg_pool import PoolTimeout
 
-from vultrscale.config import mask_url
-from vultrscale.errors import DatabaseError, first_line
+from vultrscale.errors import DatabaseError
+from vultrscale.redaction import first_line, mask_url
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool

@@ -22,7 +22,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from vultrscale.db import queue
-from vultrscale.errors import first_line, redact, secret_values
+from vultrscale.redaction import first_line, redact, secret_values
 from vultrscale.worker.job import Job, LeaseLost, PermanentError
 from vultrscale.worker.outage import OutageTooLong
 from vultrscale.worker.state import WorkerState

@@ -31,7 +31,8 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from vultrscale.db import queue
-from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError, first_line
+from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError
+from vultrscale.redaction import first_line
 from vultrscale.worker import database
 from vultrscale.worker.claiming import Claimer
 from vultrscale.worker.draining import Drainer

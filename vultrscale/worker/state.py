@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vultrscale.config import mask_url, outage_budget
 from vultrscale.db import queue
 from vultrscale.db.queue import DEFAULT_BACKOFF_CAP_SECONDS, DEFAULT_BACKOFF_SECONDS
-from vultrscale.errors import first_line
+from vultrscale.redaction import first_line, mask_url
 from vultrscale.worker.job import Job, Run
 from vultrscale.worker.outage import Outage, WorkerDatabase
+from vultrscale.workerunit import outage_budget
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
