@@ -350,6 +350,11 @@ class WaitTarget:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("WaitTarget is immutable")
 
+    def __reduce__(self) -> tuple[type[WaitTarget], tuple[timedelta | None]]:
+        # Pickled through __init__: the default restores the slot with setattr, refused above
+        # (simulate's worker processes get the config so, and died on it).
+        return (WaitTarget, (self.fixed,))
+
     @classmethod
     def parse(cls, value: object, key: str = "policy.target_wait") -> WaitTarget:
         if isinstance(value, WaitTarget):
