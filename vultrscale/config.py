@@ -326,6 +326,13 @@ class QueueConfig:
     ready_sql: str = ""
     in_flight_sql: str = ""
     oldest_ready_seconds_sql: str = ""
+    # custom, optional (both or neither): the wait rule's history (db/presets/custom.py)
+    recent_jobs_sql: str = ""
+    recent_arrivals_sql: str = ""
+
+
+#: The queue presets (db/presets/, one module each), in the order the README lists them.
+QUEUE_PRESETS = ("vultrscale", "procrastinate", "pgqueuer", "custom")
 
 
 @dataclass(frozen=True)
@@ -1369,11 +1376,8 @@ def validate(cfg: Config) -> list[str]:
             f"worker.db_role: {shown(w.db_role)} is reserved by Postgres (public, pg_*): name a "
             "role of its own, e.g. vultrscale_worker"
         )
-    if q.preset not in ("vultrscale", "procrastinate", "pgqueuer", "custom"):
-        p.append(
-            f"queue.preset: {shown(q.preset)} must be one of vultrscale, procrastinate, "
-            "pgqueuer, custom"
-        )
+    if q.preset not in QUEUE_PRESETS:
+        p.append(f"queue.preset: {shown(q.preset)} must be one of {', '.join(QUEUE_PRESETS)}")
     if q.queue and (problem := queue_name_problem(q.queue)):
         p.append(f"queue.queue: {problem} (or empty: every queue)")
     if q.preset == "custom":
@@ -1385,6 +1389,16 @@ def validate(cfg: Config) -> list[str]:
                 )
             elif problem := _custom_sql_problem(text):
                 p.append(f"queue.{key}: {problem}")
+        history = [k for k in ("recent_jobs_sql", "recent_arrivals_sql") if getattr(q, k).strip()]
+        for key in history:
+            if problem := _custom_sql_problem(getattr(q, key)):
+                p.append(f"queue.{key}: {problem}")
+        if len(history) == 1:
+            other = ({"recent_jobs_sql", "recent_arrivals_sql"} - set(history)).pop()
+            p.append(
+                f"queue.{other}: required with queue.{history[0]} (the wait rule needs the "
+                "finished jobs and the arrivals both)"
+            )
     if pol.min_instances > pol.max_instances:
         p.append(
             f"policy.min_instances ({pol.min_instances}) is above policy.max_instances "

@@ -244,13 +244,13 @@ def test_a_pass_cut_short_by_ctrl_c_inside_its_read_still_records_itself(
     from vultrscale.ports import Parts
     from vultrscale.reconcile import run_pass
 
-    ready_count_query = signals_mod._ready_count_query
+    send = signals_mod._send
 
-    def ctrl_c_mid_read(queue: str | None) -> Any:
+    def ctrl_c_mid_read(conn: Any, statement: Any) -> Any:
         signal.raise_signal(signal.SIGINT)  # after the read's BEGIN ... READ ONLY, before COMMIT
-        return ready_count_query(queue)
+        return send(conn, statement)
 
-    monkeypatch.setattr(signals_mod, "_ready_count_query", ctrl_c_mid_read)
+    monkeypatch.setattr(signals_mod, "_send", ctrl_c_mid_read)
     clock = FakeClock(datetime(2026, 3, 2, tzinfo=UTC))
     parts = Parts(
         cloud=MemoryCloud(clock),

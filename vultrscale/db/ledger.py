@@ -227,11 +227,11 @@ def reads(
     queue: QueueConfig | None = None,
     forecast: bool = False,
 ) -> StoredReads:
-    """``rows``, ``workers_by_label`` and ``fleet_state`` of the fleet, and with ``queue`` (the
-    vultrscale preset) the queue's signals, in one round trip: the statements go out together
-    (psycopg's pipeline mode), and the answers are read once the block's end has sent its Sync
-    (a fetch inside it would wait for its answer first). Signals that cannot be read are the
-    value's ``signal_error``; without them (another preset) its ``signals`` are None."""
+    """``rows``, ``workers_by_label`` and ``fleet_state`` of the fleet, and with ``queue`` the
+    queue's signals (any preset), in one round trip: the statements go out together (psycopg's
+    pipeline mode), and the answers are read once the block's end has sent its Sync (a fetch
+    inside it would wait for its answer first). Signals that cannot be read are the value's
+    ``signal_error``; without ``queue`` its ``signals`` are None."""
     from vultrscale.db.signals import send_signals
 
     with (
@@ -698,7 +698,7 @@ class PgLedger:
             )
         if got.signals is not None or got.signal_error is not None:
             return got
-        try:  # another preset's statements depend on earlier answers: read on their own
+        try:  # a reader of the caller's, or another connection's: read on their own
             return replace(got, signals=signals.read())
         except DatabaseError as exc:
             return replace(got, signal_error=exc)
