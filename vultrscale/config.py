@@ -332,7 +332,7 @@ class QueueConfig:
 
 
 #: The queue presets (db/presets/, one module each), in the order the README lists them.
-QUEUE_PRESETS = ("vultrscale", "procrastinate", "pgqueuer", "custom")
+QUEUE_PRESETS = ("vultrscale", "procrastinate", "pgqueuer", "graphile-worker", "pg-boss", "custom")
 
 
 @dataclass(frozen=True)

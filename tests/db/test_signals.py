@@ -334,6 +334,8 @@ def test_a_library_preset_without_its_tables_is_exit_2_naming_table_and_versions
     for preset, table, versions in (
         ("procrastinate", "procrastinate_", "Procrastinate 3.1 to 3.10"),
         ("pgqueuer", "pgqueuer", "PgQueuer 1.0 to 1.6"),
+        ("graphile-worker", "graphile_worker", "graphile-worker 0.16 to 0.18"),
+        ("pg-boss", "pgboss", "pg-boss 12.19 to 12.38"),
     ):
         with pytest.raises(QueueSchemaError) as info:
             read_signals(db_url, QueueConfig(preset=preset))

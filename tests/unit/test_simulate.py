@@ -572,6 +572,7 @@ def test_bad_options_exit_2_before_any_replay(
 @pytest.mark.parametrize(
     ("preset", "why"),
     [
+        ("graphile-worker", "graphile-worker deletes a job when it succeeds"),
         ("custom", "the custom preset reads numbers, not jobs"),
     ],
 )

@@ -73,7 +73,7 @@ def read_signals(
 
     ``conn_or_url`` is a database URL (a connection is opened and closed here) or an open
     connection with no transaction in progress. ``stale_after`` overrides the liveness window
-    of the procrastinate and pgqueuer presets. Raises DatabaseError (never
+    of the procrastinate, pgqueuer and graphile-worker presets. Raises DatabaseError (never
     returns a guess) and ConfigError for an unknown preset or a custom preset without its SQL.
     """
     read = preset_read(queue_cfg, stale_after)

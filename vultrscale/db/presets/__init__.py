@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from vultrscale.db.presets import builtin, custom, pgqueuer, procrastinate
+from vultrscale.db.presets import builtin, custom, graphile, pgboss, pgqueuer, procrastinate
 from vultrscale.db.presets.base import Preset
 
 PRESETS: dict[str, Preset] = {
@@ -15,6 +15,8 @@ PRESETS: dict[str, Preset] = {
         builtin.PRESET,
         procrastinate.PRESET,
         pgqueuer.PRESET,
+        graphile.PRESET,
+        pgboss.PRESET,
         custom.PRESET,
     )
 }
