@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from vultrscale.config import QueueConfig
-from vultrscale.db import history
+from vultrscale.db import detect, history
 from vultrscale.db.signals import read_signals
 from vultrscale.errors import QueueSchemaError, UsageError
 
@@ -100,6 +100,11 @@ def test_graphile_worker_counts_ready_locked_and_expired_jobs(graphile: str) -> 
 def test_graphile_worker_of_another_schema_version_is_named(graphile: str) -> None:
     with psycopg.connect(graphile, autocommit=True) as conn:
         conn.execute("ALTER TABLE graphile_worker._private_jobs DROP COLUMN is_available")
+        found = {d.preset: d for d in detect.detect(conn, QueueConfig())}
+    assert found["graphile-worker"].partial
+    assert found["graphile-worker"].missing == (
+        "column graphile_worker._private_jobs.is_available",
+    )
     with pytest.raises(QueueSchemaError) as info:
         read_signals(graphile, QueueConfig(preset="graphile-worker"))
     assert "is_available" in info.value.message and "0.16 to 0.18" in info.value.message
@@ -170,5 +175,10 @@ def test_pgboss_counts_ready_active_expired_and_its_history(pgboss: str) -> None
     assert (report.recent_jobs, report.recent_arrivals) == (11, 3)
     with psycopg.connect(pgboss, autocommit=True) as conn:
         replay = history.finished_jobs_in(conn, timedelta(hours=1), "", "pg-boss")
+        found = {d.preset: d for d in detect.detect(conn, QueueConfig(preset="pg-boss"))}
     assert len(replay) == 12
     assert all(due <= started <= fin for due, started, fin in replay if started)
+    assert found["pg-boss"].found and found["pg-boss"].version == "schema version 46"
+    seen = found["pg-boss"].signals
+    assert seen is not None and (seen.ready, seen.recent_jobs) == (s.ready, s.recent_jobs)
+    assert not found["graphile-worker"].tables_found and not found["procrastinate"].found
