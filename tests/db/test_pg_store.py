@@ -291,6 +291,37 @@ def test_signals_that_cannot_be_read_leave_the_ledger_read_and_the_connection_us
         assert again.signals.ready == signals.read().ready == 3
 
 
+def test_a_pass_whose_queue_preset_finds_no_tables_holds_and_exits_2(db_url: str) -> None:
+    """queue.preset = "procrastinate" on a database without Procrastinate's tables: the fleet
+    holds (nothing created, even below the floor), the pass says which table and which
+    versions, and ends as a configuration error."""
+    from dataclasses import replace
+
+    from vultrscale.clock import FakeClock
+    from vultrscale.config import PolicyConfig, QueueConfig
+    from vultrscale.memory import MemoryCloud, MemoryDrain, host_keys
+    from vultrscale.ports import Parts
+    from vultrscale.reconcile import run_pass
+
+    clock = FakeClock(datetime(2026, 3, 2, tzinfo=UTC))
+    parts = Parts(
+        cloud=MemoryCloud(clock),
+        store=PgStore(db_url),
+        drain=MemoryDrain(),
+        clock=clock,
+        keygen=host_keys(),
+        render_user_data=lambda label, private, public: "#cloud-config\n",
+    )
+    cfg = replace(
+        Config(), queue=QueueConfig(preset="procrastinate"), policy=PolicyConfig(min_instances=1)
+    )
+    result = run_pass(cfg, parts)
+    assert result.exit_code == 2
+    assert result.plan is not None and result.plan.creates == 0
+    (error,) = result.errors
+    assert "procrastinate_" in error and "Procrastinate 3.1 to 3.10" in error, error
+
+
 # --- a lock held too long ----------------------------------------------------------------------
 
 
