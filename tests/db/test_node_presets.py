@@ -5,10 +5,18 @@ tests/fixtures/, with its version; the file's header says how it was made) and w
 the library writes them (its own SQL functions where it has them: graphile's add_job,
 pg-boss's create_queue; the columns its claim and settle statements set otherwise), then
 check every number the preset reads.
+
+The live test runs the real Node libraries (npm install, their workers: enqueue, work, kill a
+worker mid-job, see the job come back by the library's own recovery). It runs only with
+VULTRSCALE_TEST_NODE_QUEUES=1 and node and npm on PATH (scripts/node_queues.py runs it).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -182,3 +190,28 @@ def test_pgboss_counts_ready_active_expired_and_its_history(pgboss: str) -> None
     seen = found["pg-boss"].signals
     assert seen is not None and (seen.ready, seen.recent_jobs) == (s.ready, s.recent_jobs)
     assert not found["graphile-worker"].tables_found and not found["procrastinate"].found
+
+
+# --- the real libraries (Node) -----------------------------------------------------------------
+
+LIVE = os.environ.get("VULTRSCALE_TEST_NODE_QUEUES") == "1"
+
+
+@pytest.mark.skipif(
+    not (LIVE and shutil.which("node") and shutil.which("npm")),
+    reason="the live Node workers run with VULTRSCALE_TEST_NODE_QUEUES=1 and node and npm",
+)
+@pytest.mark.parametrize("library", ["graphile-worker", "pg-boss"])
+def test_the_real_node_worker_is_counted_and_its_killed_job_comes_back(
+    library: str, pg_url: str
+) -> None:
+    """scripts/node_queues.py installs the library (npm, once, outside the repository) and
+    runs the scenario; the preset's counts are checked at each step (node_queues.live)."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "node_queues.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--library", library, "--database-url", pg_url],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
