@@ -10,8 +10,9 @@ log, pg-boss's completed rows), 20,000 ready jobs enqueued over the last 10 minu
 flight of which 20 stalled (a stale heartbeat, an expired lease or lock). graphile-worker
 deletes a job when it succeeds: its table gets 50,000 permanently failed jobs instead.
 
-Then, per preset: read_signals() --runs times (median ms; the three round trips of a read of
-its own: BEGIN, the statements in one pipeline, COMMIT), the numbers it read, and with
+Then read_signals() --runs times per preset (median ms; the three round trips of a read of
+its own: BEGIN, the statements in one pipeline, COMMIT), the presets in turn, the order
+rotated each round (a shared machine's load drifts), the numbers each read, and with
 --history the replay's read (`simulate --from-db --since 1d`) and the forecast's buckets over
 28 days. -v prints each statement's plan (EXPLAIN ANALYZE).
 
@@ -30,6 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -81,7 +83,7 @@ def fill_vultrscale(conn: psycopg.Connection[Any], n: int) -> None:
         INSERT INTO job_leases (job_id, worker_id, expires_at, token)
         SELECT id, 'w' || (id % 10),
                CASE WHEN row_number() OVER (ORDER BY id) <= {STALLED}
-                    THEN now() - interval '1 minute' ELSE now() + interval '1 minute' END,
+                    THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END,
                gen_random_uuid()
           FROM j
         """
@@ -249,31 +251,53 @@ def _explain(conn: psycopg.Connection[Any], cfg: QueueConfig) -> None:
             print("\n".join(f"      {row[0]}" for row in plan), "\n")
 
 
-def bench(admin: str, name: str, n: int, runs: int, with_history: bool, verbose: bool) -> float:
-    cfg = QueueConfig(preset=name)
-    with throwaway.scratch_database(admin, prefix="vs_bench_") as url:
-        t0 = time.perf_counter()
-        with psycopg.connect(url, autocommit=True) as conn:
-            FILL[name](conn, n)
-            conn.execute("VACUUM ANALYZE")
-        filled = time.perf_counter() - t0
-        with psycopg.connect(url, autocommit=True) as conn:
+def fill(admin: str, name: str, n: int, stack: ExitStack) -> str:
+    """A database of its own for the preset, filled; dropped when ``stack`` closes."""
+    url = stack.enter_context(throwaway.scratch_database(admin, prefix="vs_bench_"))
+    t0 = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        FILL[name](conn, n)
+        conn.execute("VACUUM ANALYZE")
+    print(f"  {name:16} filled in {time.perf_counter() - t0:.0f} s", flush=True)
+    return url
+
+
+def measure(urls: dict[str, str], runs: int) -> dict[str, float]:
+    """Median ms of each preset's read_signals, the presets taken in turn, the order rotated
+    each round: a machine whose load drifts slows them alike."""
+    conns = {name: psycopg.connect(url, autocommit=True) for name, url in urls.items()}
+    try:
+        for name, conn in conns.items():
             if name in BEAT:
                 conn.execute(BEAT[name])  # type: ignore[arg-type]
-            read_signals(conn, cfg)  # warm the cache and the plans
-            ms = _median_ms(lambda: read_signals(conn, cfg), runs)
-            s = read_signals(conn, cfg)
-            print(f"{name:16} {ms:8.2f} ms   (filled in {filled:.0f} s)")
-            print(
-                f"    ready {s.ready}, in flight {s.in_flight}, stalled {s.expired_leases}, "
-                f"oldest {s.oldest_ready_seconds:.0f} s, recent {s.recent_jobs} job(s) "
-                f"mean {s.recent_job_seconds} s, arrivals {s.recent_arrivals}"
-            )
-            if verbose:
-                _explain(conn, cfg)
-            if with_history and PRESETS[name].history is not None:
-                _history(conn, name, runs)
-    return ms
+            read_signals(conn, QueueConfig(preset=name))  # warm the cache and the plans
+        times: dict[str, list[float]] = {name: [] for name in urls}
+        names = list(urls)
+        for r in range(runs):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                t = time.perf_counter()
+                read_signals(conns[name], QueueConfig(preset=name))
+                times[name].append((time.perf_counter() - t) * 1000)
+        return {name: statistics.median(ms) for name, ms in times.items()}
+    finally:
+        for conn in conns.values():
+            conn.close()
+
+
+def show(url: str, name: str, with_history: bool, runs: int, verbose: bool) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        if name in BEAT:
+            conn.execute(BEAT[name])  # type: ignore[arg-type]
+        s = read_signals(conn, QueueConfig(preset=name))
+        print(
+            f"{name:16} ready {s.ready}, in flight {s.in_flight}, stalled {s.expired_leases}, "
+            f"oldest {s.oldest_ready_seconds:.0f} s, recent {s.recent_jobs} job(s) "
+            f"mean {s.recent_job_seconds} s, arrivals {s.recent_arrivals}"
+        )
+        if verbose:
+            _explain(conn, QueueConfig(preset=name))
+        if with_history and PRESETS[name].history is not None:
+            _history(conn, name, runs)
 
 
 def _history(conn: psycopg.Connection[Any], name: str, runs: int) -> None:
@@ -318,10 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.finished:,} finished jobs, {READY:,} ready, {IN_FLIGHT} in flight "
         f"({STALLED} stalled); median of {args.runs} reads"
     )
-    medians: dict[str, float] = {}
-    with throwaway.given_or_throwaway(given) as admin:
-        for name in names:
-            medians[name] = bench(admin, name, args.finished, args.runs, args.history, args.verbose)
+    with throwaway.given_or_throwaway(given) as admin, ExitStack() as stack:
+        urls = {name: fill(admin, name, args.finished, stack) for name in names}
+        medians = measure(urls, args.runs)
+        for name, url in urls.items():
+            show(url, name, args.history, args.runs, args.verbose)
     base = medians["vultrscale"]
     print("\npreset           median ms   x built-in")
     for name, ms in medians.items():
