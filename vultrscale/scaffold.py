@@ -458,12 +458,14 @@ use_scaler_database_url = false  # true: without WORKER_DATABASE_URL, user-data 
 outage_seconds = 0            # ride out an unreachable database this long; 0: lease_seconds
 
 [queue]
-preset = "vultrscale"         # vultrscale | procrastinate | pgqueuer | custom
+preset = "vultrscale"         # vultrscale | procrastinate | pgqueuer | graphile-worker |
+                              # pg-boss | custom (`vultrscale queue detect` names yours)
 jobs_per_instance = 4
 queue = "default"             # only this queue of the preset's table; "" = all. With the
                               # vultrscale preset, keep it worker.queue (config check warns)
 # custom only, each query returns one number:
 # ready_sql = "..."  in_flight_sql = "..."  oldest_ready_seconds_sql = "..."
+# and for the wait rule (both or neither): recent_jobs_sql = "..."  recent_arrivals_sql = "..."
 
 [policy]
 min_instances = 0
