@@ -8,13 +8,24 @@
 #       APP_SPEC="myjobs==1.2" bash bake.sh'
 #   vultrscale snapshot --from-instance <instance id>
 #
+# A worker of another queue (Procrastinate, PgQueuer, graphile-worker, pg-boss: README "A
+# foreign worker"): its unit file is installed instead of vultrscale's worker.service:
+#   WORKER_SERVICE=procrastinate-worker WORKER_UNIT=./procrastinate-worker.service \
+#       APP_SPEC="myapp==1.2 procrastinate" bash bake.sh
+#
 # Safe to run again: every step checks before it changes anything.
 # Settings (environment):
 #   WORKER_USER      login user for the scaler and the unit (default: worker; = fleet.ssh_user)
 #   WORKER_SERVICE   unit name (default: worker; = fleet.service)
-#   VULTRSCALE_SPEC  what pip installs for vultrscale (required): a wheel built from your clone,
-#                    a git+https URL, or a name your own package index serves (no default: a bare
-#                    "vultrscale" could install someone else's package of that name)
+#   WORKER_UNIT      your own worker's unit file, installed as $WORKER_SERVICE.service instead
+#                    of vultrscale's worker.service (default: none); it should read
+#                    EnvironmentFile=/etc/vultrscale/worker.env (DATABASE_URL) and run as
+#                    WORKER_USER. Install a Node runtime and app yourself: bake.sh sets up
+#                    Python only
+#   VULTRSCALE_SPEC  what pip installs for vultrscale (required without WORKER_UNIT): a wheel
+#                    built from your clone, a git+https URL, or a name your own package index
+#                    serves (no default: a bare "vultrscale" could install someone else's
+#                    package of that name)
 #   APP_SPEC         what pip installs for your job handlers (default: nothing)
 #   APP_DIR          a directory copied to /opt/vultrscale/app, the unit's working directory
 #                    (on the import path: put a module with your handler there)
@@ -23,6 +34,7 @@ set -euo pipefail
 
 WORKER_USER="${WORKER_USER:-worker}"
 WORKER_SERVICE="${WORKER_SERVICE:-worker}"
+WORKER_UNIT="${WORKER_UNIT:-}"
 VULTRSCALE_SPEC="${VULTRSCALE_SPEC:-}"
 APP_SPEC="${APP_SPEC:-}"
 APP_DIR="${APP_DIR:-}"
@@ -34,7 +46,13 @@ die() { printf 'bake: error: %s\n' "$*" >&2; exit 1; }
 
 # Every setting is checked before anything is changed (and before the root check, so a dry
 # check of the settings changes nothing anywhere).
-[[ -n "$VULTRSCALE_SPEC" ]] || die "set VULTRSCALE_SPEC to what pip should install for vultrscale: a wheel of your clone (python3 -m pip wheel --no-deps -w dist .) or a git+https URL"
+if [[ -n "$WORKER_UNIT" ]]; then
+    [[ -f "$WORKER_UNIT" && -r "$WORKER_UNIT" ]] || die "WORKER_UNIT '$WORKER_UNIT' is not a readable file"
+    unit_text="$(<"$WORKER_UNIT")"
+    [[ "$unit_text" == *"[Service]"* && "$unit_text" == *"ExecStart="* ]] || die "WORKER_UNIT '$WORKER_UNIT' is not a service unit (no [Service] with an ExecStart=)"
+else
+    [[ -n "$VULTRSCALE_SPEC" ]] || die "set VULTRSCALE_SPEC to what pip should install for vultrscale: a wheel of your clone (python3 -m pip wheel --no-deps -w dist .) or a git+https URL (or WORKER_UNIT to your own worker's unit file)"
+fi
 [[ "$WORKER_USER" =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "WORKER_USER '$WORKER_USER' is not a user name"
 [[ "$WORKER_SERVICE" =~ ^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$ ]] || die "WORKER_SERVICE '$WORKER_SERVICE' is not a unit name"
 [[ "$WORKER_SERVICE" != *.service ]] || die "WORKER_SERVICE '$WORKER_SERVICE': name the unit without '.service' (${WORKER_SERVICE%.service}), as fleet.service does"
@@ -69,13 +87,17 @@ fi
 usermod -p '*' "$WORKER_USER"  # no password, but not locked: sshd key login must work
 install -d -m 0700 -o "$WORKER_USER" -g "$WORKER_USER" "$(getent passwd "$WORKER_USER" | cut -d: -f6)/.ssh"
 
-log "virtualenv $VENV"
-[[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-# shellcheck disable=SC2086  # APP_SPEC may name several requirements
-"$VENV/bin/pip" install -q --upgrade "$VULTRSCALE_SPEC" $APP_SPEC
-# A wheel rebuilt at the same version is "already installed" to pip: the old code would stay.
-"$VENV/bin/pip" install -q --force-reinstall --no-deps "$VULTRSCALE_SPEC"
+if [[ -n "$VULTRSCALE_SPEC" || -n "$APP_SPEC" ]]; then
+    log "virtualenv $VENV"
+    [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+    # shellcheck disable=SC2086  # APP_SPEC may name several requirements
+    "$VENV/bin/pip" install -q --upgrade ${VULTRSCALE_SPEC:+"$VULTRSCALE_SPEC"} $APP_SPEC
+fi
+if [[ -n "$VULTRSCALE_SPEC" ]]; then
+    # A wheel rebuilt at the same version is "already installed" to pip: the old code would stay.
+    "$VENV/bin/pip" install -q --force-reinstall --no-deps "$VULTRSCALE_SPEC"
+fi
 
 install -d -m 0755 /opt/vultrscale/app
 if [[ -n "$APP_DIR" ]]; then
@@ -85,9 +107,15 @@ fi
 
 log "unit $WORKER_SERVICE.service (runs as $WORKER_USER)"
 install -d -m 0755 /etc/vultrscale
-sed -e "s/^User=.*/User=$WORKER_USER/" -e "s/^Group=.*/Group=$WORKER_USER/" \
-    -e "s|^ExecStart=/opt/vultrscale/venv/|ExecStart=$VENV/|" \
-    "$HERE/worker.service" >"/etc/systemd/system/$WORKER_SERVICE.service"
+if [[ -n "$WORKER_UNIT" ]]; then
+    # Your worker's own unit, as written; cloud-init's drop-in sets its TimeoutStopSec.
+    install -m 0644 "$WORKER_UNIT" "/etc/systemd/system/$WORKER_SERVICE.service"
+    [[ "$unit_text" == *"EnvironmentFile=/etc/vultrscale/worker.env"* ]] || log "note: $WORKER_UNIT does not read EnvironmentFile=/etc/vultrscale/worker.env, where each instance's DATABASE_URL is written"
+else
+    sed -e "s/^User=.*/User=$WORKER_USER/" -e "s/^Group=.*/Group=$WORKER_USER/" \
+        -e "s|^ExecStart=/opt/vultrscale/venv/|ExecStart=$VENV/|" \
+        "$HERE/worker.service" >"/etc/systemd/system/$WORKER_SERVICE.service"
+fi
 chmod 0644 "/etc/systemd/system/$WORKER_SERVICE.service"
 systemctl daemon-reload
 # Enabled at boot by cloud-init once /etc/vultrscale/worker.env exists, not here.

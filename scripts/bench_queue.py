@@ -157,7 +157,8 @@ def bench_signals(
 
     from vultrscale.config import QueueConfig
     from vultrscale.db import schema
-    from vultrscale.db.signals import _COUNT_PLANNER, _ready_count_query, read_signals
+    from vultrscale.db.presets.builtin import COUNT_PLANNER, ready_count_query
+    from vultrscale.db.signals import read_signals
 
     schema.migrate(url)
     leased, expired = 150, 50
@@ -236,13 +237,13 @@ def bench_signals(
                 """Our ready count alone, as read_signals runs it: like for like with the
                 baselines' one count."""
                 with conn.transaction():
-                    conn.execute(_COUNT_PLANNER)
-                    return conn.execute(_ready_count_query(queue)).fetchone()
+                    conn.execute(COUNT_PLANNER)
+                    return conn.execute(ready_count_query(queue)).fetchone()
 
             def planned(table: str) -> object:
                 """A baseline's count under our read's planner settings."""
                 with conn.transaction():
-                    conn.execute(_COUNT_PLANNER)
+                    conn.execute(COUNT_PLANNER)
                     return _count(conn, table, queue)
 
             # Each baseline is timed under the planner's defaults and under our read's settings;

@@ -69,6 +69,10 @@ class Readings:
     state: FleetState
     probes: Mapping[str, ServiceState | str]  # draining rows: is-active, or why it wasn't asked
     signal_error: str | None = None
+    # The signals could not be read because the queue preset does not match the database
+    # (its library's tables missing, or of a version it does not read): the pass holds the
+    # fleet as for any signal error, and ends with exit 2, a configuration error.
+    signal_misconfigured: bool = False
     api_error: str | None = None
     # By plan: the fleet plan's price and those of the instances adopted this pass on another
     # plan (made by hand: each is billed at its own plan's price, not the fleet's).
@@ -265,6 +269,7 @@ class Decision:
     refused_outright: bool  # ... with nothing to wind down: stop before any change
     rows: Mapping[str, LedgerRow]  # the ledger as the transitions, verdicts and revives leave it
     offerings: tuple[OfferingView, ...] = ()  # each offering usable or skipped, and why
+    misconfigured: bool = False  # the queue preset does not match the database: exit 2
 
     @property
     def creates(self) -> int:
@@ -466,6 +471,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         refused_outright=reads.refused is not None and not (reads.rows or reads.listed),
         rows=rows,
         offerings=reads.offerings,
+        misconfigured=reads.signal_misconfigured,
     )
 
 

@@ -62,6 +62,14 @@ class DatabaseError(RuntimeFailure):
     default_hint = "Check DATABASE_URL and that Postgres is reachable, then `vultrscale db init`."
 
 
+class QueueSchemaError(DatabaseError):
+    """A queue preset met a database without its library's tables, or with a version of them
+    it does not read (a table or column missing): the configuration is wrong, not the
+    database down, so exit 2. The scaler holds the fleet, as for any unreadable signal."""
+
+    exit_code = EXIT_USAGE
+
+
 class PassStuck(RuntimeFailure):
     """Another pass has held the fleet's lock past its deadline: it will not end by itself."""
 

@@ -168,7 +168,7 @@ class FleetState:
 
 @dataclass(frozen=True)
 class StoredReads:
-    """What a pass reads of Postgres, read together (one round trip with the vultrscale
+    """What a pass reads of Postgres, read together (one round trip, whatever the queue
     preset): the fleet's rows (not gone, and gone since the month began), its instances'
     workers, the fleet's state, and the queue's signals or why they could not be read."""
 

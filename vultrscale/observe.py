@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from vultrscale import budget, lifecycle, offerings
 from vultrscale.config import Config
 from vultrscale.decision import Readings, priced, target
-from vultrscale.errors import UsageError
+from vultrscale.errors import EXIT_USAGE, UsageError
 from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
 from vultrscale.offerings import OfferingCheck
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, Parts, QueueSignals
@@ -55,8 +55,10 @@ def observe(
         forecast=cfg.policy.forecast.mode != "off",
     )
     signals, signal_error = stored.signals, None
+    misconfigured = False
     if stored.signal_error is not None:
         signal_error = f"queue signals: {stored.signal_error}"
+        misconfigured = stored.signal_error.exit_code == EXIT_USAGE  # the wrong preset
     rows: dict[str, LedgerRow] = {}
     gone: list[LedgerRow] = []
     for r in stored.rows:
@@ -114,6 +116,7 @@ def observe(
         state=state,
         probes=probes,
         signal_error=signal_error,
+        signal_misconfigured=misconfigured,
         api_error=api_error,
         prices=prices,
         price_error=price_error,

@@ -107,8 +107,8 @@ class FleetLedger(Protocol):
         forecast: bool = False,
     ) -> StoredReads:
         """``rows(since)``, ``workers(seen_within)``, ``fleet_state()`` and ``signals.read()``
-        together: what a pass observes of Postgres, in one round trip to the real one (with the
-        vultrscale preset). Signals that cannot be read are the value's ``signal_error``.
+        together: what a pass observes of Postgres, in one round trip to the real one (every
+        queue preset). Signals that cannot be read are the value's ``signal_error``.
         ``forecast``: the cached forecast profile too (``forecast_profile``)."""
         ...
 

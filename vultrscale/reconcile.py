@@ -4,7 +4,8 @@
   target) and the plan's price are checked before anything is changed; a refused pass raises
   ``UsageError`` (exit 2) and its row in ``fleet_events`` is its only write. A plan or price
   that stops passing on a fleet that has instances refuses only creates: the pass drains and
-  deletes as usual and ends with exit 2.
+  deletes as usual and ends with exit 2. A queue preset that does not match the database (its
+  library's tables missing, or of another version) holds the fleet and ends with exit 2 too.
 - *Observe* builds one frozen ``Readings`` value through the ports (ledger rows, what Vultr
   lists, workers, queue signals, drain probes, price) and writes nothing.
 - *Decide* is pure: ``lifecycle`` (ledger state machine, drain verdicts) and ``policy.decide``.
@@ -234,7 +235,11 @@ def _checked_pass(
             parts.before_changes(decision.plan)
             apply(cfg, parts, ledger, decision, snapshot, result)
         result.exit_code = (
-            EXIT_USAGE if decision.refused else EXIT_RUNTIME if result.errors else EXIT_OK
+            EXIT_USAGE
+            if decision.refused or decision.misconfigured
+            else EXIT_RUNTIME
+            if result.errors
+            else EXIT_OK
         )
         # The forecast's cache is written by a pass that succeeded only: a failed one (the API
         # down, no snapshot, a refusal) changes nothing but its fleet_events row and the steps

@@ -165,10 +165,13 @@ def build_parts(cfg: Config) -> Parts:
 
 
 def job_history(cfg: Config, db_url: str) -> JobHistory | None:
-    """The queue's history for the floor forecast: the built-in queue's ``jobs`` table; None
-    for another preset (its tables hold no run times the forecast reads)."""
-    if cfg.policy.forecast.mode == "off" or cfg.queue.preset != "vultrscale":
+    """The queue's history for the floor forecast, from the preset's tables (the built-in
+    queue's ``jobs``, Procrastinate's events, PgQueuer's log, pg-boss's jobs); None with the
+    forecast off or a preset whose library keeps no finished jobs (graphile-worker, custom)."""
+    if cfg.policy.forecast.mode == "off":
         return None
-    from vultrscale.db.history import PgHistory
+    from vultrscale.db.history import PgHistory, has_history
 
-    return PgHistory(db_url, cfg.queue.queue)
+    if not has_history(cfg.queue.preset):
+        return None
+    return PgHistory(db_url, cfg.queue.queue, cfg.queue.preset)

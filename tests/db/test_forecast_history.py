@@ -280,9 +280,11 @@ def test_forecast_with_too_little_history_says_so_and_exits_0(
     assert "no forecast: too little history" in capsys.readouterr().out
 
 
-def test_forecast_of_a_foreign_queue_preset_exits_2(
+def test_forecast_of_a_queue_that_keeps_no_finished_jobs_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("VULTRSCALE_QUEUE_PRESET", "procrastinate")
+    monkeypatch.setenv("VULTRSCALE_QUEUE_PRESET", "graphile-worker")
     assert cli.main(["forecast"]) == 2
-    assert "the forecast reads the built-in queue's jobs table" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "with queue.preset = 'graphile-worker' there are none" in err
+    assert "deletes a job when it succeeds" in err

@@ -244,13 +244,13 @@ def test_a_pass_cut_short_by_ctrl_c_inside_its_read_still_records_itself(
     from vultrscale.ports import Parts
     from vultrscale.reconcile import run_pass
 
-    ready_count_query = signals_mod._ready_count_query
+    send = signals_mod._send
 
-    def ctrl_c_mid_read(queue: str | None) -> Any:
+    def ctrl_c_mid_read(conn: Any, statement: Any) -> Any:
         signal.raise_signal(signal.SIGINT)  # after the read's BEGIN ... READ ONLY, before COMMIT
-        return ready_count_query(queue)
+        return send(conn, statement)
 
-    monkeypatch.setattr(signals_mod, "_ready_count_query", ctrl_c_mid_read)
+    monkeypatch.setattr(signals_mod, "_send", ctrl_c_mid_read)
     clock = FakeClock(datetime(2026, 3, 2, tzinfo=UTC))
     parts = Parts(
         cloud=MemoryCloud(clock),
@@ -289,6 +289,37 @@ def test_signals_that_cannot_be_read_leave_the_ledger_read_and_the_connection_us
         again = ledger.reads(MONTH, WORKERS_SEEN, signals)
         assert again.signal_error is None and again.signals is not None
         assert again.signals.ready == signals.read().ready == 3
+
+
+def test_a_pass_whose_queue_preset_finds_no_tables_holds_and_exits_2(db_url: str) -> None:
+    """queue.preset = "procrastinate" on a database without Procrastinate's tables: the fleet
+    holds (nothing created, even below the floor), the pass says which table and which
+    versions, and ends as a configuration error."""
+    from dataclasses import replace
+
+    from vultrscale.clock import FakeClock
+    from vultrscale.config import PolicyConfig, QueueConfig
+    from vultrscale.memory import MemoryCloud, MemoryDrain, host_keys
+    from vultrscale.ports import Parts
+    from vultrscale.reconcile import run_pass
+
+    clock = FakeClock(datetime(2026, 3, 2, tzinfo=UTC))
+    parts = Parts(
+        cloud=MemoryCloud(clock),
+        store=PgStore(db_url),
+        drain=MemoryDrain(),
+        clock=clock,
+        keygen=host_keys(),
+        render_user_data=lambda label, private, public: "#cloud-config\n",
+    )
+    cfg = replace(
+        Config(), queue=QueueConfig(preset="procrastinate"), policy=PolicyConfig(min_instances=1)
+    )
+    result = run_pass(cfg, parts)
+    assert result.exit_code == 2
+    assert result.plan is not None and result.plan.creates == 0
+    (error,) = result.errors
+    assert "procrastinate_" in error and "Procrastinate 3.1 to 3.10" in error, error
 
 
 # --- a lock held too long ----------------------------------------------------------------------

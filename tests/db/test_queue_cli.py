@@ -79,3 +79,47 @@ def test_enqueue_before_db_init_says_so(
     monkeypatch.setenv("DATABASE_URL", pg_url)
     assert cli.main(["enqueue"]) == 1
     assert "vultrscale db init" in capsys.readouterr().err
+
+
+def test_queue_detect_names_the_queue_it_finds_and_counts_it_as_a_pass_would(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A newcomer's Procrastinate database, the config still at the default preset: found,
+    counted, and the preset to set named."""
+    import json
+    from pathlib import Path
+
+    import procrastinate
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute((Path(procrastinate.__file__).parent / "sql" / "schema.sql").read_bytes())
+        conn.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name)"
+            " SELECT 'default', 'send' FROM generate_series(1, 30)"
+        )
+    monkeypatch.setenv("DATABASE_URL", pg_url)
+    assert cli.main(["queue", "detect"]) == 0
+    out, err = capsys.readouterr()
+    assert "procrastinate (Procrastinate 3.1 to 3.10): found" in out
+    assert "ready 30, in flight 0, stalled/expired 0" in out
+    assert "finished 0 (newest within 24h, mean run -), arrived 30 within 10m" in out
+    assert "pgqueuer: not here" in out and "vultrscale: not here  <- queue.preset" in out
+    assert "queue.preset = 'vultrscale' is not among those found here (procrastinate)" in err
+    assert cli.main(["queue", "detect", "--json"]) == 0
+    doc = {p["preset"]: p for p in json.loads(capsys.readouterr().out)["presets"]}
+    assert doc["procrastinate"]["found"] and doc["procrastinate"]["signals"]["ready"] == 30
+    assert doc["graphile-worker"]["missing"] == [
+        "table graphile_worker._private_jobs",
+        "table graphile_worker._private_job_queues",
+        "table graphile_worker._private_tasks",
+    ]
+
+
+def test_queue_detect_without_any_queue_exits_2_naming_what_it_looked_for(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", pg_url)
+    assert cli.main(["queue", "detect"]) == 2
+    err = capsys.readouterr().err
+    assert "no queue found" in err and "procrastinate: procrastinate_jobs" in err
+    assert "pg-boss: pgboss.job, pgboss.queue" in err

@@ -10,17 +10,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
 from vultrscale import waits
-from vultrscale.config import QueueConfig
+from vultrscale.config import BudgetConfig, Config, PolicyConfig, QueueConfig, WaitTarget
+from vultrscale.db import history
 from vultrscale.db import queue as queue_mod
 from vultrscale.db import signals as signals_mod
+from vultrscale.db.presets import builtin
 from vultrscale.db.signals import explain_ready_count, read_signals
-from vultrscale.errors import ConfigError, DatabaseError
+from vultrscale.errors import ConfigError, DatabaseError, QueueSchemaError
+from vultrscale.model import Instance, InstanceState, Observation, PlanPrice, Signals
+from vultrscale.policy import decide
 
 # --- vultrscale preset ---------------------------------------------------------------------------
 
@@ -136,7 +141,7 @@ def test_the_newest_finished_jobs_are_read_from_their_index_not_the_table(db_url
         plan = [
             str(r[0])
             for r in conn.execute(
-                b"EXPLAIN " + signals_mod._recent_query(None).as_bytes(conn)
+                b"EXPLAIN " + builtin.recent_query(None).as_bytes(conn)
             ).fetchall()
         ]
     assert any("jobs_finished_at_idx" in line for line in plan), plan
@@ -178,7 +183,7 @@ def test_the_arrivals_are_counted_from_the_newest_pages_not_the_whole_table(db_u
         plan = [
             str(r[0])
             for r in conn.execute(
-                b"EXPLAIN " + signals_mod._arrivals_query(None).as_bytes(conn)
+                b"EXPLAIN " + builtin.arrivals_query(None).as_bytes(conn)
             ).fetchall()
         ]
     assert any("jobs_created_at_brin" in line for line in plan), plan
@@ -323,6 +328,31 @@ def test_transaction_is_repeatable_read_and_read_only(db_url: str) -> None:
     assert read_signals(db_url, cfg).ready == 1
 
 
+def test_custom_history_queries_feed_the_wait_rule(populated: str) -> None:
+    cfg = QueueConfig(
+        preset="custom",
+        queue="default",
+        ready_sql="SELECT 3",
+        in_flight_sql="SELECT 0",
+        oldest_ready_seconds_sql="SELECT 0",
+        recent_jobs_sql="SELECT count(*), avg(extract(epoch FROM finished_at - run_at))"
+        " FROM jobs WHERE finished_at IS NOT NULL AND queue = %(queue)s",
+        recent_arrivals_sql="SELECT count(*) FROM jobs WHERE created_at > now() - interval '10m'",
+    )
+    s = read_signals(populated, cfg)
+    assert s.recent_jobs == 4 and s.recent_job_seconds == pytest.approx(86400, rel=0.01)
+    assert s.recent_arrivals == 18  # every row of `populated`
+    # None finished: a count of 0 and no mean is the true answer, not an error.
+    empty = read_signals(populated, replace(cfg, recent_jobs_sql="SELECT 0, NULL::float8"))
+    assert (empty.recent_jobs, empty.recent_job_seconds) == (0, None)
+    with pytest.raises(DatabaseError, match="no mean run time for 4"):
+        read_signals(populated, replace(cfg, recent_jobs_sql="SELECT 4, NULL::float8"))
+    with pytest.raises(DatabaseError, match="returned NULL"):
+        read_signals(populated, replace(cfg, recent_arrivals_sql="SELECT NULL::int"))
+    with pytest.raises(ConfigError, match="queue.recent_arrivals_sql: required with"):
+        read_signals(populated, replace(cfg, recent_arrivals_sql=""))
+
+
 def test_custom_without_sql_is_a_config_error(db_url: str) -> None:
     with pytest.raises(ConfigError, match="queue.in_flight_sql"):
         read_signals(db_url, QueueConfig(preset="custom", ready_sql="SELECT 1"))
@@ -337,6 +367,23 @@ def test_missing_table_names_it_and_hints_at_the_preset(db_url: str) -> None:
     assert "procrastinate_jobs" in info.value.message
     assert "queue.preset" in info.value.hint
     assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
+
+
+def test_a_library_preset_without_its_tables_is_exit_2_naming_table_and_versions(
+    db_url: str,
+) -> None:
+    for preset, table, versions in (
+        ("procrastinate", "procrastinate_", "Procrastinate 3.1 to 3.10"),
+        ("pgqueuer", "pgqueuer", "PgQueuer 1.0 to 1.6"),
+        ("graphile-worker", "graphile_worker", "graphile-worker 0.16 to 0.18"),
+        ("pg-boss", "pgboss", "pg-boss 12.19 to 12.38"),
+    ):
+        with pytest.raises(QueueSchemaError) as info:
+            read_signals(db_url, QueueConfig(preset=preset))
+        assert info.value.exit_code == 2
+        assert f"preset {preset}" in info.value.message and table in info.value.message
+        assert versions in info.value.message, info.value.message
+        assert "vultrscale queue detect" in info.value.hint
 
 
 def test_missing_vultrscale_schema_hints_db_init(pg_url: str) -> None:
@@ -421,7 +468,7 @@ def test_procrastinate_preset_matches_procrastinate(pg_url: str) -> None:
 
     @app.task(name="noop", queue="fast")
     async def noop() -> None:
-        return None
+        await asyncio.sleep(0.02)  # a run time the events can tell from zero
 
     @app.task(name="block", queue="slow")
     async def block() -> None:
@@ -432,8 +479,8 @@ def test_procrastinate_preset_matches_procrastinate(pg_url: str) -> None:
             await app.schema_manager.apply_schema_async()
             jm = app.job_manager
 
-            for _ in range(3):
-                await noop.defer_async()  # run to completion below
+            for _ in range(FINISHED):
+                await noop.defer_async()  # run to completion below: the wait rule's history
             for _ in range(2):
                 await block.defer_async()  # held 'doing' by a live worker
             await block.configure(schedule_in={"hours": 1}).defer_async()  # not due
@@ -466,7 +513,7 @@ def test_procrastinate_preset_matches_procrastinate(pg_url: str) -> None:
                 async def settled() -> bool:
                     done = await jm.list_jobs_async(status="succeeded")
                     doing = await jm.list_jobs_async(status="doing", queue="slow")
-                    return len(list(done)) == 3 and len(list(doing)) == 2
+                    return len(list(done)) == FINISHED and len(list(doing)) == 2
 
                 await _wait_for(settled)
 
@@ -491,10 +538,27 @@ def test_procrastinate_preset_matches_procrastinate(pg_url: str) -> None:
                 # The -90 s scheduled job is the oldest ready one.
                 assert 90 <= s.oldest_ready_seconds < 120
 
+                # Procrastinate's own history: its events, for the wait rule and the replay.
+                assert s.recent_jobs == FINISHED
+                assert s.recent_job_seconds is not None and 0.02 <= s.recent_job_seconds < 2
+                assert s.recent_arrivals == FINISHED + 2 + 1 + 4 + 1  # every deferral
+                assert _wait_rule_reason(s).startswith(f"wait rule: {4 + 1} queued job(s)")
+                with psycopg.connect(pg_url) as conn:
+                    replay = history.finished_jobs_in(conn, timedelta(hours=1), "", PROCR)
+                    buckets = history.forecast_buckets(
+                        conn, now - timedelta(hours=1), now + timedelta(minutes=1),
+                        timedelta(minutes=5), "", PROCR,
+                    )  # fmt: skip
+                assert len(replay) == FINISHED
+                assert all(due <= started <= fin for due, started, fin in replay if started)
+                assert sum(b.arrivals for b in buckets) == FINISHED + 2 + 4 + 1  # due by then
+                assert sum(b.finished for b in buckets) == FINISHED
+
                 only = await asyncio.to_thread(
                     read_signals, pg_url, QueueConfig(preset="procrastinate", queue="slow")
                 )
                 assert (only.ready, only.in_flight, only.expired_leases) == (0, 2, 0)
+                assert (only.recent_jobs, only.recent_arrivals) == (0, 3)
             finally:
                 release.set()
                 await _wait_for(
@@ -512,6 +576,26 @@ def test_procrastinate_preset_matches_procrastinate(pg_url: str) -> None:
             assert after.expired_leases == 1  # still stuck: Procrastinate does not requeue it
 
     asyncio.run(scenario())
+
+
+FINISHED = 12  # more than waits.MIN_JOBS: the wait rule acts on them
+PROCR = "procrastinate"
+
+
+def _wait_rule_reason(signals: Signals) -> str:
+    """The wait rule's reason in a plan for these signals and one running instance: it acts
+    (not "not enough job history", not "does not report its arrivals")."""
+    now = datetime.now(UTC)
+    cfg = Config(
+        policy=PolicyConfig(max_instances=20, target_wait=WaitTarget(timedelta(minutes=10))),
+        budget=BudgetConfig(monthly_ceiling_usd=1000.0),
+    )
+    one = Instance("a", InstanceState.RUNNING, id="a", created_at=now - timedelta(hours=2))
+    obs = Observation(instances=(one,), signals=signals, price=PlanPrice("vc2-1c-2gb", 10.0))
+    plan = decide(obs, cfg, now)
+    reason = next(r for r in plan.reasons if r.startswith("wait rule:"))
+    assert "the depth rule decides" not in reason, reason
+    return reason
 
 
 async def _count_async(jm, status: str, queue: str, expected: int) -> bool:  # type: ignore[no-untyped-def]
@@ -561,7 +645,7 @@ def test_pgqueuer_preset_matches_pgqueuer(pg_url: str) -> None:
         worker: asyncio.Task[None] | None = None
         try:
             await q.install()
-            await q.enqueue(["report"] * 3, [None] * 3, [0] * 3)  # done by the worker
+            await q.enqueue(["report"] * FINISHED, [None] * FINISHED, [0] * FINISHED)  # done
             await q.enqueue(["email"] * 2, [None] * 2, [0] * 2)  # held by the worker
             await q.enqueue("email", None, execute_after=timedelta(hours=1))  # not due
             await q.enqueue(["backlog"] * 5, [None] * 5, [0] * 5)  # nobody runs these
@@ -607,10 +691,21 @@ def test_pgqueuer_preset_matches_pgqueuer(pg_url: str) -> None:
             assert s.leases_by_worker == {str(qm.queue_manager_id): 2}
             assert 0 <= s.oldest_ready_seconds < 30
 
+            # PgQueuer's own history: its log, for the wait rule and the replay.
+            assert s.recent_jobs == FINISHED
+            assert s.recent_job_seconds is not None and 0 < s.recent_job_seconds < 2
+            assert s.recent_arrivals == FINISHED + 2 + 1 + 5  # every enqueue
+            assert _wait_rule_reason(s).startswith("wait rule: 5 queued job(s)")
+            with psycopg.connect(pg_url) as sync:
+                replay = history.finished_jobs_in(sync, timedelta(hours=1), "", "pgqueuer")
+            assert len(replay) == FINISHED
+            assert all(due <= started <= fin for due, started, fin in replay if started)
+
             only = await asyncio.to_thread(
                 read_signals, pg_url, QueueConfig(preset="pgqueuer", queue="email")
             )
             assert (only.ready, only.in_flight, only.expired_leases) == (0, 2, 0)
+            assert (only.recent_jobs, only.recent_arrivals) == (0, 3)
             # A zero liveness window: every heartbeat is in the past, so every pick is stale.
             tight = await asyncio.to_thread(
                 lambda: read_signals(

@@ -264,6 +264,16 @@ def test_bake_script_parses_and_is_strict() -> None:
         pytest.param({"APP_DIR": "vultrscale.toml"}, "holds vultrscale.toml", id="with-toml"),
         pytest.param({"VENV": "venv"}, "not an absolute path", id="relative-venv"),
         pytest.param({"VULTRSCALE_SPEC": ""}, "set VULTRSCALE_SPEC", id="no-spec"),
+        pytest.param(
+            {"VULTRSCALE_SPEC": "", "WORKER_UNIT": "/nonexistent.service"},
+            "WORKER_UNIT '/nonexistent.service' is not a readable file",
+            id="foreign-unit-missing",
+        ),
+        pytest.param(
+            {"VULTRSCALE_SPEC": "", "WORKER_UNIT": "unit"},
+            "is not a service unit",
+            id="foreign-unit-not-a-service",
+        ),
     ],
 )
 def test_bake_refuses_bad_settings_before_it_changes_anything(
@@ -279,6 +289,9 @@ def test_bake_refuses_bad_settings_before_it_changes_anything(
         assert found is not None
         (tools / name).symlink_to(found)
     env = {"PATH": str(tools), "VULTRSCALE_SPEC": "./vultrscale-0.1.0-py3-none-any.whl"}
+    if settings.get("WORKER_UNIT") == "unit":  # a file, but no [Service] ExecStart=
+        (tmp_path / "unit").write_text("[Unit]\nDescription=not a service\n")
+        settings = {**settings, "WORKER_UNIT": str(tmp_path / "unit")}
     if "APP_DIR" in settings:
         app = tmp_path / "app"
         app.mkdir()

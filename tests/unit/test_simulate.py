@@ -569,9 +569,15 @@ def test_bad_options_exit_2_before_any_replay(
         assert "environment" not in err
 
 
-@pytest.mark.parametrize("preset", ["procrastinate", "pgqueuer", "custom"])
-def test_from_db_with_another_queue_preset_exits_2_before_reading_anything(
-    preset: str, capsys: pytest.CaptureFixture[str], monkeypatch
+@pytest.mark.parametrize(
+    ("preset", "why"),
+    [
+        ("graphile-worker", "graphile-worker deletes a job when it succeeds"),
+        ("custom", "the custom preset reads numbers, not jobs"),
+    ],
+)
+def test_from_db_with_a_preset_that_keeps_no_finished_jobs_exits_2_before_reading_anything(
+    preset: str, why: str, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
     monkeypatch.chdir(Path(__file__).parent)  # no vultrscale.toml or .env here
     monkeypatch.setenv("VULTRSCALE_QUEUE_PRESET", preset)
@@ -582,7 +588,8 @@ def test_from_db_with_another_queue_preset_exits_2_before_reading_anything(
     monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")
     assert main(["simulate", "--from-db"]) == 2
     err = capsys.readouterr().err
-    assert f"queue.preset is '{preset}'" in err and "--workload PATH.csv" in err
+    assert f"queue.preset '{preset}' has no history of finished jobs" in err and why in err
+    assert "--workload PATH.csv" in err
     assert "Traceback" not in err
 
 

@@ -54,6 +54,7 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("db", "vultrscale.cli.queue", "Create or upgrade the database schema."),
     Entry("worker", "vultrscale.cli.queue", "Run jobs from the queue; drain on SIGTERM."),
     Entry("enqueue", "vultrscale.cli.queue", "Put jobs on the queue."),
+    Entry("queue", "vultrscale.cli.queue", "Find the queue in the database and count it."),
     Entry("init", "vultrscale.cli.local", "Write a vultrscale.toml and .env for a real fleet."),
     Entry("sim", "vultrscale.cli.local", "The Vultr API simulator."),
     Entry(

@@ -355,7 +355,8 @@ def forecast_cmd(
 
     from vultrscale import boottime, forecast, offerings, reconcile
     from vultrscale.db import ledger, pg
-    from vultrscale.db.history import PgHistory
+    from vultrscale.db.history import PgHistory, has_history
+    from vultrscale.db.presets import PRESETS
 
     cfg = load_config()
     path = None
@@ -363,12 +364,12 @@ def forecast_cmd(
         from vultrscale.simulate.render import plot_path
 
         path = plot_path(Path(plot))
-    if cfg.queue.preset != "vultrscale":
+    if not has_history(cfg.queue.preset):
+        why = PRESETS[cfg.queue.preset].no_history
         raise UsageError(
-            f"the forecast reads the built-in queue's jobs table; queue.preset = "
-            f"{cfg.queue.preset!r} keeps its jobs elsewhere",
-            hint='Use the built-in queue (queue.preset = "vultrscale"), or set '
-            'policy.forecast.mode = "off".',
+            f"the forecast reads the queue's finished jobs; with queue.preset = "
+            f"{cfg.queue.preset!r} there are none: {why}",
+            hint='Set policy.forecast.mode = "off" (the depth rule and the floor still act).',
         )
     url = database_url(cfg)
     now = datetime.now(UTC)
@@ -378,7 +379,8 @@ def forecast_cmd(
             conn, cfg.fleet.name, within=boottime.WINDOW, limit=boottime.LAST_BOOTS
         )
     fresh = cached is not None and cached.fresh(cfg.policy.forecast, now)
-    profile = reconcile.forecast_profile(cfg, PgHistory(url, cfg.queue.queue), cached, now)
+    history = PgHistory(url, cfg.queue.queue, cfg.queue.preset)
+    profile = reconcile.forecast_profile(cfg, history, cached, now)
     # the lead the pass uses: the boot time learned from the same boots
     lead = boottime.learn(boots, cfg.policy.boot_time, now).estimate
     # new instances go to the first offering (the pass prefers the one its price is of)

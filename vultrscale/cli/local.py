@@ -571,7 +571,7 @@ def _sell_out(sim: Any, offering: str) -> None:
 def config_check(as_json: JsonFlag = False) -> None:
     """Load, validate and print the resolved config (secrets masked), and which database role
     the workers use (warning when it can write the scaler's tables); warn when the scaler
-    counts jobs the fleet's workers never take."""
+    counts jobs the fleet's workers never take. `vultrscale queue detect` reads the queue."""
     from dataclasses import asdict
 
     from vultrscale.config import queue_warnings
@@ -587,6 +587,10 @@ def config_check(as_json: JsonFlag = False) -> None:
     from vultrscale.cli.views import print_config
 
     print_config(data, access, warnings)
+    typer.echo(
+        f"The queue (preset {cfg.queue.preset}) as a pass reads it, and which queues the "
+        "database holds: vultrscale queue detect"
+    )
 
 
 def _init_systemd(directory: Path, config_path: str | None, *, force: bool) -> None:

@@ -1,4 +1,5 @@
-"""Queue commands: the built-in Postgres queue's schema, its worker, and putting jobs on it."""
+"""Queue commands: the built-in Postgres queue's schema, its worker, putting jobs on it, and
+finding which queue a database holds (`queue detect`)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,19 @@ import json
 import math
 import os
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from vultrscale import params
-from vultrscale.cli._common import examples, group, shown, state
+from vultrscale.cli._common import JsonFlag, examples, group, print_json, shown, state
 from vultrscale.errors import UsageError
 from vultrscale.model import DEFAULT_MAX_ATTEMPTS
 from vultrscale.redaction import is_text
 from vultrscale.wiring import database_url
+
+if TYPE_CHECKING:
+    from vultrscale.db import detect as detect_mod
 
 _SHORTER = "Send long numbers as strings (in quotes)."
 _STORABLE = (
@@ -59,6 +63,11 @@ db_app = group(
     ),
 )
 app.add_typer(db_app, name="db")
+queue_app = group(
+    help="The queue in the database, as the scaler reads it.",
+    epilog=examples("vultrscale queue detect", "vultrscale queue detect --json"),
+)
+app.add_typer(queue_app, name="queue")
 
 
 @db_app.command(
@@ -255,3 +264,96 @@ def enqueue_cmd(
         ids = queue.enqueue(conn, [doc] * count, queue=queue_name, max_attempts=max_attempts)
     span = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
     typer.echo(f"Enqueued {len(ids)} job(s) on queue {queue_name!r}: id {span}.")
+
+
+@queue_app.command(
+    "detect",
+    short_help="Name the queues whose tables the database holds, and count them.",
+    epilog=examples(
+        "DATABASE_URL=postgresql://... vultrscale queue detect",
+        "vultrscale queue detect --json",
+    ),
+)
+def queue_detect(as_json: JsonFlag = False) -> None:
+    """Look in DATABASE_URL for the tables of every queue preset (vultrscale, Procrastinate,
+    PgQueuer, graphile-worker, pg-boss) and print each one found with the numbers a reconcile
+    pass reads from it: ready, in flight, stalled, the oldest ready job's age, and the recent
+    finished jobs and arrivals the wait rule needs. Changes nothing. Exit 0 when a queue is
+    found, 2 when none is (or only a version of one that its preset does not read)."""
+    from vultrscale.cli._common import load_config
+    from vultrscale.config import mask_url
+    from vultrscale.db import detect, pg
+    from vultrscale.db.presets import PRESETS
+
+    cfg = load_config()
+    url = database_url(cfg)
+    with pg.session(url, f"cannot look for the queue at {mask_url(url)}") as conn:
+        found = detect.detect(conn, cfg.queue)
+    if as_json:
+        print_json(
+            {
+                "database": mask_url(url),
+                "configured": cfg.queue.preset,
+                "presets": [d.to_json() for d in found],
+            }
+        )
+    else:
+        typer.echo(f"Queues in {mask_url(url)} (queue.preset = {cfg.queue.preset}):")
+        for d in found:
+            for line in _detected_lines(d, configured=d.preset == cfg.queue.preset):
+                typer.echo(line)
+    if not any(d.found for d in found):
+        looked = "; ".join(
+            f"{p.name}: {', '.join(p.tables)}" for p in PRESETS.values() if p.tables
+        )
+        raise UsageError(
+            "no queue found whose preset can read it (looked for " + looked + ")",
+            hint="Point DATABASE_URL at the queue's database, install the library's schema "
+            'first, or read your own queue with queue.preset = "custom".',
+        )
+    if not any(d.found and d.preset == cfg.queue.preset for d in found):
+        names = ", ".join(d.preset for d in found if d.found)
+        typer.echo(
+            f"Warning: queue.preset = {cfg.queue.preset!r} is not among those found here "
+            f"({names}): set queue.preset to the queue your workers take.",
+            err=True,
+        )
+
+
+def _detected_lines(d: detect_mod.Detected, *, configured: bool) -> list[str]:
+    """A preset as `queue detect` shows it: found (and its numbers), not this version (what is
+    missing), or not here (one line)."""
+    from vultrscale.config import format_duration
+    from vultrscale.db.presets import PRESETS
+    from vultrscale.waits import ARRIVAL_WINDOW, RECENT_WINDOW
+
+    p = PRESETS[d.preset]
+    mark = "  <- queue.preset" if configured else ""
+    name = f"{p.name} ({p.supported})"
+    if d.preset != "custom" and not d.tables_found:
+        return [f"  {p.name}: not here{mark}"]
+    if d.partial:
+        return [
+            f"  {name}: its tables are here, but not as the versions it reads make them"
+            f"{mark}",
+            *(f"      {m} is missing" for m in d.missing),
+        ]
+    version = f", {d.version}" if d.version else ""
+    lines = [f"  {name}: found{version}{mark}"]
+    s = d.signals
+    if s is None:
+        return [*lines, f"      signals unreadable: {d.error}"]
+    lines.append(
+        f"      ready {s.ready}, in flight {s.in_flight}, stalled/expired {s.expired_leases}, "
+        f"oldest ready {s.oldest_ready_seconds:.0f} s"
+    )
+    if s.recent_jobs is None or s.recent_arrivals is None:
+        lines.append(f"      no job history: {p.no_history or 'not reported'} (the depth rule)")
+    else:
+        mean = "-" if s.recent_job_seconds is None else f"{s.recent_job_seconds:.1f} s"
+        lines.append(
+            f"      finished {s.recent_jobs} (newest within {format_duration(RECENT_WINDOW)}, "
+            f"mean run {mean}), arrived {s.recent_arrivals} within "
+            f"{format_duration(ARRIVAL_WINDOW)}"
+        )
+    return lines

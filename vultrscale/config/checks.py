@@ -74,6 +74,13 @@ def _related_problems(cfg: Config) -> list[str]:
                 p.append(
                     f'queue.{key}: required with preset = "custom" (a query returning one number)'
                 )
+        history = [k for k in ("recent_jobs_sql", "recent_arrivals_sql") if getattr(q, k).strip()]
+        if len(history) == 1:
+            other = ({"recent_jobs_sql", "recent_arrivals_sql"} - set(history)).pop()
+            p.append(
+                f"queue.{other}: required with queue.{history[0]} (the wait rule needs the "
+                "finished jobs and the arrivals both)"
+            )
     if pol.min_instances > pol.max_instances:
         p.append(
             f"policy.min_instances ({pol.min_instances}) is above policy.max_instances "

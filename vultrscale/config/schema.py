@@ -65,7 +65,8 @@ from vultrscale.forecast import POOLS as FORECAST_POOLS
 MAX_FLEET = 10_000
 MAX_JOBS_PER_INSTANCE = 100_000
 _DAY = 86_400
-PRESETS = ("vultrscale", "procrastinate", "pgqueuer", "custom")
+#: The queue presets (db/presets/, one module each), in the order the README lists them.
+PRESETS = ("vultrscale", "procrastinate", "pgqueuer", "graphile-worker", "pg-boss", "custom")
 FORECAST_MODES = ("off", "observe", "scale")
 _CUSTOM_SQL = "custom preset only: a query returning one number"
 
@@ -225,6 +226,20 @@ class QueueConfig:
     oldest_ready_seconds_sql: str = setting(
         "", help=f"{_CUSTOM_SQL}: the oldest ready job's wait in seconds",
         rule=custom_sql_problem, commented=True, example='"SELECT 0"',
+    )
+    # custom, optional (both or neither): the wait rule's history (db/presets/custom.py)
+    recent_jobs_sql: str = setting(
+        "", help="custom preset only, for the wait rule (with recent_arrivals_sql): one row of "
+        "the recent finished jobs' count and mean run seconds", rule=custom_sql_problem,
+        commented=True,
+        example='"SELECT count(*), avg(extract(epoch FROM finished_at - started_at)) FROM '
+        'my_jobs WHERE finished_at > now() - make_interval(days => 1)"',
+    )
+    recent_arrivals_sql: str = setting(
+        "", help="custom preset only, for the wait rule (with recent_jobs_sql): the jobs "
+        "enqueued in the last 10 minutes", rule=custom_sql_problem, commented=True,
+        example='"SELECT count(*) FROM my_jobs WHERE created_at > now() - make_interval(mins '
+        '=> 10)"',
     )
 
 

@@ -227,12 +227,12 @@ def reads(
     queue: QueueConfig | None = None,
     forecast: bool = False,
 ) -> StoredReads:
-    """``rows``, ``workers_by_label`` and ``fleet_state`` of the fleet, and with ``queue`` (the
-    vultrscale preset) the queue's signals, in one round trip: the statements go out together
-    (psycopg's pipeline mode), and the answers are read once the block's end has sent its Sync
-    (a fetch inside it would wait for its answer first). Signals that cannot be read are the
-    value's ``signal_error``; without them (another preset) its ``signals`` are None."""
-    from vultrscale.db.signals import send_signals
+    """``rows``, ``workers_by_label`` and ``fleet_state`` of the fleet, and with ``queue`` the
+    queue's signals (any preset), in one round trip: the statements go out together (psycopg's
+    pipeline mode), and the answers are read once the block's end has sent its Sync (a fetch
+    inside it would wait for its answer first). Signals that cannot be read are the value's
+    ``signal_error``; without ``queue`` its ``signals`` are None."""
+    from vultrscale.db.signals import SentSignals
 
     with (
         conn.cursor(binary=True) as in_rows,
@@ -242,12 +242,14 @@ def reads(
         conn.cursor() as in_profile,
         conn.cursor(binary=True) as in_boots,
     ):
-        sent = None
+        # Held before it is sent: an error of its statements may come while they are sent.
+        sent = SentSignals(queue) if queue is not None else None
         try:
             with conn.pipeline():
                 # The signals first: their BEGIN must open the transaction, not follow
                 # statements of the same Sync (which share an implicit one).
-                sent = send_signals(conn, queue) if queue is not None else None
+                if sent is not None:
+                    sent.send(conn)
                 in_rows.execute(_ROWS, (fleet, since, since))
                 in_workers.execute(_workers_query(None), _workers_params(fleet, seen_within, None))
                 in_state.execute(_FLEET_STATE, (fleet,))
@@ -698,7 +700,7 @@ class PgLedger:
             )
         if got.signals is not None or got.signal_error is not None:
             return got
-        try:  # another preset's statements depend on earlier answers: read on their own
+        try:  # a reader of the caller's, or another connection's: read on their own
             return replace(got, signals=signals.read())
         except DatabaseError as exc:
             return replace(got, signal_error=exc)

@@ -41,13 +41,9 @@ class Options:
 
 def load_trace(opts: Options, cfg: Config) -> workload.Trace:
     if opts.from_db:
-        if cfg.queue.preset != "vultrscale":
-            raise UsageError(
-                f"--from-db reads the built-in queue's history, but queue.preset is "
-                f"{cfg.queue.preset!r}",
-                hint="Export your queue's jobs to a CSV of arrival_seconds,duration_seconds and "
-                "replay it with --workload PATH.csv.",
-            )
+        from vultrscale.db import history
+
+        history.of_preset(cfg.queue.preset)  # a library that keeps no finished jobs: refused
         database_url = cfg.secrets.database_url.reveal()
         if not database_url:
             raise UsageError(
@@ -58,9 +54,7 @@ def load_trace(opts: Options, cfg: Config) -> workload.Trace:
             since = config_mod.parse_duration(opts.since, "--since")
         except ValueError as exc:
             raise UsageError(str(exc), hint="Write --since 7d, 36h or 90m.") from None
-        from vultrscale.db import history
-
-        rows = history.finished_jobs(database_url, since, cfg.queue.queue)
+        rows = history.finished_jobs(database_url, since, cfg.queue.queue, cfg.queue.preset)
         return workload.from_history(rows, since=since)
     if opts.workload in workload.SHAPES:
         from vultrscale.params import MAX_REPLAY_JOBS

@@ -202,7 +202,7 @@ class World:
 
     def recent_jobs(self) -> tuple[int, float | None]:
         """How many of the newest finished jobs (``waits.RECENT_JOBS`` within
-        ``waits.RECENT_WINDOW``) and their mean run time, as the vultrscale preset reads them."""
+        ``waits.RECENT_WINDOW``) and their mean run time, as the presets read them."""
         recent, since = self._recent, self.now - waits.RECENT_WINDOW.total_seconds()
         while recent and recent[0][0] < since:
             self._recent_sum -= recent.popleft()[1]
