@@ -75,7 +75,7 @@ import httpx
 import psycopg
 
 from vultrscale import config as config_mod
-from vultrscale import lifecycle, reconcile
+from vultrscale import lifecycle, read, reconcile
 from vultrscale.clock import FakeClock
 from vultrscale.db import ledger, queue, schema, throwaway
 from vultrscale.memory import (
@@ -88,6 +88,7 @@ from vultrscale.memory import (
 )
 from vultrscale.model import InstanceState, Signals, WorkerView
 from vultrscale.ports import PassCache
+from vultrscale.readings import Readings
 from vultrscale.reconcile import Parts, run_pass
 from vultrscale.sim.app import Simulator, Timings
 from vultrscale.sim.server import start_server
@@ -432,7 +433,7 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
         if cron:
             print(
                 f"  {len(cron)} cron passes a minute apart (fresh process each, clock past the "
-                f"plan check's {reconcile.PRICE_TTL.total_seconds() / 60:g} min TTL): "
+                f"plan check's {read.PRICE_TTL.total_seconds() / 60:g} min TTL): "
                 f"{cron_requests:.2f} HTTP request(s)/pass on average, at most {max(cron)}"
             )
         for name, (fp, fb) in floors.items():
@@ -551,7 +552,7 @@ def bound(cfg: config_mod.Config, parts: Parts) -> Callable[[], object]:
     Postgres I/O (no reads, no lock, no record): its own client's list (the request, the body,
     the typed values), then the pure core on what it listed and on what one steady pass read
     from Postgres (captured here, by running one)."""
-    seen: list[reconcile.Readings] = []
+    seen: list[Readings] = []
     real_decide = reconcile.decide
 
     def decide(obs, cfg):  # type: ignore[no-untyped-def]

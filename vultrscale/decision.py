@@ -1,8 +1,8 @@
 """What one pass will do, decided once: ``decide(readings, config) -> Decision``. Pure.
 
-The reconcile pass reads everything into one ``Readings`` value, hands it here, and carries
-out the ``Decision`` it gets back step by step (``reconcile.apply``), asking nothing more and
-deciding nothing more. The decision holds:
+The reconcile pass reads everything into one ``Readings`` value (``vultrscale.read``), hands it
+here, and carries out the ``Decision`` it gets back step by step (``vultrscale.apply``), asking
+nothing more and deciding nothing more. The decision holds:
 
 - the steps of the pass, typed and in the order that keeps a kill safe: ledger transitions and
   adoptions, the draining flag for workers of draining instances, each drain verdict (a delete
@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from vultrscale import boottime, budget, lifecycle, offerings, policy
 from vultrscale.config import Config
-from vultrscale.errors import UsageError
 from vultrscale.lifecycle import Transition, Verdict
 from vultrscale.model import (
     ActionKind,
@@ -44,45 +43,13 @@ from vultrscale.model import (
     Plan,
     PlanPrice,
     ServiceState,
-    Signals,
-    WorkerView,
     frozen_from,
 )
 from vultrscale.offerings import Choice, OfferingView
+from vultrscale.readings import Readings
 
 if TYPE_CHECKING:
-    from vultrscale.forecast import Profile
     from vultrscale.vultr.models import VInstance, VPlan
-
-
-@dataclass(frozen=True, slots=True)
-class Readings:
-    """Everything one pass read, before deciding anything. Observing writes nothing."""
-
-    now: datetime
-    rows: Mapping[str, LedgerRow]  # the ledger's rows not gone, by label
-    gone: tuple[LedgerRow, ...]  # rows gone this month (their cost is in this month's bill)
-    listed: Mapping[str, VInstance]  # by label: the tagged list, plus what a GET found it miss
-    workers: Mapping[str, WorkerView]
-    signals: Signals | None
-    price: PlanPrice | None
-    state: FleetState
-    probes: Mapping[str, ServiceState | str]  # draining rows: is-active, or why it wasn't asked
-    signal_error: str | None = None
-    api_error: str | None = None
-    # By plan: the fleet plan's price and those of the instances adopted this pass on another
-    # plan (made by hand: each is billed at its own plan's price, not the fleet's).
-    prices: Mapping[str, PlanPrice] = field(default_factory=dict)
-    price_error: str | None = None  # an adopted instance's plan Vultr lists without a price
-    # The plan, its region or its price refused: nothing may be created this pass.
-    refused: UsageError | None = None
-    # The fleet's offerings in order, each usable or skipped and why (README "Offerings");
-    # empty: not checked (readings made without them), the fleet's one plan at ``price``.
-    offerings: tuple[OfferingView, ...] = ()
-    # The floor forecast's profile (cached or just computed); None: off or none yet.
-    forecast: Profile | None = None
-    # The fleet's newest boots, older ones too (``StoredReads.boots``): the boot time's.
-    boots: tuple[LedgerRow, ...] = ()
 
 
 # --- the steps ---------------------------------------------------------------------------------
@@ -197,7 +164,7 @@ class Revive:
        start_many``). It returns at once: a worker still deactivating starts again once its
        drain has ended (``lifecycle.REVIVABLE``). A refusal is the instance's error; the row
        goes back to draining, marked never to be revived again (``lifecycle.START_FAILED``,
-       ``reconcile._start``), and the next pass creates in its place;
+       ``apply._start``), and the next pass creates in its place;
     3. the fleet state (``SaveFleetState``): the revive counts as the pass's scale-up, for the
        down cool-down. Killed before it, only that damping is lost: the idle window still
        guards a second drain."""
@@ -415,8 +382,8 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         instances=tuple(_instance(cfg, reads, r, bills[r.label]) for r in rows.values()),
         signals=reads.signals,
         price=reads.price,
-        signal_error=reads.signal_error,
-        api_error=reads.api_error,
+        signal_error=reads.signal_problem,
+        api_error=reads.api_problem,
         month_to_date_usd=sum(bills.values()),
         last_scale_up=_not_after(last_up, now),
         last_scale_down=_not_after(last_down, now),
@@ -441,7 +408,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
     if reads.api_error is None:  # drains are judged on what the cloud showed this pass
         steps += _drain_steps(cfg, reads, verdicts, rows, revived)
     steps += _plan_steps(cfg, reads, observation, plan, rows)
-    errors = [e for e in (reads.api_error, reads.signal_error, reads.price_error) if e]
+    errors = [e for e in (reads.api_problem, reads.signal_problem, reads.price_error) if e]
     wanted = sum(1 for a in plan.actions if a.kind is ActionKind.CREATE)
     # Each offering refused a moment ago (a refusal of the checks says it itself, below).
     unusable = reads.offerings and not any(v.usable for v in reads.offerings)

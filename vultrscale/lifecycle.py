@@ -412,7 +412,7 @@ REVIVABLE = frozenset(
 
 
 # A revive whose start failed leaves this at the head of the row's last_error (it drains
-# again, reconcile._start): never revived again, or a host that refuses every start (an image
+# again, apply._start): never revived again, or a host that refuses every start (an image
 # baked before the sudoers rule allowed it) would be revived and refused every pass, holding
 # back the create that replaces it.
 START_FAILED = "systemctl start failed"

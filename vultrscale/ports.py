@@ -1,6 +1,7 @@
 """The ports of a reconcile pass: the narrow interfaces it acts through.
 
-The pass (``vultrscale.reconcile``) knows nothing of HTTP, SQL or SSH; it talks to these.
+The pass (``vultrscale.reconcile``: ``read`` and ``apply``) knows nothing of HTTP, SQL or SSH;
+it talks to these.
 The adapters are ``vultr.client.VultrClient`` (Cloud), ``db.ledger.PgStore`` (Store: the
 FleetLedger and QueueSignals of one Postgres session), ``ssh.SSHDrain`` (DrainTransport) and
 ``clock.SystemClock`` (Clock). ``vultrscale.memory`` holds in-memory ones for the unit tests
@@ -290,7 +291,7 @@ class PriceCheck:
 @dataclass(slots=True)
 class PassCache:
     """What one process's passes keep for the next one: the offering checks it made (fresh as long
-    as its copy in the ledger, ``reconcile.PRICE_TTL``) and the snapshot it found complete.
+    as its copy in the ledger, ``read.PRICE_TTL``) and the snapshot it found complete.
     The only state a pass leaves in its parts; a new process starts with an empty one."""
 
     price_check: PriceCheck | None = None

@@ -28,7 +28,6 @@ from vultrscale.decision import (
     MarkDraining,
     Move,
     Note,
-    Readings,
     RetryDelete,
     Revive,
     SaveFleetState,
@@ -37,6 +36,7 @@ from vultrscale.decision import (
     Stop,
     UpdateAddress,
 )
+from vultrscale.errors import DatabaseError
 from vultrscale.memory import (
     SNAPSHOT,
     MemoryCloud,
@@ -54,6 +54,7 @@ from vultrscale.model import (
     Signals,
     WorkerView,
 )
+from vultrscale.readings import Readings
 from vultrscale.vultr.models import VInstance
 
 START = datetime(2026, 5, 11, 9, 0, tzinfo=UTC)
@@ -494,6 +495,6 @@ def test_an_instance_stuck_in_boot_is_deleted_for_a_replacement_only_with_no_liv
 ) -> None:
     reads = _quiet_worker_past_boot_timeout(signals, live)
     if signals is None:
-        reads = dataclasses.replace(reads, signal_error="queue signals: connection refused")
+        reads = dataclasses.replace(reads, signal_error=DatabaseError("connection refused"))
     d = decision_mod.decide(reads, CFG)
     assert any(isinstance(s, StartDelete) for s in d.steps) is deleted

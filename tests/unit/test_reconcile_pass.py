@@ -33,7 +33,8 @@ from vultrscale.model import (
     WorkerView,
 )
 from vultrscale.ports import PassCache
-from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_forever, run_pass
+from vultrscale.read import PRICE_TTL
+from vultrscale.reconcile import Parts, PassResult, run_forever, run_pass
 from vultrscale.vultr.errors import ApiUnreachable, AuthError
 from vultrscale.vultr.models import VInstance, VPlan
 

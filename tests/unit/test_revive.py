@@ -20,14 +20,13 @@ from vultrscale.decision import (
     Create,
     Decision,
     FlagWorkersDraining,
-    Readings,
     Revive,
     SaveFleetState,
     StartDelete,
     Stop,
     decide,
 )
-from vultrscale.errors import HostKeyMismatch
+from vultrscale.errors import DatabaseError, HostKeyMismatch
 from vultrscale.memory import MemoryStore
 from vultrscale.model import (
     ActionKind,
@@ -40,6 +39,7 @@ from vultrscale.model import (
     WorkerView,
 )
 from vultrscale.ports import Parts
+from vultrscale.readings import Readings
 from vultrscale.simulate.workload import Trace
 from vultrscale.simulate.world import RESTART_SECONDS, World
 from vultrscale.vultr.models import VInstance
@@ -99,7 +99,7 @@ def _readings(
         price=PlanPrice("vc2-1c-2gb", 10.0, 0.015),
         state=FleetState(),
         probes=probes,
-        signal_error=None if signals else "queue unreadable",
+        signal_error=None if signals else DatabaseError("queue unreadable"),
     )
 
 

@@ -353,7 +353,7 @@ def forecast_cmd(
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from vultrscale import boottime, forecast, offerings, reconcile
+    from vultrscale import boottime, forecast, offerings, read
     from vultrscale.db import ledger, pg
     from vultrscale.db.history import PgHistory
 
@@ -378,7 +378,7 @@ def forecast_cmd(
             conn, cfg.fleet.name, within=boottime.WINDOW, limit=boottime.LAST_BOOTS
         )
     fresh = cached is not None and cached.fresh(cfg.policy.forecast, now)
-    profile = reconcile.forecast_profile(cfg, PgHistory(url, cfg.queue.queue), cached, now)
+    profile = read.forecast_profile(cfg, PgHistory(url, cfg.queue.queue), cached, now)
     # the lead the pass uses: the boot time learned from the same boots
     lead = boottime.learn(boots, cfg.policy.boot_time, now).estimate
     # new instances go to the first offering (the pass prefers the one its price is of)
