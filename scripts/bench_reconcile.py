@@ -77,6 +77,7 @@ import psycopg
 from vultrscale import config as config_mod
 from vultrscale import lifecycle, read, reconcile
 from vultrscale.clock import FakeClock
+from vultrscale.config import Offering
 from vultrscale.db import ledger, queue, schema, throwaway
 from vultrscale.memory import (
     SNAPSHOT,
@@ -86,7 +87,8 @@ from vultrscale.memory import (
     MemorySignals,
     memory_parts,
 )
-from vultrscale.model import InstanceState, Signals, WorkerView
+from vultrscale.model import InstanceState, PlanPrice, Signals, WorkerView
+from vultrscale.offerings import Choice
 from vultrscale.ports import PassCache
 from vultrscale.readings import Readings
 from vultrscale.reconcile import Parts, run_pass
@@ -218,19 +220,11 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             labels.append(label)
         clock.advance(5)
         sim.tick()
+        price = PlanPrice("vc2-1c-2gb", 10.0, 0.0149)
+        choice, now = Choice(Offering("ewr", "vc2-1c-2gb"), price, n), clock.now()
         with psycopg.connect(db_url, autocommit=True) as conn:
             for label in labels:
-                ledger.insert_intent(
-                    conn,
-                    fleet="workers",
-                    label=label,
-                    plan="vc2-1c-2gb",
-                    region="ewr",
-                    hourly_rate=0.0149,
-                    monthly_cost=10.0,
-                    host_key="ssh-ed25519 AAAAbench",
-                    now=clock.now(),
-                )
+                ledger.insert_intent(conn, "workers", label, choice, "ssh-ed25519 AAAAbench", now)
                 queue.register_worker(conn, label, label)
             queue.enqueue(conn, [{}] * (4 * n))
         env = {

@@ -2,7 +2,7 @@
 
 ``apply`` carries out the decision's steps (``decision.Step``) in their kill-safe order and
 records each outcome in the pass's result: a failure on one instance is that instance's error,
-and the rest of the fleet is still acted on.
+and the rest of the fleet is still acted on. The ledger is handed the step values themselves.
 ``remember`` keeps what the read stage learnt (the offerings' checks), ``save_profile`` a new
 forecast profile (a pass that succeeded only), ``record`` the pass's ``fleet_events`` row.
 
@@ -85,33 +85,14 @@ def apply(
     revived = 0  # rows back to running: a scale-up too
     for step in decision.steps:
         match step:
-            case UpdateAddress(label, main_ip, internal_ip):
-                ledger.update_address(label, main_ip, internal_ip)
+            case UpdateAddress():
+                ledger.update_address(step)
             case Adopt():
                 out.note(step.label, step.note)
-                price = step.price
-                ledger.adopt(
-                    label=step.label,
-                    instance_id=step.instance_id,
-                    state=step.state,
-                    plan=step.plan,
-                    region=step.region,
-                    created_at=step.created_at,
-                    now=now,
-                    hourly_rate=price.hourly if price else None,
-                    monthly_cost=price.monthly if price else None,
-                )
+                ledger.adopt(step, now)
             case Move():
                 out.note(step.label, step.note)
-                ledger.transition(
-                    step.label,
-                    step.state,
-                    now,
-                    instance_id=step.instance_id,
-                    main_ip=step.main_ip,
-                    internal_ip=step.internal_ip,
-                    last_error=step.error,
-                )
+                ledger.transition(step, now)
             case FlagWorkersDraining(labels):
                 ledger.mark_workers_draining(list(labels))
             case Note(label, text):
@@ -119,7 +100,7 @@ def apply(
             case Fail(label, text):
                 out.errors.append(f"{label}: {text}")
             case StartDelete(label, instance_id, why):
-                ledger.transition(label, InstanceState.DELETING, now)
+                ledger.transition(Move(label, why, InstanceState.DELETING), now)
                 out.note(label, f"delete: {why}")
                 _delete(parts.cloud, ledger, label, instance_id, now, out)
             case RetryDelete(label, instance_id):
@@ -243,8 +224,9 @@ def _delete(
     out: Outcomes,
 ) -> None:
     """DELETE and verify it is gone; a locked instance is retried on a later pass."""
+    gone = Move(label, "deleted", InstanceState.GONE)
     if not instance_id:
-        ledger.transition(label, InstanceState.GONE, now)
+        ledger.transition(gone, now)
         return
     try:
         cloud.delete_instance(instance_id)
@@ -261,7 +243,7 @@ def _delete(
     try:
         cloud.get_instance(instance_id)
     except NotFound:
-        ledger.transition(label, InstanceState.GONE, now)
+        ledger.transition(gone, now)
         out.note(label, "deleted")
         return
     except VultrError as exc:
@@ -325,15 +307,7 @@ def _create_one(
         user_data = parts.render_user_data(label, private, public, o.jobs_per_instance)
     else:
         user_data = parts.render_user_data(label, private, public)
-    ledger.insert_intent(
-        label=label,
-        plan=o.plan,
-        region=o.region,
-        hourly_rate=choice.price.hourly,
-        monthly_cost=choice.price.monthly,
-        host_key=public,
-        now=now,
-    )
+    ledger.insert_intent(label, choice, public, now)
     try:
         inst = parts.cloud.create_instance(
             region=o.region,
@@ -353,9 +327,10 @@ def _create_one(
         )
         return _Outcome.STOP
     except VultrError as exc:
-        ledger.transition(label, InstanceState.GONE, now, last_error=_masked(cfg, str(exc)))
+        refused = Move(label, "create refused", InstanceState.GONE, error=_masked(cfg, str(exc)))
+        ledger.transition(refused, now)
         return _refused(cfg, ledger, label, o, exc, now, out)
-    ledger.transition(label, InstanceState.PENDING, now, instance_id=inst.id)
+    ledger.transition(Move(label, "created", InstanceState.PENDING, inst.id), now)
     out.note(label, f"created {inst.id} on {o.name}")
     return _Outcome.CREATED
 

@@ -189,12 +189,13 @@ class Recorded:
 
 
 def _key(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
-    if name in ("ledger.transition",):
-        if kwargs.get("instance_id") and args[1] is S.PENDING:
+    if name == "ledger.transition":
+        move = args[0]
+        if move.instance_id and move.state is S.PENDING:
             return (name,)  # a create's outcome: the label is the pass's own
-        return (name, args[0], args[1])
-    if name in ("ledger.adopt",):
-        return (name, kwargs["label"])
+        return (name, move.label, move.state)
+    if name in ("ledger.adopt", "ledger.update_address"):
+        return (name, args[0].label)
     if name in ("ledger.insert_intent", "cloud.create_instance", "ledger.save_fleet_state"):
         return (name,)
     if name == "ledger.mark_workers_draining":

@@ -795,6 +795,7 @@ def test_a_pass_cut_short_after_its_post_still_starts_the_scale_up_cool_down(
     """The fleet state is written at the end of a pass: a pass whose ledger failed after its
     POST, or whose only POST had an unclear outcome, left last_scale_up unwritten, and the
     next pass 30 s later created again, past the 60 s cool-down and max_step_up's pace."""
+    from vultrscale.decision import Move
     from vultrscale.errors import DatabaseError
     from vultrscale.vultr.errors import AmbiguousCreate
 
@@ -803,11 +804,11 @@ def test_a_pass_cut_short_after_its_post_still_starts_the_scale_up_cool_down(
     ledger, cloud = fleet.ledger, fleet.cloud
     transition, create = ledger.transition, cloud.create_instance
 
-    def failing_transition(label: str, state: S, now: datetime, **kw: Any) -> None:
-        if state is S.PENDING:
+    def failing_transition(move: Move, now: datetime) -> None:
+        if move.state is S.PENDING:
             ledger.transition = transition  # type: ignore[method-assign]
             raise DatabaseError("fleet ledger: moving to pending: server closed the connection")
-        transition(label, state, now, **kw)
+        transition(move, now)
 
     def answer_lost(**kw: Any) -> VInstance:
         cloud.create_instance = create  # type: ignore[method-assign]

@@ -257,10 +257,10 @@ class SimLedger(MemoryLedger):
             self.failed.append(f"{event['at'].isoformat()}: {'; '.join(event['errors'])}")
         return self.passes
 
-    def transition(self, label: str, state: InstanceState, now: datetime, **kw: Any) -> None:
-        super().transition(label, state, now, **kw)
-        if state is InstanceState.GONE and label in self.instances:
-            self._fold(self.instances.pop(label))
+    def transition(self, move: decision.Move, now: datetime) -> None:
+        super().transition(move, now)
+        if move.state is InstanceState.GONE and move.label in self.instances:
+            self._fold(self.instances.pop(move.label))
 
     def boots(self) -> list[LedgerRow]:
         return boottime.newest_boots([*self._gone_boots, *self.instances.values()])
