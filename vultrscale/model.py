@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from vultrscale.boottime import BootTime
     from vultrscale.errors import DatabaseError
     from vultrscale.forecast import Profile
+    from vultrscale.limits import Clamp
 
 _T = TypeVar("_T")
 
@@ -361,7 +362,7 @@ class Plan:
     cap: int
     actions: tuple[Action, ...] = ()
     reasons: tuple[str, ...] = ()
-    clamps: tuple[str, ...] = ()
+    clamps: tuple[Clamp, ...] = ()  # each limit that held, as a value (words: describe())
     warnings: tuple[str, ...] = ()
     idle_since: datetime | None = None  # to persist for the next pass
     next_scale_in_at: datetime | None = None  # earliest time a scale-in could happen
@@ -388,7 +389,7 @@ class Plan:
             "floor": self.floor,
             "cap": self.cap,
             "reasons": list(self.reasons),
-            "clamps": list(self.clamps),
+            "clamps": [c.describe() for c in self.clamps],
             "warnings": list(self.warnings),
             "actions": [a.describe() for a in self.actions],
             "next_scale_in_at": self.next_scale_in_at.isoformat()

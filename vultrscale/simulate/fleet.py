@@ -308,19 +308,6 @@ def folded_row(fleet: str, month_start: datetime, total: float) -> LedgerRow:
     )
 
 
-def scale_up_limit(clamp: str) -> str | None:
-    """The limit a plan's clamp names when it held back a scale-up (cap, budget, cool-down,
-    max_step_up); None for the scale-in clamps (idle window, billing hour, down cool-down)."""
-    name = clamp.partition(":")[0]
-    if name == "cap" and "draining" in clamp:  # above the cap: a scale-in
-        return None
-    if name in ("cap", "budget", "max_step_up") or (
-        name == "cool-down" and "scale-up waits" in clamp
-    ):
-        return name
-    return None
-
-
 class Vultrscale:
     """The policy as deployed: one ``reconcile.run_pass`` per tick."""
 
@@ -391,7 +378,8 @@ class Vultrscale:
             self._steady_until = math.inf if until is None else self._seconds(until)
             self._inputs_then = self._inputs(world)
         if result.plan is not None:
-            self.bound.update(n for c in result.plan.clamps if (n := scale_up_limit(c)))
+            # The limits that held back a scale-up (cap, budget, cool-down, max_step_up).
+            self.bound.update(c.kind.rule for c in result.plan.clamps if c.kind.holds_scale_up)
 
     def _observe_world(self, world: World) -> None:
         """What the queue and the workers table say now: heartbeats and leases."""
