@@ -14,8 +14,9 @@ nothing more and deciding nothing more. The decision holds:
   refused plan or price stops it before any change or only stops its creates;
 
 and ``next_change(config, decision)`` says the first moment the same observation
-could be decided differently (a floor starting or ending, a cool-down or the idle window
-ending, a paid hour, a drain deadline, a boot timeout, a new UTC hour for the budget).
+could be decided differently, as each rule times itself (a floor starting or ending, a
+cool-down or the idle window ending, a paid hour, a drain deadline, a boot timeout, a new UTC
+hour for the budget).
 
 The rules live in ``lifecycle`` (an instance's states and drain verdicts), ``policy`` (the
 size of the fleet) and ``budget``; this module joins them into the pass's one answer.
@@ -26,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from vultrscale import boottime, budget, lifecycle, offerings, policy
@@ -367,7 +368,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
             lifecycle.drain_step(
                 label,
                 service,
-                now - (row.draining_at or row.state_since),
+                now - lifecycle.drain_began(row),
                 live_leases(reads, label),
                 timeout=cfg.drain.timeout,
                 unreachable_grace=cfg.drain.unreachable_grace,
@@ -586,59 +587,36 @@ def _for(view: OfferingView, now: datetime) -> str:
 
 # --- when the decision could change ------------------------------------------------------------
 
-# The first instant past a moment (datetime's resolution): where a rule compares ``>``.
-_PAST = timedelta(microseconds=1)
-
 
 def next_change(cfg: Config, decision: Decision) -> datetime | None:
     """The first moment after ``decision.now`` at which the same observation could be decided
-    otherwise: a floor starting or ending, the up cool-down ending, the idle window or the
-    down cool-down ending (``plan.next_scale_in_at``, paid hours included), a drain's deadline
-    or grace, a boot timeout, a create's visibility grace, a new UTC hour (the budget's hours
-    left in the month) or month. Earlier is always safe (one more pass that finds nothing);
-    never later. None: nothing but a new observation can change it. Asked apart from
-    ``decide`` (by ``simulate``, to skip the passes that would change nothing): the search for
-    a floor's next start or end is not every pass's cost.
+    otherwise, gathered from the rules, each of which times itself beside its limit: the
+    policy's (a floor starting or ending, the forecast's floor moving, the up cool-down, the
+    idle window and the down cool-down ending, paid hours, a boot timeout:
+    ``policy.next_changes``), the lifecycle's (a drain's deadline or grace, a create's
+    visibility grace: ``lifecycle.changes_at``), a refusal of an offering ending, a new UTC
+    hour (the budget's hours left in the month) or month. Earlier is always safe (one more
+    pass that finds nothing); never later. None: nothing but a new observation can change
+    it. Asked apart from ``decide`` (by ``simulate``, to skip the passes that would change
+    nothing): the search for a floor's next start or end is not every pass's cost.
 
     A decision on readings with an error (the API or the queue unreadable, a price refused)
     promises no time: ``decision.now``. What could not be read may read otherwise at the next
     pass (a 429 burst ends), and a pass held by the error acts then; a replay that took the
     held pass's next change as its next pass slept through a floor's start until the hour."""
-    now, pol = decision.now, cfg.policy
+    now = decision.now
     if decision.errors:
         return now
     observation, plan, rows = decision.observation, decision.plan, decision.rows
-    times: list[datetime] = []
-    floor = policy.next_floor_change(pol, now)
-    if floor is not None:
-        times.append(floor)
-    if plan.next_scale_in_at is not None:
-        times.append(plan.next_scale_in_at)
-    if observation.last_scale_up is not None:
-        times.append(observation.last_scale_up + pol.scale_up_cooldown)
-        times.append(observation.last_scale_up + pol.scale_down_cooldown)
-    if observation.last_scale_down is not None:
-        times.append(observation.last_scale_down + pol.scale_down_cooldown)
-    if plan.idle_since is not None:
-        times.append(plan.idle_since + pol.idle_before_scale_down)
-    times += policy.forecast_changes(observation, cfg, now)
-    # A drain's deadline and grace, a boot timeout and an intent's grace are passed only after
-    # them (``waited > deadline``): a pass at the very moment waits, the next instant acts.
-    deadline = cfg.drain.timeout + lifecycle.DRAIN_MARGIN + _PAST
+    times = policy.next_changes(observation, plan, cfg, now)
     for row in rows.values():
-        if row.state is InstanceState.DRAINING:
-            began = row.draining_at or row.state_since
-            times += [began + deadline, began + cfg.drain.unreachable_grace + _PAST]
-        elif row.state in (InstanceState.PENDING, InstanceState.BOOTING):
-            times.append((row.boot_since or row.created_at) + pol.boot_timeout + _PAST)
-            times.append((row.posted_at or row.created_at) + lifecycle.POST_VISIBILITY_GRACE)
-        elif row.state is InstanceState.CREATING:
-            times.append(row.created_at + lifecycle.CREATE_VISIBILITY_GRACE + _PAST)
+        times += lifecycle.changes_at(
+            row, timeout=cfg.drain.timeout, unreachable_grace=cfg.drain.unreachable_grace
+        )
     # A refusal remembered ends: the preferred offering takes the creates again.
     times += [v.until for v in decision.offerings if v.until is not None]
     if rows or plan.clamps:
-        # Bills, the budget's hours left in the month and paid hours move with the UTC hour.
-        times.append(budget.utc(now).replace(minute=0, second=0, microsecond=0) + budget.HOUR)
+        times.append(budget.next_hour(now))  # bills, paid hours, the budget's hours left
     times.append(budget.month_bounds(now)[1])
     later = [budget.utc(t) for t in times if budget.utc(t) > budget.utc(now)]
     return min(later) if later else None
@@ -663,10 +641,8 @@ def demand_band(cfg: Config, decision: Decision) -> tuple[int, int | None] | Non
     ):
         return None
     running = len(observation.instances)
-    up = observation.last_scale_up
-    cooling = up is not None and budget.utc(up) + cfg.policy.scale_up_cooldown > budget.utc(
-        decision.now
-    )
+    up_again = policy.up_cooldown_ends(observation, cfg.policy)
+    cooling = up_again is not None and up_again > budget.utc(decision.now)
     if plan.cap <= running or cooling:
         return 1, None
     slots = sum(offerings.jobs_per_instance(cfg, i.region, i.plan) for i in observation.instances)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
 
+from vultrscale import budget
 from vultrscale.model import (
     InstanceState,
     LedgerRow,
@@ -343,6 +344,31 @@ class DrainStep:
     verdict: Verdict
     why: str
     restop: bool = False
+
+
+def changes_at(
+    row: LedgerRow, *, timeout: timedelta, unreachable_grace: timedelta
+) -> list[datetime]:
+    """When this module's rules may answer otherwise for ``row`` read again as it is: a
+    drain's deadline (``drain.timeout`` and the margin) and its unreachable grace
+    (``drain_step``), a fresh POST's visibility grace, and a create intent's (``next_state``).
+    A deadline passed only after it (``waited > deadline``) changes the instant past it."""
+    if row.state is InstanceState.DRAINING:
+        began = drain_began(row)
+        return [
+            began + timeout + DRAIN_MARGIN + budget.PAST,
+            began + unreachable_grace + budget.PAST,
+        ]
+    if row.state in (InstanceState.PENDING, InstanceState.BOOTING):
+        return [(row.posted_at or row.created_at) + POST_VISIBILITY_GRACE]
+    if row.state is InstanceState.CREATING:
+        return [row.created_at + CREATE_VISIBILITY_GRACE + budget.PAST]
+    return []
+
+
+def drain_began(row: LedgerRow) -> datetime:
+    """When a draining row's drain began: what its deadline and grace count from."""
+    return row.draining_at or row.state_since
 
 
 def drain_step(

@@ -225,10 +225,17 @@ def drain_window_opens(instance: Instance, now: datetime) -> datetime:
     return max(now, paid_hour_ends(instance, now) - BILLING_HOUR_MARGIN)
 
 
-def _boot_age(instance: Instance, now: datetime) -> timedelta | None:
-    """How long ``boot_timeout`` has been counting for a pending or booting instance."""
+def _boot_since(instance: Instance) -> datetime | None:
+    """Since when ``boot_timeout`` has been counting for a pending or booting instance."""
     since = instance.boot_since or instance.created_at or instance.state_since
-    return None if since is None else budget.utc(now) - budget.utc(since)
+    return None if since is None else budget.utc(since)
+
+
+def replaced_from(instance: Instance, policy: PolicyConfig) -> datetime | None:
+    """The first moment a pending or booting instance is past ``boot_timeout`` (the rule
+    compares ``>``), and is replaced; None: nothing to count from."""
+    since = _boot_since(instance)
+    return None if since is None else since + policy.boot_timeout + budget.PAST
 
 
 def up_cooldown_ends(observation: Observation, policy: PolicyConfig) -> datetime | None:
@@ -256,6 +263,23 @@ def scale_in_waits(
         down = budget.utc(observation.last_scale_down)
         waits.append(Clamp(Limit.COOLDOWN_DOWN_AFTER_DOWN, since=down, window=cd, until=down + cd))
     return waits
+
+
+def next_changes(
+    observation: Observation, plan: Plan, config: Config, now: datetime
+) -> list[datetime]:
+    """When the policy's rules may answer otherwise for the same observation, each as the rule
+    times itself: a floor starting or ending, the forecast's floor moving, the up cool-down
+    ending, the waits of a scale-in ending, the scale-in the billing hour allows
+    (``plan.next_scale_in_at``), a boot passing ``boot_timeout``. Asked apart from ``decide``
+    (``decision.next_change``): the search for a floor's next flip is not every pass's cost."""
+    pol = config.policy
+    times = [next_floor_change(pol, now), plan.next_scale_in_at, up_cooldown_ends(observation, pol)]
+    if plan.idle_since is not None:
+        times += [w.until for w in scale_in_waits(observation, pol, plan.idle_since)]
+    times += forecast_changes(observation, config, now)
+    times += [replaced_from(i, pol) for i in observation.instances if i.state in _BOOT_STATES]
+    return [t for t in times if t is not None]
 
 
 def _youngest_first(instance: Instance) -> tuple[float, str]:
@@ -500,8 +524,9 @@ class _Sizing:
         for inst in capacity:
             if inst.state not in _BOOT_STATES or inst.live_leases:
                 continue
-            age = _boot_age(inst, self.now)
-            if age is not None and age > limit:
+            due, since = replaced_from(inst, self.pol), _boot_since(inst)
+            if due is not None and since is not None and self.now >= due:
+                age = self.now - since
                 out.append(inst)
                 self.actions.append(
                     Action(
