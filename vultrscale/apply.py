@@ -193,7 +193,7 @@ def _start(
 ) -> int:
     """`systemctl start --no-block` on a revived instance (1 when sent); a refusal is that
     host's error, and the instance goes back to draining (row and workers' flag), never to be
-    revived again (``lifecycle.START_FAILED``): counted as capacity it would hold back a
+    revived again (``LedgerRow.never_revive``): counted as capacity it would hold back a
     create until ``boot_timeout`` replaced it. Draining again, the next pass stops it again
     or deletes it, and creates what is missing. Were the start carried out after all (the
     answer lost), its worker reads its flag and claims nothing; the stop sent again drains
@@ -201,8 +201,7 @@ def _start(
     ledger.extend_lock(fan_out_bound_s(1))  # SSH is not under the pass's deadline (see _stop)
     err = drain.start_many([target]).get(target.label)
     if err is not None:
-        ledger.mark_draining(target.label, now)
-        ledger.note_error(target.label, f"{lifecycle.START_FAILED}: {err}")  # not revived again
+        ledger.start_refused(target.label, now, f"{lifecycle.START_FAILED}: {err}")
         out.errors.append(
             f"{target.label}: {lifecycle.START_FAILED}: {err}; back to draining (the next pass "
             "creates in its place)"

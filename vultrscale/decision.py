@@ -164,7 +164,7 @@ class Revive:
     2. `systemctl start --no-block` over the instance's pinned SSH (``DrainTransport.
        start_many``). It returns at once: a worker still deactivating starts again once its
        drain has ended (``lifecycle.REVIVABLE``). A refusal is the instance's error; the row
-       goes back to draining, marked never to be revived again (``lifecycle.START_FAILED``,
+       goes back to draining, marked never to be revived again (``LedgerRow.never_revive``,
        ``apply._start``), and the next pass creates in its place;
     3. the fleet state (``SaveFleetState``): the revive counts as the pass's scale-up, for the
        down cool-down. Killed before it, only that damping is lost: the idle window still
@@ -335,7 +335,7 @@ def _instance(cfg: Config, reads: Readings, row: LedgerRow, billed: float) -> In
                 before.state if before else row.state,
                 service,
                 target(cfg, row, v) is not None,
-                (before or row).last_error,
+                (before or row).never_revive,
             ),
             "plan": row.plan or "",
             "region": row.region or "",

@@ -437,10 +437,11 @@ REVIVABLE = frozenset(
 )
 
 
-# A revive whose start failed leaves this at the head of the row's last_error (it drains
-# again, apply._start): never revived again, or a host that refuses every start (an image
-# baked before the sudoers rule allowed it) would be revived and refused every pass, holding
-# back the create that replaces it.
+# A revive whose start failed leaves this at the head of the row's last_error, for a person to
+# read, and marks the row never to be revived again (``LedgerRow.never_revive``; it drains
+# again, apply._start): else a host that refuses every start (an image baked before the
+# sudoers rule allowed it) would be revived and refused every pass, holding back the create
+# that replaces it.
 START_FAILED = "systemctl start failed"
 
 
@@ -448,7 +449,7 @@ def revivable(
     state: InstanceState,
     service: ServiceState | str | None,
     reachable: bool,
-    last_error: str | None = None,
+    never_revive: bool = False,
 ) -> bool:
     """Can this instance's worker be started again instead of booting a new instance?
 
@@ -457,11 +458,11 @@ def revivable(
     this pass's drain verdict would start has not been sent yet: the row still reads DRAINING
     and may be revived instead. ``service``: what `systemctl is-active` said this pass (an
     SSH error or no target: a string; not asked: None); ``reachable``: it has an SSH target;
-    ``last_error``: its row's (a start that failed before: ``START_FAILED``)."""
+    ``never_revive``: its row's mark (a start that failed before)."""
     return (
         state is InstanceState.DRAINING
         and reachable
         and isinstance(service, ServiceState)
         and service in REVIVABLE
-        and not (last_error or "").startswith(START_FAILED)
+        and not never_revive
     )

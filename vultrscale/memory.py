@@ -413,6 +413,13 @@ class MemoryLedger:
         if w is not None and w.draining:
             self.workers_by_label[label] = replace(w, draining=False)
 
+    def start_refused(self, label: str, now: datetime, error: str) -> None:
+        self.transition(Move(label, "start refused", InstanceState.DRAINING, error=error), now)
+        row = self.instances.get(label)
+        if row is not None:
+            self.instances[label] = replace(row, never_revive=True)
+        self.mark_workers_draining([label])
+
     def save_fleet_state(
         self,
         now: datetime,

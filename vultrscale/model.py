@@ -79,6 +79,8 @@ class LedgerRow:
     state_since: datetime
     delete_attempts: int
     last_error: str | None
+    # Its worker refused to start again (a revive's start failed): never revived again.
+    never_revive: bool = False
 
     @classmethod
     def new(
@@ -88,7 +90,7 @@ class LedgerRow:
         attempts, in its state since ``created_at`` unless ``state_since`` is given."""
         values: dict[str, Any] = dict.fromkeys(cls.__dataclass_fields__)
         values.update(label=label, fleet=fleet, state=state, created_at=created_at)
-        values.update(state_since=created_at, delete_attempts=0)
+        values.update(state_since=created_at, delete_attempts=0, never_revive=False)
         values.update(columns)
         return cls(**values)
 

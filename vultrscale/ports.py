@@ -166,6 +166,12 @@ class FleetLedger(Protocol):
         draining flag cleared, in one transaction, before its worker is started again."""
         ...
 
+    def start_refused(self, label: str, now: datetime, error: str) -> None:
+        """A revived instance whose worker refused to start: its row and workers back to
+        draining, the row never to be revived again (``LedgerRow.never_revive``), with the
+        error, in one transaction."""
+        ...
+
     def save_fleet_state(
         self,
         now: datetime,

@@ -275,7 +275,7 @@ def test_a_start_refused_is_the_instance_s_error_and_it_drains_again_with_a_crea
     assert any(e.startswith(f"{a}: systemctl start failed") for e in result.errors)
     # Back to draining, its worker flagged: not counted as capacity, so the next pass creates
     # in its place at once (not after boot_timeout), and never a lost job.
-    assert fleet.states()[a] == "draining"
+    assert fleet.states()[a] == "draining" and fleet.ledger.instances[a].never_revive
     before = fleet.cloud.posts
     # past the cool-down of this pass's own create of the third instance: the next pass deletes
     # it (inactive; at max_instances=3 it still counts), the one after creates in its place

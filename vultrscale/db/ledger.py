@@ -144,7 +144,7 @@ def lock_holder(conn: psycopg.Connection[Any], fleet: str) -> LockHolder | None:
 _COLUMNS = (
     "label, fleet, state, instance_id, plan, region, hourly_rate, monthly_cost, host_key, "
     "main_ip, internal_ip, created_at, posted_at, active_at, running_at, draining_at, "
-    "deleting_at, gone_at, state_since, delete_attempts, last_error"
+    "deleting_at, gone_at, state_since, delete_attempts, last_error, never_revive"
 )
 _FIELDS = tuple(c.strip() for c in _COLUMNS.split(","))
 _STATES = {s.value: s for s in InstanceState}
@@ -497,6 +497,20 @@ def mark_draining(conn: psycopg.Connection[Any], label: str, now: datetime, *, f
         conn.execute("UPDATE workers SET draining = true WHERE instance_label = %s", (label,))
 
 
+def start_refused(
+    conn: psycopg.Connection[Any], label: str, now: datetime, error: str, *, fleet: str
+) -> None:
+    """A revive whose `systemctl start` was refused: the row and its workers back to draining,
+    the row never to be revived again, with the error, in one transaction."""
+    with conn.transaction():
+        transition(conn, label, InstanceState.DRAINING, now, fleet=fleet, last_error=error)
+        conn.execute(
+            "UPDATE fleet_instances SET never_revive = true WHERE label = %s AND fleet = %s",
+            (label, fleet),
+        )
+        conn.execute("UPDATE workers SET draining = true WHERE instance_label = %s", (label,))
+
+
 def revive(conn: psycopg.Connection[Any], label: str, now: datetime, *, fleet: str) -> None:
     """A draining row back to running and its workers' draining flag cleared, in one
     transaction, before the SSH start: a worker process registers with the flag its row gives
@@ -762,6 +776,10 @@ class PgLedger:
     def revive(self, label: str, now: datetime) -> None:
         with self._t(f"reviving {label}"):
             revive(self.conn, label, now, fleet=self.fleet)
+
+    def start_refused(self, label: str, now: datetime, error: str) -> None:
+        with self._t(f"marking {label} never to be revived"):
+            start_refused(self.conn, label, now, error, fleet=self.fleet)
 
     def save_fleet_state(self, now: datetime, **kw: Any) -> None:
         with self._t("saving the fleet state"):
