@@ -24,7 +24,6 @@ size of the fleet) and ``budget``; this module joins them into the pass's one an
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,7 +49,7 @@ from vultrscale.offerings import Choice, OfferingView
 from vultrscale.readings import Readings
 
 if TYPE_CHECKING:
-    from vultrscale.vultr.models import VInstance, VPlan
+    from vultrscale.vultr.models import VInstance
 
 
 # --- the steps ---------------------------------------------------------------------------------
@@ -245,18 +244,6 @@ class Decision:
 
 
 # --- pure helpers ------------------------------------------------------------------------------
-
-
-def priced(plan: VPlan) -> PlanPrice | None:
-    """The plan's price; None when Vultr lists none usable. No price is not a price of zero: a
-    monthly_cost absent, null or unreadable (parsed as 0.0), read as $0, would pass every
-    ceiling, and the budget would limit nothing."""
-    monthly, hourly = plan.monthly_cost, plan.hourly_cost
-    if not (math.isfinite(monthly) and monthly > 0) or (
-        hourly is not None and not (math.isfinite(hourly) and hourly > 0)
-    ):
-        return None
-    return PlanPrice(plan.id, monthly, hourly)
 
 
 def target(cfg: Config, row: LedgerRow, v: VInstance | None) -> HostTarget | None:

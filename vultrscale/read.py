@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from vultrscale import budget, forecast, lifecycle, offerings
 from vultrscale.config import Config
-from vultrscale.decision import priced, target
+from vultrscale.decision import target
 from vultrscale.errors import DatabaseError, UsageError
 from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
 from vultrscale.offerings import OfferingCheck
@@ -229,7 +229,7 @@ def _check_offering(cloud: Cloud, region: str, plan: str, *, listed: bool) -> Of
         unknown = unknown_region(region)
         problem = f"region {region!r} is not a Vultr region" if listed else unknown.message
         return OfferingCheck(region, plan, None, False, problem, unknown.hint or "")
-    price = priced(vplan)
+    price = vplan.price
     if price is None:
         return OfferingCheck(
             region,
@@ -335,7 +335,7 @@ def _plan_prices(cloud: Cloud, plans: set[str]) -> tuple[dict[str, PlanPrice], s
     found: dict[str, PlanPrice] = {}
     for plan in sorted(plans):
         try:
-            price = priced(cloud.get_plan(plan))
+            price = cloud.get_plan(plan).price
         except NotFound:
             price = None
         if price is not None:
