@@ -75,8 +75,9 @@ import httpx
 import psycopg
 
 from vultrscale import config as config_mod
-from vultrscale import lifecycle, reconcile
+from vultrscale import lifecycle, read, reconcile
 from vultrscale.clock import FakeClock
+from vultrscale.config import Offering
 from vultrscale.db import ledger, queue, schema, throwaway
 from vultrscale.memory import (
     SNAPSHOT,
@@ -86,8 +87,10 @@ from vultrscale.memory import (
     MemorySignals,
     memory_parts,
 )
-from vultrscale.model import InstanceState, Signals, WorkerView
+from vultrscale.model import InstanceState, PlanPrice, Signals, WorkerView
+from vultrscale.offerings import Choice
 from vultrscale.ports import PassCache
+from vultrscale.readings import Readings
 from vultrscale.reconcile import Parts, run_pass
 from vultrscale.sim.app import Simulator, Timings
 from vultrscale.sim.server import start_server
@@ -217,19 +220,11 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
             labels.append(label)
         clock.advance(5)
         sim.tick()
+        price = PlanPrice("vc2-1c-2gb", 10.0, 0.0149)
+        choice, now = Choice(Offering("ewr", "vc2-1c-2gb"), price, n), clock.now()
         with psycopg.connect(db_url, autocommit=True) as conn:
             for label in labels:
-                ledger.insert_intent(
-                    conn,
-                    fleet="workers",
-                    label=label,
-                    plan="vc2-1c-2gb",
-                    region="ewr",
-                    hourly_rate=0.0149,
-                    monthly_cost=10.0,
-                    host_key="ssh-ed25519 AAAAbench",
-                    now=clock.now(),
-                )
+                ledger.insert_intent(conn, "workers", label, choice, "ssh-ed25519 AAAAbench", now)
                 queue.register_worker(conn, label, label)
             queue.enqueue(conn, [{}] * (4 * n))
         env = {
@@ -432,7 +427,7 @@ def bench(args: argparse.Namespace, db_url: str) -> None:
         if cron:
             print(
                 f"  {len(cron)} cron passes a minute apart (fresh process each, clock past the "
-                f"plan check's {reconcile.PRICE_TTL.total_seconds() / 60:g} min TTL): "
+                f"plan check's {read.PRICE_TTL.total_seconds() / 60:g} min TTL): "
                 f"{cron_requests:.2f} HTTP request(s)/pass on average, at most {max(cron)}"
             )
         for name, (fp, fb) in floors.items():
@@ -551,7 +546,7 @@ def bound(cfg: config_mod.Config, parts: Parts) -> Callable[[], object]:
     Postgres I/O (no reads, no lock, no record): its own client's list (the request, the body,
     the typed values), then the pure core on what it listed and on what one steady pass read
     from Postgres (captured here, by running one)."""
-    seen: list[reconcile.Readings] = []
+    seen: list[Readings] = []
     real_decide = reconcile.decide
 
     def decide(obs, cfg):  # type: ignore[no-untyped-def]

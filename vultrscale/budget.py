@@ -35,8 +35,16 @@ from vultrscale.model import (
 )
 
 HOUR = timedelta(hours=1)
+# The first instant past a moment (datetime's resolution): where a rule that compares ``>``
+# first answers otherwise (a deadline passed, a boot timed out).
+PAST = timedelta(microseconds=1)
 # Float sums of cents: 5 x 10.0 must compare equal to 50.0 without a rounding surprise.
 _EPS = 1e-9
+
+
+def next_hour(now: datetime) -> datetime:
+    """The next UTC hour: bills, paid hours and the budget's hours left in the month move."""
+    return utc(now).replace(minute=0, second=0, microsecond=0) + HOUR
 
 
 def utc(dt: datetime) -> datetime:

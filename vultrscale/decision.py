@@ -1,8 +1,8 @@
 """What one pass will do, decided once: ``decide(readings, config) -> Decision``. Pure.
 
-The reconcile pass reads everything into one ``Readings`` value, hands it here, and carries
-out the ``Decision`` it gets back step by step (``reconcile.apply``), asking nothing more and
-deciding nothing more. The decision holds:
+The reconcile pass reads everything into one ``Readings`` value (``vultrscale.read``), hands it
+here, and carries out the ``Decision`` it gets back step by step (``vultrscale.apply``), asking
+nothing more and deciding nothing more. The decision holds:
 
 - the steps of the pass, typed and in the order that keeps a kill safe: ledger transitions and
   adoptions, the draining flag for workers of draining instances, each drain verdict (a delete
@@ -14,8 +14,9 @@ deciding nothing more. The decision holds:
   refused plan or price stops it before any change or only stops its creates;
 
 and ``next_change(config, decision)`` says the first moment the same observation
-could be decided differently (a floor starting or ending, a cool-down or the idle window
-ending, a paid hour, a drain deadline, a boot timeout, a new UTC hour for the budget).
+could be decided differently, as each rule times itself (a floor starting or ending, a
+cool-down or the idle window ending, a paid hour, a drain deadline, a boot timeout, a new UTC
+hour for the budget).
 
 The rules live in ``lifecycle`` (an instance's states and drain verdicts), ``policy`` (the
 size of the fleet) and ``budget``; this module joins them into the pass's one answer.
@@ -23,15 +24,13 @@ size of the fleet) and ``budget``; this module joins them into the pass's one an
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from vultrscale import boottime, budget, lifecycle, offerings, policy
 from vultrscale.config import Config
-from vultrscale.errors import UsageError
 from vultrscale.lifecycle import Transition, Verdict
 from vultrscale.model import (
     ActionKind,
@@ -44,49 +43,13 @@ from vultrscale.model import (
     Plan,
     PlanPrice,
     ServiceState,
-    Signals,
-    WorkerView,
     frozen_from,
 )
 from vultrscale.offerings import Choice, OfferingView
+from vultrscale.readings import Readings
 
 if TYPE_CHECKING:
-    from vultrscale.forecast import Profile
-    from vultrscale.vultr.models import VInstance, VPlan
-
-
-@dataclass(frozen=True, slots=True)
-class Readings:
-    """Everything one pass read, before deciding anything. Observing writes nothing."""
-
-    now: datetime
-    rows: Mapping[str, LedgerRow]  # the ledger's rows not gone, by label
-    gone: tuple[LedgerRow, ...]  # rows gone this month (their cost is in this month's bill)
-    listed: Mapping[str, VInstance]  # by label: the tagged list, plus what a GET found it miss
-    workers: Mapping[str, WorkerView]
-    signals: Signals | None
-    price: PlanPrice | None
-    state: FleetState
-    probes: Mapping[str, ServiceState | str]  # draining rows: is-active, or why it wasn't asked
-    signal_error: str | None = None
-    # The signals could not be read because the queue preset does not match the database
-    # (its library's tables missing, or of a version it does not read): the pass holds the
-    # fleet as for any signal error, and ends with exit 2, a configuration error.
-    signal_misconfigured: bool = False
-    api_error: str | None = None
-    # By plan: the fleet plan's price and those of the instances adopted this pass on another
-    # plan (made by hand: each is billed at its own plan's price, not the fleet's).
-    prices: Mapping[str, PlanPrice] = field(default_factory=dict)
-    price_error: str | None = None  # an adopted instance's plan Vultr lists without a price
-    # The plan, its region or its price refused: nothing may be created this pass.
-    refused: UsageError | None = None
-    # The fleet's offerings in order, each usable or skipped and why (README "Offerings");
-    # empty: not checked (readings made without them), the fleet's one plan at ``price``.
-    offerings: tuple[OfferingView, ...] = ()
-    # The floor forecast's profile (cached or just computed); None: off or none yet.
-    forecast: Profile | None = None
-    # The fleet's newest boots, older ones too (``StoredReads.boots``): the boot time's.
-    boots: tuple[LedgerRow, ...] = ()
+    from vultrscale.vultr.models import VInstance
 
 
 # --- the steps ---------------------------------------------------------------------------------
@@ -200,8 +163,8 @@ class Revive:
     2. `systemctl start --no-block` over the instance's pinned SSH (``DrainTransport.
        start_many``). It returns at once: a worker still deactivating starts again once its
        drain has ended (``lifecycle.REVIVABLE``). A refusal is the instance's error; the row
-       goes back to draining, marked never to be revived again (``lifecycle.START_FAILED``,
-       ``reconcile._start``), and the next pass creates in its place;
+       goes back to draining, marked never to be revived again (``LedgerRow.never_revive``,
+       ``apply._start``), and the next pass creates in its place;
     3. the fleet state (``SaveFleetState``): the revive counts as the pass's scale-up, for the
        down cool-down. Killed before it, only that damping is lost: the idle window still
        guards a second drain."""
@@ -284,18 +247,6 @@ class Decision:
 # --- pure helpers ------------------------------------------------------------------------------
 
 
-def priced(plan: VPlan) -> PlanPrice | None:
-    """The plan's price; None when Vultr lists none usable. No price is not a price of zero: a
-    monthly_cost absent, null or unreadable (parsed as 0.0), read as $0, would pass every
-    ceiling, and the budget would limit nothing."""
-    monthly, hourly = plan.monthly_cost, plan.hourly_cost
-    if not (math.isfinite(monthly) and monthly > 0) or (
-        hourly is not None and not (math.isfinite(hourly) and hourly > 0)
-    ):
-        return None
-    return PlanPrice(plan.id, monthly, hourly)
-
-
 def target(cfg: Config, row: LedgerRow, v: VInstance | None) -> HostTarget | None:
     """Where to reach an instance's worker over SSH; None without an address or pinned key."""
     f = cfg.fleet
@@ -372,7 +323,7 @@ def _instance(cfg: Config, reads: Readings, row: LedgerRow, billed: float) -> In
                 before.state if before else row.state,
                 service,
                 target(cfg, row, v) is not None,
-                (before or row).last_error,
+                (before or row).never_revive,
             ),
             "plan": row.plan or "",
             "region": row.region or "",
@@ -405,7 +356,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
             lifecycle.drain_step(
                 label,
                 service,
-                now - (row.draining_at or row.state_since),
+                now - lifecycle.drain_began(row),
                 live_leases(reads, label),
                 timeout=cfg.drain.timeout,
                 unreachable_grace=cfg.drain.unreachable_grace,
@@ -420,8 +371,8 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         instances=tuple(_instance(cfg, reads, r, bills[r.label]) for r in rows.values()),
         signals=reads.signals,
         price=reads.price,
-        signal_error=reads.signal_error,
-        api_error=reads.api_error,
+        signal_error=reads.signal_problem,
+        api_error=reads.api_problem,
         month_to_date_usd=sum(bills.values()),
         last_scale_up=_not_after(last_up, now),
         last_scale_down=_not_after(last_down, now),
@@ -446,7 +397,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
     if reads.api_error is None:  # drains are judged on what the cloud showed this pass
         steps += _drain_steps(cfg, reads, verdicts, rows, revived)
     steps += _plan_steps(cfg, reads, observation, plan, rows)
-    errors = [e for e in (reads.api_error, reads.signal_error, reads.price_error) if e]
+    errors = [e for e in (reads.api_problem, reads.signal_problem, reads.price_error) if e]
     wanted = sum(1 for a in plan.actions if a.kind is ActionKind.CREATE)
     # Each offering refused a moment ago (a refusal of the checks says it itself, below).
     unusable = reads.offerings and not any(v.usable for v in reads.offerings)
@@ -625,59 +576,36 @@ def _for(view: OfferingView, now: datetime) -> str:
 
 # --- when the decision could change ------------------------------------------------------------
 
-# The first instant past a moment (datetime's resolution): where a rule compares ``>``.
-_PAST = timedelta(microseconds=1)
-
 
 def next_change(cfg: Config, decision: Decision) -> datetime | None:
     """The first moment after ``decision.now`` at which the same observation could be decided
-    otherwise: a floor starting or ending, the up cool-down ending, the idle window or the
-    down cool-down ending (``plan.next_scale_in_at``, paid hours included), a drain's deadline
-    or grace, a boot timeout, a create's visibility grace, a new UTC hour (the budget's hours
-    left in the month) or month. Earlier is always safe (one more pass that finds nothing);
-    never later. None: nothing but a new observation can change it. Asked apart from
-    ``decide`` (by ``simulate``, to skip the passes that would change nothing): the search for
-    a floor's next start or end is not every pass's cost.
+    otherwise, gathered from the rules, each of which times itself beside its limit: the
+    policy's (a floor starting or ending, the forecast's floor moving, the up cool-down, the
+    idle window and the down cool-down ending, paid hours, a boot timeout:
+    ``policy.next_changes``), the lifecycle's (a drain's deadline or grace, a create's
+    visibility grace: ``lifecycle.changes_at``), a refusal of an offering ending, a new UTC
+    hour (the budget's hours left in the month) or month. Earlier is always safe (one more
+    pass that finds nothing); never later. None: nothing but a new observation can change
+    it. Asked apart from ``decide`` (by ``simulate``, to skip the passes that would change
+    nothing): the search for a floor's next start or end is not every pass's cost.
 
     A decision on readings with an error (the API or the queue unreadable, a price refused)
     promises no time: ``decision.now``. What could not be read may read otherwise at the next
     pass (a 429 burst ends), and a pass held by the error acts then; a replay that took the
     held pass's next change as its next pass slept through a floor's start until the hour."""
-    now, pol = decision.now, cfg.policy
+    now = decision.now
     if decision.errors:
         return now
     observation, plan, rows = decision.observation, decision.plan, decision.rows
-    times: list[datetime] = []
-    floor = policy.next_floor_change(pol, now)
-    if floor is not None:
-        times.append(floor)
-    if plan.next_scale_in_at is not None:
-        times.append(plan.next_scale_in_at)
-    if observation.last_scale_up is not None:
-        times.append(observation.last_scale_up + pol.scale_up_cooldown)
-        times.append(observation.last_scale_up + pol.scale_down_cooldown)
-    if observation.last_scale_down is not None:
-        times.append(observation.last_scale_down + pol.scale_down_cooldown)
-    if plan.idle_since is not None:
-        times.append(plan.idle_since + pol.idle_before_scale_down)
-    times += policy.forecast_changes(observation, cfg, now)
-    # A drain's deadline and grace, a boot timeout and an intent's grace are passed only after
-    # them (``waited > deadline``): a pass at the very moment waits, the next instant acts.
-    deadline = cfg.drain.timeout + lifecycle.DRAIN_MARGIN + _PAST
+    times = policy.next_changes(observation, plan, cfg, now)
     for row in rows.values():
-        if row.state is InstanceState.DRAINING:
-            began = row.draining_at or row.state_since
-            times += [began + deadline, began + cfg.drain.unreachable_grace + _PAST]
-        elif row.state in (InstanceState.PENDING, InstanceState.BOOTING):
-            times.append((row.boot_since or row.created_at) + pol.boot_timeout + _PAST)
-            times.append((row.posted_at or row.created_at) + lifecycle.POST_VISIBILITY_GRACE)
-        elif row.state is InstanceState.CREATING:
-            times.append(row.created_at + lifecycle.CREATE_VISIBILITY_GRACE + _PAST)
+        times += lifecycle.changes_at(
+            row, timeout=cfg.drain.timeout, unreachable_grace=cfg.drain.unreachable_grace
+        )
     # A refusal remembered ends: the preferred offering takes the creates again.
     times += [v.until for v in decision.offerings if v.until is not None]
     if rows or plan.clamps:
-        # Bills, the budget's hours left in the month and paid hours move with the UTC hour.
-        times.append(budget.utc(now).replace(minute=0, second=0, microsecond=0) + budget.HOUR)
+        times.append(budget.next_hour(now))  # bills, paid hours, the budget's hours left
     times.append(budget.month_bounds(now)[1])
     later = [budget.utc(t) for t in times if budget.utc(t) > budget.utc(now)]
     return min(later) if later else None
@@ -702,10 +630,8 @@ def demand_band(cfg: Config, decision: Decision) -> tuple[int, int | None] | Non
     ):
         return None
     running = len(observation.instances)
-    up = observation.last_scale_up
-    cooling = up is not None and budget.utc(up) + cfg.policy.scale_up_cooldown > budget.utc(
-        decision.now
-    )
+    up_again = policy.up_cooldown_ends(observation, cfg.policy)
+    cooling = up_again is not None and up_again > budget.utc(decision.now)
     if plan.cap <= running or cooling:
         return 1, None
     slots = sum(offerings.jobs_per_instance(cfg, i.region, i.plan) for i in observation.instances)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
 
+from vultrscale import budget
 from vultrscale.model import (
     InstanceState,
     LedgerRow,
@@ -345,6 +346,31 @@ class DrainStep:
     restop: bool = False
 
 
+def changes_at(
+    row: LedgerRow, *, timeout: timedelta, unreachable_grace: timedelta
+) -> list[datetime]:
+    """When this module's rules may answer otherwise for ``row`` read again as it is: a
+    drain's deadline (``drain.timeout`` and the margin) and its unreachable grace
+    (``drain_step``), a fresh POST's visibility grace, and a create intent's (``next_state``).
+    A deadline passed only after it (``waited > deadline``) changes the instant past it."""
+    if row.state is InstanceState.DRAINING:
+        began = drain_began(row)
+        return [
+            began + timeout + DRAIN_MARGIN + budget.PAST,
+            began + unreachable_grace + budget.PAST,
+        ]
+    if row.state in (InstanceState.PENDING, InstanceState.BOOTING):
+        return [(row.posted_at or row.created_at) + POST_VISIBILITY_GRACE]
+    if row.state is InstanceState.CREATING:
+        return [row.created_at + CREATE_VISIBILITY_GRACE + budget.PAST]
+    return []
+
+
+def drain_began(row: LedgerRow) -> datetime:
+    """When a draining row's drain began: what its deadline and grace count from."""
+    return row.draining_at or row.state_since
+
+
 def drain_step(
     label: str,
     service: ServiceState | str,
@@ -411,10 +437,11 @@ REVIVABLE = frozenset(
 )
 
 
-# A revive whose start failed leaves this at the head of the row's last_error (it drains
-# again, reconcile._start): never revived again, or a host that refuses every start (an image
-# baked before the sudoers rule allowed it) would be revived and refused every pass, holding
-# back the create that replaces it.
+# A revive whose start failed leaves this at the head of the row's last_error, for a person to
+# read, and marks the row never to be revived again (``LedgerRow.never_revive``; it drains
+# again, apply._start): else a host that refuses every start (an image baked before the
+# sudoers rule allowed it) would be revived and refused every pass, holding back the create
+# that replaces it.
 START_FAILED = "systemctl start failed"
 
 
@@ -422,7 +449,7 @@ def revivable(
     state: InstanceState,
     service: ServiceState | str | None,
     reachable: bool,
-    last_error: str | None = None,
+    never_revive: bool = False,
 ) -> bool:
     """Can this instance's worker be started again instead of booting a new instance?
 
@@ -431,11 +458,11 @@ def revivable(
     this pass's drain verdict would start has not been sent yet: the row still reads DRAINING
     and may be revived instead. ``service``: what `systemctl is-active` said this pass (an
     SSH error or no target: a string; not asked: None); ``reachable``: it has an SSH target;
-    ``last_error``: its row's (a start that failed before: ``START_FAILED``)."""
+    ``never_revive``: its row's mark (a start that failed before)."""
     return (
         state is InstanceState.DRAINING
         and reachable
         and isinstance(service, ServiceState)
         and service in REVIVABLE
-        and not (last_error or "").startswith(START_FAILED)
+        and not never_revive
     )

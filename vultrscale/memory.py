@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from vultrscale import boottime
 from vultrscale.clock import Clock
+from vultrscale.decision import Move
 from vultrscale.errors import DatabaseError, SSHError
 from vultrscale.model import (
     FleetState,
@@ -56,7 +57,9 @@ from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
 if TYPE_CHECKING:
     from vultrscale.config import Config
+    from vultrscale.decision import Adopt, UpdateAddress
     from vultrscale.forecast import Bucket, Profile
+    from vultrscale.offerings import Choice
     from vultrscale.ports import Parts
 
 PLAN = VPlan("vc2-1c-2gb", vcpu_count=1, ram=2048, monthly_cost=10.0, hourly_cost=0.015)
@@ -303,70 +306,40 @@ class MemoryLedger:
         refusals = before.refusals + 1 if before else 1
         self.marks[(region, plan)] = OfferingMark(region, plan, until, reason, refusals)
 
-    def insert_intent(
-        self,
-        *,
-        label: str,
-        plan: str,
-        region: str,
-        hourly_rate: float,
-        monthly_cost: float,
-        host_key: str,
-        now: datetime,
-    ) -> None:
+    def insert_intent(self, label: str, choice: Choice, host_key: str, now: datetime) -> None:
         if label in self.instances:
             raise DatabaseError(f"fleet ledger: label {label} exists")
+        price = choice.price
         self.instances[label] = LedgerRow.new(
             label,
             self.fleet,
             InstanceState.CREATING,
             now,
-            plan=plan,
-            region=region,
-            hourly_rate=hourly_rate,
-            monthly_cost=monthly_cost,
+            plan=choice.offering.plan,
+            region=choice.offering.region,
+            hourly_rate=price.hourly,
+            monthly_cost=price.monthly,
             host_key=host_key,
         )
 
-    def transition(
-        self,
-        label: str,
-        state: InstanceState,
-        now: datetime,
-        *,
-        instance_id: str | None = None,
-        main_ip: str | None = None,
-        internal_ip: str | None = None,
-        last_error: str | None = None,
-    ) -> None:
-        row = self.instances.get(label)
+    def transition(self, move: Move, now: datetime) -> None:
+        row = self.instances.get(move.label)
         if row is None:
             return  # an UPDATE of no row
-        self.instances[label] = row.moved(
-            state,
+        self.instances[move.label] = row.moved(
+            move.state,
             now,
-            instance_id=instance_id or row.instance_id,
-            main_ip=main_ip or row.main_ip,
-            internal_ip=internal_ip or row.internal_ip,
-            last_error=last_error,
+            instance_id=move.instance_id or row.instance_id,
+            main_ip=move.main_ip or row.main_ip,
+            internal_ip=move.internal_ip or row.internal_ip,
+            last_error=move.error,
         )
 
-    def adopt(
-        self,
-        *,
-        label: str,
-        instance_id: str,
-        state: InstanceState,
-        plan: str,
-        region: str,
-        created_at: datetime,
-        now: datetime,
-        hourly_rate: float | None,
-        monthly_cost: float | None,
-    ) -> None:
+    def adopt(self, step: Adopt, now: datetime) -> None:
         from vultrscale.lifecycle import LabelHolder, adopted_row, adoption
 
         gone = InstanceState.GONE
+        label, instance_id, state = step.label, step.instance_id, step.state
         note = "adopted: tagged at Vultr but missing from the ledger"
         held = self.instances.get(label)
         own = next(
@@ -394,12 +367,13 @@ class MemoryLedger:
                 last_error=note,
             )
             return
-        v = VInstance(id=instance_id, label=label, plan=plan, region=region)
-        row = adopted_row(self.fleet, label, v, state, created_at, now)
+        v = VInstance(id=instance_id, label=label, plan=step.plan, region=step.region)
+        row = adopted_row(self.fleet, label, v, state, step.created_at, now)
+        price = step.price
         self.instances[label] = replace(
             row,
-            hourly_rate=hourly_rate,
-            monthly_cost=monthly_cost,
+            hourly_rate=price.hourly if price else None,
+            monthly_cost=price.monthly if price else None,
             main_ip=None,
             internal_ip=None,
             last_error=note,
@@ -410,10 +384,12 @@ class MemoryLedger:
         attempts = row.delete_attempts + (1 if delete else 0)
         self.instances[label] = replace(row, last_error=error, delete_attempts=attempts)
 
-    def update_address(self, label: str, main_ip: str | None, internal_ip: str | None) -> None:
-        row = self.instances[label]
-        self.instances[label] = replace(
-            row, main_ip=main_ip or row.main_ip, internal_ip=internal_ip or row.internal_ip
+    def update_address(self, step: UpdateAddress) -> None:
+        row = self.instances[step.label]
+        self.instances[step.label] = replace(
+            row,
+            main_ip=step.main_ip or row.main_ip,
+            internal_ip=step.internal_ip or row.internal_ip,
         )
 
     def mark_workers_draining(self, labels: Iterable[str]) -> None:
@@ -423,7 +399,7 @@ class MemoryLedger:
                 self.workers_by_label[label] = replace(w, draining=True)
 
     def mark_draining(self, label: str, now: datetime) -> None:
-        self.transition(label, InstanceState.DRAINING, now)
+        self.transition(Move(label, "draining", InstanceState.DRAINING), now)
         self.mark_workers_draining([label])
 
     def revive(self, label: str, now: datetime) -> None:
@@ -436,6 +412,13 @@ class MemoryLedger:
         w = self.workers_by_label.get(label)
         if w is not None and w.draining:
             self.workers_by_label[label] = replace(w, draining=False)
+
+    def start_refused(self, label: str, now: datetime, error: str) -> None:
+        self.transition(Move(label, "start refused", InstanceState.DRAINING, error=error), now)
+        row = self.instances.get(label)
+        if row is not None:
+            self.instances[label] = replace(row, never_revive=True)
+        self.mark_workers_draining([label])
 
     def save_fleet_state(
         self,

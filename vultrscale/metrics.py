@@ -18,6 +18,7 @@ from prometheus_client import (
 )
 
 from vultrscale.errors import RuntimeFailure, UsageError
+from vultrscale.limits import Limit
 from vultrscale.model import ActionKind, InstanceState
 from vultrscale.reconcile import PassResult
 
@@ -78,6 +79,13 @@ class Metrics:
             "vultrscale_passes", "Reconcile passes by exit code", ["fleet", "exit_code"], registry=r
         )
         self.actions = Counter("vultrscale_actions", "Actions taken", ["fleet", "kind"], registry=r)
+        self.clamps = Counter(
+            "vultrscale_clamps",
+            "Passes a limit held back, by kind (cap, budget_monthly, cooldown_up, max_step_up, "
+            "idle_window, billing_hour, ...)",
+            ["fleet", "kind"],
+            registry=r,
+        )
         self.committed = Gauge(
             "vultrscale_budget_committed_usd",
             "This UTC month's bill if the fleet ran as it is to the month's end",
@@ -150,6 +158,8 @@ class Metrics:
             self.passes.labels(fleet, code)
         for kind in ActionKind:
             self.actions.labels(fleet, kind.value)
+        for limit in Limit:
+            self.clamps.labels(fleet, limit.value)
 
     @classmethod
     def for_config(cls, cfg: Config) -> Metrics:
@@ -219,6 +229,8 @@ class Metrics:
             if not result.dry_run:
                 for action in plan.actions:
                     self.actions.labels(f, action.kind.value).inc()
+                for clamp in plan.clamps:
+                    self.clamps.labels(f, clamp.kind.value).inc()
 
     def failed(self, exit_code: int) -> None:
         """A pass that ended in an error before it had a result (the database down, say): the

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from vultrscale.boottime import BootTime
     from vultrscale.errors import DatabaseError
     from vultrscale.forecast import Profile
+    from vultrscale.limits import Clamp
 
 _T = TypeVar("_T")
 
@@ -78,6 +79,8 @@ class LedgerRow:
     state_since: datetime
     delete_attempts: int
     last_error: str | None
+    # Its worker refused to start again (a revive's start failed): never revived again.
+    never_revive: bool = False
 
     @classmethod
     def new(
@@ -87,7 +90,7 @@ class LedgerRow:
         attempts, in its state since ``created_at`` unless ``state_since`` is given."""
         values: dict[str, Any] = dict.fromkeys(cls.__dataclass_fields__)
         values.update(label=label, fleet=fleet, state=state, created_at=created_at)
-        values.update(state_since=created_at, delete_attempts=0)
+        values.update(state_since=created_at, delete_attempts=0, never_revive=False)
         values.update(columns)
         return cls(**values)
 
@@ -361,7 +364,7 @@ class Plan:
     cap: int
     actions: tuple[Action, ...] = ()
     reasons: tuple[str, ...] = ()
-    clamps: tuple[str, ...] = ()
+    clamps: tuple[Clamp, ...] = ()  # each limit that held, as a value (words: describe())
     warnings: tuple[str, ...] = ()
     idle_since: datetime | None = None  # to persist for the next pass
     next_scale_in_at: datetime | None = None  # earliest time a scale-in could happen
@@ -388,7 +391,7 @@ class Plan:
             "floor": self.floor,
             "cap": self.cap,
             "reasons": list(self.reasons),
-            "clamps": list(self.clamps),
+            "clamps": [c.describe() for c in self.clamps],
             "warnings": list(self.warnings),
             "actions": [a.describe() for a in self.actions],
             "next_scale_in_at": self.next_scale_in_at.isoformat()

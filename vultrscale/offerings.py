@@ -6,7 +6,7 @@ price, whether its region's availability lists the plan: ``OfferingCheck``, cach
 for every pass) and whether a create there was refused a short while ago (``OfferingMark``,
 remembered for ``fleet.unavailable_for``). From those it makes one ``OfferingView`` per
 offering: usable, or skipped with the reason. The creates of a pass go to the usable offerings
-in order: a refused create goes on with the next one (``reconcile.apply``), and each
+in order: a refused create goes on with the next one (``apply.apply``), and each
 offering's ``Choice`` bounds how many creates the budget allows at its own plan's price.
 """
 
@@ -19,6 +19,7 @@ from datetime import datetime
 
 from vultrscale import budget
 from vultrscale.config import Config, Offering
+from vultrscale.errors import UsageError
 from vultrscale.model import (
     CAPACITY_STATES,
     Instance,
@@ -38,6 +39,7 @@ __all__ = [
     "jobs_per_instance",
     "of",
     "preference",
+    "refusal",
     "views",
 ]
 
@@ -124,6 +126,30 @@ class OfferingCheck:
     @property
     def usable(self) -> bool:
         return self.price is not None and self.listed and not self.problem
+
+
+def refusal(cfg: Config, checks: Mapping[tuple[str, str], OfferingCheck]) -> UsageError | None:
+    """The refusal of every create when no offering can be used (exit 2): an unknown plan or
+    region, a plan its region does not offer, no usable price, a ceiling below one
+    instance-month. Each offering is named with why; None while one can be used."""
+    why: list[tuple[Offering, str, str]] = []
+    for o in of(cfg):
+        check = checks[(o.region, o.plan)]
+        if not check.usable:
+            why.append((o, check.problem, check.hint))
+        elif check.price is not None and (too_dear := unaffordable(cfg, check.price)):
+            why.append((o, too_dear, "Raise the ceiling or pick a cheaper plan."))
+        else:
+            return None
+    if len(why) == 1:
+        _, problem, hint = why[0]
+        return UsageError(problem, hint=hint)
+    return UsageError(
+        "no offering of the fleet can be created on: "
+        + "; ".join(f"{o.name}: {problem}" for o, problem, _ in why),
+        hint="Fix or replace the [[fleet.offerings]] named; GET /v2/plans and "
+        "GET /v2/regions/<id>/availability list what Vultr offers.",
+    )
 
 
 def unaffordable(cfg: Config, price: PlanPrice) -> str:

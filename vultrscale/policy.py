@@ -22,12 +22,13 @@ Order of the decision (README "The decision"):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from vultrscale import budget, forecast, offerings, waits
 from vultrscale.config import Config, FloorConfig, PolicyConfig, format_duration
+from vultrscale.limits import Clamp, Limit, span
 from vultrscale.model import (
     CAPACITY_STATES,
     Action,
@@ -224,22 +225,66 @@ def drain_window_opens(instance: Instance, now: datetime) -> datetime:
     return max(now, paid_hour_ends(instance, now) - BILLING_HOUR_MARGIN)
 
 
-def _boot_age(instance: Instance, now: datetime) -> timedelta | None:
-    """How long ``boot_timeout`` has been counting for a pending or booting instance."""
+def _boot_since(instance: Instance) -> datetime | None:
+    """Since when ``boot_timeout`` has been counting for a pending or booting instance."""
     since = instance.boot_since or instance.created_at or instance.state_since
-    return None if since is None else budget.utc(now) - budget.utc(since)
+    return None if since is None else budget.utc(since)
+
+
+def replaced_from(instance: Instance, policy: PolicyConfig) -> datetime | None:
+    """The first moment a pending or booting instance is past ``boot_timeout`` (the rule
+    compares ``>``), and is replaced; None: nothing to count from."""
+    since = _boot_since(instance)
+    return None if since is None else since + policy.boot_timeout + budget.PAST
+
+
+def up_cooldown_ends(observation: Observation, policy: PolicyConfig) -> datetime | None:
+    """When the up cool-down lets a scale-up through again: ``scale_up_cooldown`` after the
+    last scale-up; None: none yet."""
+    up = observation.last_scale_up
+    return None if up is None else budget.utc(up) + policy.scale_up_cooldown
+
+
+def scale_in_waits(
+    observation: Observation, policy: PolicyConfig, idle_since: datetime
+) -> list[Clamp]:
+    """What a scale-in waits for on a queue idle since ``idle_since``, each with when it lets
+    go (``until``): the idle window, and the down cool-down since the last scale-up and since
+    an earlier scale-in. Drains within one unbroken idle period are one scale-in, staggered
+    only by billing hours: the cool-down damps flapping, and an empty queue gives nothing to
+    flap on, so a scale-in of this idle period does not start it again."""
+    idle = budget.utc(idle_since)
+    window, cd = policy.idle_before_scale_down, policy.scale_down_cooldown
+    waits = [Clamp(Limit.IDLE_WINDOW, since=idle, window=window, until=idle + window)]
+    if observation.last_scale_up is not None:
+        up = budget.utc(observation.last_scale_up)
+        waits.append(Clamp(Limit.COOLDOWN_DOWN_AFTER_UP, since=up, window=cd, until=up + cd))
+    if observation.last_scale_down is not None and budget.utc(observation.last_scale_down) < idle:
+        down = budget.utc(observation.last_scale_down)
+        waits.append(Clamp(Limit.COOLDOWN_DOWN_AFTER_DOWN, since=down, window=cd, until=down + cd))
+    return waits
+
+
+def next_changes(
+    observation: Observation, plan: Plan, config: Config, now: datetime
+) -> list[datetime]:
+    """When the policy's rules may answer otherwise for the same observation, each as the rule
+    times itself: a floor starting or ending, the forecast's floor moving, the up cool-down
+    ending, the waits of a scale-in ending, the scale-in the billing hour allows
+    (``plan.next_scale_in_at``), a boot passing ``boot_timeout``. Asked apart from ``decide``
+    (``decision.next_change``): the search for a floor's next flip is not every pass's cost."""
+    pol = config.policy
+    times = [next_floor_change(pol, now), plan.next_scale_in_at, up_cooldown_ends(observation, pol)]
+    if plan.idle_since is not None:
+        times += [w.until for w in scale_in_waits(observation, pol, plan.idle_since)]
+    times += forecast_changes(observation, config, now)
+    times += [replaced_from(i, pol) for i in observation.instances if i.state in _BOOT_STATES]
+    return [t for t in times if t is not None]
 
 
 def _youngest_first(instance: Instance) -> tuple[float, str]:
     created = instance.created_at or instance.state_since
     return (-(budget.utc(created).timestamp()) if created else 0.0, instance.label)
-
-
-def _secs(td: timedelta) -> str:
-    s = max(0, math.ceil(td.total_seconds()))
-    if s < 120:
-        return f"{s}s"
-    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
 def _hhmm(dt: datetime) -> str:
@@ -263,7 +308,7 @@ class _Sizing:
         self.now = now
         self.actions: list[Action] = []
         self.reasons: list[str] = []
-        self.clamps: list[str] = []
+        self.clamps: list[Clamp] = []
         self.warnings: list[str] = []
         self.wait: waits.WaitCall | None = None  # the wait rule's estimate, when it ran
 
@@ -359,10 +404,7 @@ class _Sizing:
                     n_now, want, check, on_the_way_out, why="bring the fleet to its floor"
                 )
             elif n_now < floor:
-                self.clamps.append(
-                    f"error hold: on_signal_error=hold keeps {n_now} instance(s) below the floor "
-                    f"of {floor}"
-                )
+                self.clamps.append(Clamp(Limit.ERROR_HOLD, asked=floor, allowed=n_now))
         else:
             needed = desired  # the depth rule's; the wait rule may ask fewer
             if signals is not None and not pol.target_wait.off:
@@ -482,13 +524,14 @@ class _Sizing:
         for inst in capacity:
             if inst.state not in _BOOT_STATES or inst.live_leases:
                 continue
-            age = _boot_age(inst, self.now)
-            if age is not None and age > limit:
+            due, since = replaced_from(inst, self.pol), _boot_since(inst)
+            if due is not None and since is not None and self.now >= due:
+                age = self.now - since
                 out.append(inst)
                 self.actions.append(
                     Action(
                         ActionKind.REPLACE,
-                        f"still {inst.state.value} {_secs(age)} into its boot, past boot_timeout "
+                        f"still {inst.state.value} {span(age)} into its boot, past boot_timeout "
                         f"{format_duration(limit)}: delete it; a new one is created in its place",
                         inst.label,
                     )
@@ -506,57 +549,57 @@ class _Sizing:
     ) -> int:
         pol, obs, now = self.pol, self.obs, self.now
         goal = want
-        if goal > pol.max_instances:
-            self.clamps.append(
-                f"cap: max_instances={pol.max_instances} limits {goal} -> {pol.max_instances}"
-            )
-            goal = pol.max_instances
+        cap = pol.max_instances
+        if goal > cap:
+            self.clamps.append(Clamp(Limit.CAP, asked=goal, allowed=cap, limit=cap))
+            goal = cap
         # Instances on their way out still exist at Vultr (a locked delete can take a while)
         # and are billed: they count toward the hard cap and the budget until they are gone.
         if leaving and goal + leaving > pol.max_instances:
             allowed = max(pol.max_instances - leaving, min(goal, n_now))
             if allowed < goal:
                 self.clamps.append(
-                    f"cap: {leaving} instance(s) still draining or being deleted count toward "
-                    f"max_instances={pol.max_instances}: limits {goal} -> {allowed}"
+                    Clamp(Limit.CAP_LEAVING, asked=goal, allowed=allowed, limit=cap, count=leaving)
                 )
                 goal = allowed
         if check is None:
             if goal > n_now:
-                self.clamps.append(f"budget: plan price unknown, holds {goal} -> {n_now}")
+                self.clamps.append(Clamp(Limit.PRICE_UNKNOWN, asked=goal, allowed=n_now))
             return 0
         if goal + leaving > check.max_total:
             allowed = max(check.max_total - leaving, min(goal, n_now))
-            rule = (
-                "(a) monthly cost"
-                if check.by_monthly <= check.by_month_end
-                else ("(b) this month's bill")
-            )
+            monthly = check.by_monthly <= check.by_month_end  # rule (a), else (b)
             # Named only where it lowers the goal (as the cap's leaving clamp): "limits 5 -> 5"
             # says a larger ceiling would help where only the cap holds the fleet.
             if allowed < goal:
                 self.clamps.append(
-                    f"budget: rule {rule} within ${check.ceiling:.2f} limits {goal} -> {allowed} "
-                    f"({check.reasons[0] if rule.startswith('(a)') else check.reasons[1]})"
+                    Clamp(
+                        Limit.BUDGET_MONTHLY if monthly else Limit.BUDGET_MONTH_BILL,
+                        asked=goal,
+                        allowed=allowed,
+                        limit=check.ceiling,
+                        detail=check.reasons[0] if monthly else check.reasons[1],
+                    )
                 )
             goal = allowed
         if goal <= n_now:
             return 0
-        if obs.last_scale_up is not None:
-            ready_at = budget.utc(obs.last_scale_up) + pol.scale_up_cooldown
-            if now < ready_at:
-                self.clamps.append(
-                    f"cool-down: scale-up waits {_secs(ready_at - now)} more "
-                    f"(scale_up_cooldown={format_duration(pol.scale_up_cooldown)} since the last "
-                    f"scale-up at {_hhmm(obs.last_scale_up)})"
+        ready_at = up_cooldown_ends(obs, pol)
+        if ready_at is not None and now < ready_at:
+            self.clamps.append(
+                Clamp(
+                    Limit.COOLDOWN_UP,
+                    since=ready_at - pol.scale_up_cooldown,
+                    window=pol.scale_up_cooldown,
+                    until=ready_at,
+                    wait=ready_at - now,
                 )
-                return 0
+            )
+            return 0
         n = goal - n_now
         if pol.max_step_up and n > pol.max_step_up:
-            self.clamps.append(
-                f"max_step_up: {pol.max_step_up} limits {n} -> {pol.max_step_up} "
-                "new instance(s) this pass"
-            )
+            step = pol.max_step_up
+            self.clamps.append(Clamp(Limit.STEP, asked=n, allowed=step, limit=step))
             n = pol.max_step_up
         reason = (
             f"{why}; {n_now} counted (pending and booting included), creating {n} toward {goal}"
@@ -597,7 +640,7 @@ class _Sizing:
                     ActionKind.REVIVE,
                     f"{why}; {n_now} counted: reviving {len(chosen)} of {len(candidates)} "
                     f"draining instance(s) instead of booting new ones (worker {inst.service}, "
-                    f"{when}; its delete not sent; {_secs(ends - now)} of its paid hour left, "
+                    f"{when}; its delete not sent; {span(ends - now)} of its paid hour left, "
                     f"until {_hhmm(ends)})",
                     inst.label,
                 )
@@ -621,9 +664,15 @@ class _Sizing:
             )
         if not chosen:
             return []
+        there = len(staying)
         self.clamps.append(
-            f"cap: {len(staying)} instance(s) above max_instances={max_instances}; "
-            f"draining {len(chosen)}"
+            Clamp(
+                Limit.OVER_CAP,
+                asked=there,
+                allowed=there - len(chosen),
+                limit=max_instances,
+                count=len(chosen),
+            )
         )
         for inst in chosen:
             lease = f", {inst.live_leases} job(s) given back" if inst.live_leases else ", idle"
@@ -641,47 +690,16 @@ class _Sizing:
         preferred one that is usable again takes the fleet back), the youngest first within."""
         return (-offerings.preference(self.cfg, instance), *_youngest_first(instance))
 
-    def _scale_in_gate(self, idle_since: datetime | None) -> tuple[datetime | None, list[str]]:
+    def _scale_in_gate(self, idle_since: datetime | None) -> tuple[datetime | None, list[Clamp]]:
         """The earliest time the idle window and the down cool-down allow a scale-in, and the
         clamps that apply now. None: not idle, so no time can be given."""
-        pol, obs = self.pol, self.obs
         if idle_since is None:
             return None, []
-        waits: list[tuple[datetime, str]] = [
-            (
-                budget.utc(idle_since) + pol.idle_before_scale_down,
-                f"idle window: the queue has been empty since {_hhmm(idle_since)}; "
-                f"idle_before_scale_down={format_duration(pol.idle_before_scale_down)}",
-            )
-        ]
-        cd = pol.scale_down_cooldown
-        if obs.last_scale_up is not None:
-            waits.append(
-                (
-                    budget.utc(obs.last_scale_up) + cd,
-                    f"cool-down: scale_down_cooldown={format_duration(cd)} since the last "
-                    f"scale-up at {_hhmm(obs.last_scale_up)}",
-                )
-            )
-        # Drains within one unbroken idle period are one scale-in, staggered only by billing
-        # hours: the cool-down damps flapping, and an empty queue gives nothing to flap on.
-        if obs.last_scale_down is not None and budget.utc(obs.last_scale_down) < budget.utc(
-            idle_since
-        ):
-            waits.append(
-                (
-                    budget.utc(obs.last_scale_down) + cd,
-                    f"cool-down: scale_down_cooldown={format_duration(cd)} since the last "
-                    f"scale-in at {_hhmm(obs.last_scale_down)}",
-                )
-            )
-        gate = max(t for t, _ in waits)
-        clamps = [
-            f"{text}: scale-in waits {_secs(t - self.now)} more"
-            for t, text in waits
-            if t > self.now
-        ]
-        return gate, clamps
+        waits = scale_in_waits(self.obs, self.pol, idle_since)
+        gate = max(w.until for w in waits if w.until is not None)
+        now = self.now
+        held = [replace(w, wait=w.until - now) for w in waits if w.until and w.until > now]
+        return gate, held
 
     def _scale_in(
         self, staying: list[Instance], floor: int, desired: int, idle_since: datetime | None
@@ -713,11 +731,15 @@ class _Sizing:
                     continue
             chosen.append(inst)
         if kept_for_billing and len(chosen) < surplus:
-            first = min(t for _, t in kept_for_billing)
+            first = budget.utc(min(t for _, t in kept_for_billing))
             self.clamps.append(
-                f"billing hour: {len(kept_for_billing)} idle instance(s) already paid for this "
-                f"hour are kept; the first drain is due at {_hhmm(first)} "
-                f"({format_duration(BILLING_HOUR_MARGIN)} before its hour ends)"
+                Clamp(
+                    Limit.BILLING_HOUR,
+                    count=len(kept_for_billing),
+                    window=BILLING_HOUR_MARGIN,
+                    until=first,
+                    wait=first - now,
+                )
             )
         if floor and len(staying) - len(chosen) == floor and surplus > 0:
             self.reasons.append(f"scale-in stops at the floor of {floor}")

@@ -1,6 +1,8 @@
 """The ports of a reconcile pass: the narrow interfaces it acts through.
 
-The pass (``vultrscale.reconcile``) knows nothing of HTTP, SQL or SSH; it talks to these.
+The pass (``vultrscale.reconcile``: ``read`` and ``apply``) knows nothing of HTTP, SQL or SSH;
+it talks to these. The ledger is handed the decision's step values (``decision.Adopt``,
+``decision.Move``), not their fields one by one.
 The adapters are ``vultr.client.VultrClient`` (Cloud), ``db.ledger.PgStore`` (Store: the
 FleetLedger and QueueSignals of one Postgres session), ``ssh.SSHDrain`` (DrainTransport) and
 ``clock.SystemClock`` (Clock). ``vultrscale.memory`` holds in-memory ones for the unit tests
@@ -25,7 +27,6 @@ from vultrscale.clock import Clock as Clock  # the clock port (re-exported)
 from vultrscale.model import (
     FleetState,
     HostTarget,
-    InstanceState,
     LedgerRow,
     PassEvent,
     Plan,
@@ -37,9 +38,10 @@ from vultrscale.model import (
 
 if TYPE_CHECKING:
     from vultrscale.config import Config
+    from vultrscale.decision import Adopt, Move, UpdateAddress
     from vultrscale.errors import SSHError
     from vultrscale.forecast import Bucket, Profile
-    from vultrscale.offerings import OfferingCheck
+    from vultrscale.offerings import Choice, OfferingCheck
     from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
 
@@ -140,48 +142,34 @@ class FleetLedger(Protocol):
         skips the offering until ``until`` (``StoredReads.marks``)."""
         ...
 
-    def insert_intent(
-        self,
-        *,
-        label: str,
-        plan: str,
-        region: str,
-        hourly_rate: float,
-        monthly_cost: float,
-        host_key: str,
-        now: datetime,
-    ) -> None: ...
-    def transition(
-        self,
-        label: str,
-        state: InstanceState,
-        now: datetime,
-        *,
-        instance_id: str | None = None,
-        main_ip: str | None = None,
-        internal_ip: str | None = None,
-        last_error: str | None = None,
-    ) -> None: ...
-    def adopt(
-        self,
-        *,
-        label: str,
-        instance_id: str,
-        state: InstanceState,
-        plan: str,
-        region: str,
-        created_at: datetime,
-        now: datetime,
-        hourly_rate: float | None,
-        monthly_cost: float | None,
-    ) -> None: ...
+    def insert_intent(self, label: str, choice: Choice, host_key: str, now: datetime) -> None:
+        """Write the create intent of a new instance on ``choice``'s offering, at its price,
+        right before its POST: a crash after the POST is found by label."""
+        ...
+
+    def transition(self, move: Move, now: datetime) -> None:
+        """Move the row to ``move.state`` (stamping that state's time, the first time only),
+        with what the cloud showed of it (id, addresses) and its error (None clears it)."""
+        ...
+
+    def adopt(self, step: Adopt, now: datetime) -> None:
+        """Record a tagged instance the ledger did not know (``lifecycle.adoption`` says
+        under which label, and what becomes of a gone row holding it)."""
+        ...
+
     def note_error(self, label: str, error: str, *, delete: bool = False) -> None: ...
-    def update_address(self, label: str, main_ip: str | None, internal_ip: str | None) -> None: ...
+    def update_address(self, step: UpdateAddress) -> None: ...
     def mark_workers_draining(self, labels: Iterable[str]) -> None: ...
     def mark_draining(self, label: str, now: datetime) -> None: ...
     def revive(self, label: str, now: datetime) -> None:
         """A draining row back to running (its ``draining_at`` cleared) and its workers'
         draining flag cleared, in one transaction, before its worker is started again."""
+        ...
+
+    def start_refused(self, label: str, now: datetime, error: str) -> None:
+        """A revived instance whose worker refused to start: its row and workers back to
+        draining, the row never to be revived again (``LedgerRow.never_revive``), with the
+        error, in one transaction."""
         ...
 
     def save_fleet_state(
@@ -290,7 +278,7 @@ class PriceCheck:
 @dataclass(slots=True)
 class PassCache:
     """What one process's passes keep for the next one: the offering checks it made (fresh as long
-    as its copy in the ledger, ``reconcile.PRICE_TTL``) and the snapshot it found complete.
+    as its copy in the ledger, ``read.PRICE_TTL``) and the snapshot it found complete.
     The only state a pass leaves in its parts; a new process starts with an empty one."""
 
     price_check: PriceCheck | None = None

@@ -253,7 +253,7 @@ def plan_lines(plan: Plan, verb: str, head: str = "") -> list[Text]:
         )
     ]
     lines += [plain(f"  why: {reason}") for reason in plan.reasons]
-    lines += [plain(f"  clamp: {clamp}", style="yellow") for clamp in plan.clamps]
+    lines += [plain(f"  clamp: {clamp.describe()}", style="yellow") for clamp in plan.clamps]
     lines += [
         plain(f"  {verb}: {line}", style="cyan")
         for line in grouped(a.describe() for a in plan.actions)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from vultrscale import cli, forecast, reconcile
+from vultrscale import cli, forecast, read
 from vultrscale.clock import FakeClock
 from vultrscale.config import Config, FleetConfig, ForecastConfig, PolicyConfig, Secret, Secrets
 from vultrscale.db import ledger
@@ -200,7 +200,7 @@ def test_a_failed_pass_leaves_the_cached_profile_and_the_next_good_one_saves_it(
     now = MONDAY + 2 * WEEK + 8 * HOUR
     policy = PolicyConfig(min_instances=2, forecast=ForecastConfig(mode="observe"))
     cfg = replace(_config("observe"), policy=policy)  # it creates: the snapshot is needed
-    stale = reconcile.forecast_profile(cfg, PgHistory(db_url), None, now - 2 * HOUR)
+    stale = read.forecast_profile(cfg, PgHistory(db_url), None, now - 2 * HOUR)
     with psycopg.connect(db_url, autocommit=True) as conn:
         ledger.save_forecast_profile(conn, cfg.fleet.name, stale)
     clock = FakeClock(now)

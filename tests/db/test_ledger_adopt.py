@@ -9,8 +9,11 @@ import psycopg
 import pytest
 
 from vultrscale import budget
+from vultrscale.config import Offering
 from vultrscale.db import ledger
-from vultrscale.model import InstanceState, LedgerRow
+from vultrscale.decision import Adopt, Move
+from vultrscale.model import InstanceState, LedgerRow, PlanPrice
+from vultrscale.offerings import Choice
 
 T0 = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
 
@@ -24,19 +27,15 @@ def _adopt(
     state: InstanceState = InstanceState.BOOTING,
     now: datetime | None = None,
 ) -> None:
-    ledger.adopt(
-        conn,
-        fleet=fleet,
-        label=label,
-        instance_id=iid,
-        state=state,
-        plan="vc2-1c-2gb",
-        region="ewr",
-        created_at=created,
-        now=now or created + timedelta(minutes=1),
-        hourly_rate=0.015,
-        monthly_cost=10.0,
-    )
+    step = _step(label, iid, state, created)
+    ledger.adopt(conn, fleet, step, now or created + timedelta(minutes=1))
+
+
+PRICE = PlanPrice("vc2-1c-2gb", 10.0, 0.015)
+
+
+def _step(label: str, iid: str, state: InstanceState, created: datetime) -> Adopt:
+    return Adopt(label, "adopted", iid, state, "vc2-1c-2gb", "ewr", created, PRICE)
 
 
 def test_a_label_used_again_after_its_instance_went_keeps_the_gone_row_and_starts_afresh(
@@ -151,16 +150,9 @@ def test_an_adopted_row_has_no_post_of_ours_and_an_intent_found_booting_has_one(
     adopted, found = T0 + timedelta(hours=2), T0 + timedelta(minutes=2)
     with psycopg.connect(db_url, autocommit=True) as conn:
         _adopt(conn, "hand-1", T0, state=InstanceState.PENDING, now=adopted)
+        choice = Choice(Offering("ewr", "vc2-1c-2gb"), PRICE, 1)
         ledger.insert_intent(
-            conn,
-            fleet="workers",
-            label="worker-lost-answer",
-            plan="vc2-1c-2gb",
-            region="ewr",
-            hourly_rate=0.015,
-            monthly_cost=10.0,
-            host_key="ssh-ed25519 AAAAours",
-            now=T0,
+            conn, "workers", "worker-lost-answer", choice, "ssh-ed25519 AAAAours", T0
         )
         ledger.transition(
             conn,
@@ -214,20 +206,12 @@ def _rows_after(ledger_port: object, history: list[tuple]) -> list[tuple]:
     for step in history:
         if step[0] == "adopt":
             _, iid, label, hours = step
-            ledger_port.adopt(  # type: ignore[attr-defined]
-                label=label,
-                instance_id=iid,
-                state=InstanceState.RUNNING,
-                plan="vc2-1c-2gb",
-                region="ewr",
-                created_at=T0,
-                now=T0 + hours * _H,
-                hourly_rate=0.015,
-                monthly_cost=10.0,
-            )
+            step = _step(label, iid, InstanceState.RUNNING, T0)
+            ledger_port.adopt(step, T0 + hours * _H)  # type: ignore[attr-defined]
         else:
             _, label, hours = step
-            ledger_port.transition(label, InstanceState.GONE, T0 + hours * _H)  # type: ignore[attr-defined]
+            gone = Move(label, "gone", InstanceState.GONE)
+            ledger_port.transition(gone, T0 + hours * _H)  # type: ignore[attr-defined]
     rows = ledger_port.rows(since=budget.month_bounds(T0)[0])  # type: ignore[attr-defined]
     return sorted(
         (r.label, r.instance_id, r.state, r.created_at, r.state_since, r.running_at, r.gone_at)

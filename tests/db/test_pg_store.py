@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from vultrscale.clock import Deadline
-from vultrscale.config import Config
+from vultrscale.config import Config, Offering
 from vultrscale.db import pg, queue
 from vultrscale.db import signals as signals_mod
 from vultrscale.db.ledger import (
@@ -28,7 +28,8 @@ from vultrscale.db.ledger import (
     try_lock,
 )
 from vultrscale.errors import DatabaseError, PassStuck
-from vultrscale.model import StoredReads
+from vultrscale.model import PlanPrice, StoredReads
+from vultrscale.offerings import Choice
 from vultrscale.ssh import fan_out_bound_s
 
 MONTH = datetime(2026, 3, 1, tzinfo=UTC)
@@ -144,16 +145,9 @@ def test_a_pass_stuck_behind_a_lock_fails_within_the_bound_and_frees_the_fleet_l
 
 def _two_instances_one_worker(ledger: Any, at: datetime) -> None:
     assert isinstance(ledger, PgLedger)
+    choice = Choice(Offering("ewr", "vc2-1c-1gb"), PlanPrice("vc2-1c-1gb", 5.0, 0.007), 2)
     for label in ("w-1", "w-2"):
-        ledger.insert_intent(
-            label=label,
-            plan="vc2-1c-1gb",
-            region="ewr",
-            hourly_rate=0.007,
-            monthly_cost=5.0,
-            host_key="",
-            now=at,
-        )
+        ledger.insert_intent(label, choice, "", at)
     queue.register_worker(ledger.conn, "w-1:1", "w-1")
     queue.enqueue(ledger.conn, [{}] * 3)
     ledger.save_fleet_state(at, last_scale_up=at, last_scale_down=None, idle_since=None)

@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from vultrscale import budget
+from vultrscale.config import Offering
 from vultrscale.db import ledger, pg
-from vultrscale.model import InstanceState
+from vultrscale.model import InstanceState, PlanPrice
+from vultrscale.offerings import Choice
 
 # Berlin leaves summer time at 01:00 UTC on 2026-10-25: 00:30 to 02:30 UTC is two hours,
 # 02:30 CEST to 03:30 CET on the wall
@@ -23,17 +25,8 @@ def test_a_gone_instance_across_a_daylight_saving_change_bills_its_real_hours(
     with psycopg.connect(db_url, autocommit=True) as admin:
         (db,) = admin.execute("SELECT current_database()").fetchone() or ("",)
         admin.execute(f"ALTER DATABASE \"{db}\" SET TimeZone = 'Europe/Berlin'")
-        ledger.insert_intent(
-            admin,
-            fleet="workers",
-            label="w-1",
-            plan="vc2-1c-2gb",
-            region="ewr",
-            hourly_rate=0.015,
-            monthly_cost=10.0,
-            host_key="ssh-ed25519 AAAA",
-            now=CREATED,
-        )
+        choice = Choice(Offering("ewr", "vc2-1c-2gb"), PlanPrice("vc2-1c-2gb", 10.0, 0.015), 1)
+        ledger.insert_intent(admin, "workers", "w-1", choice, "ssh-ed25519 AAAA", CREATED)
         ledger.transition(admin, "w-1", InstanceState.GONE, GONE, fleet="workers")
     # every connection of the scaler's (the pass's store, `events`, the replayed history)
     with pg.session(db_url, "reading the ledger") as conn:

@@ -177,3 +177,49 @@ def test_a_revive_clears_the_draining_flag_in_the_same_transaction_as_the_row(
     assert not _draining(conn, "w-s") and q.worker_heartbeat(conn, "w-s") is False
     q.enqueue(conn, [{}])
     assert len(q.claim(conn, "w-s", "default", 1, 30)) == 1
+
+
+def test_a_start_refused_drains_the_instance_again_and_marks_it_never_to_be_revived(
+    conn: psycopg.Connection,
+) -> None:
+    """One transaction: the row and its workers draining, the mark, the error for a person;
+    a later write of last_error (a delete refused, a transition) leaves the mark."""
+    from datetime import UTC, datetime
+
+    from vultrscale.db import ledger
+
+    now = datetime.now(UTC)
+    _instance(conn, "w-x", "running")
+    q.register_worker(conn, "w-x", "w-x")
+    ledger.start_refused(conn, "w-x", now, "systemctl start failed: refused", fleet="workers")
+    assert _draining(conn, "w-x")
+    ledger.note_error(conn, "w-x", "instance locked", fleet="workers", delete=True)
+    (row,) = ledger.rows(conn, "workers")
+    assert (row.state.value, row.never_revive, row.last_error) == (
+        "draining",
+        True,
+        "instance locked",
+    )
+
+
+def test_v10_marks_the_rows_a_refused_start_left_never_to_be_revived(pg_url: str) -> None:
+    """Before v10 the mark was the head of last_error: rows written so keep their meaning."""
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(
+            "CREATE TABLE vultrscale_schema ("
+            " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, sql in schema.MIGRATIONS:
+            if version < 10:
+                c.execute(sql.encode())
+                c.execute("INSERT INTO vultrscale_schema (version) VALUES (%s)", (version,))
+        for label, error in (("w-refused", "systemctl start failed: exit 1"), ("w-ok", None)):
+            c.execute(
+                "INSERT INTO fleet_instances (label, fleet, state, created_at, state_since,"
+                " last_error) VALUES (%s, 'workers', 'draining', now(), now(), %s)",
+                (label, error),
+            )
+    assert schema.migrate(pg_url) == schema.LATEST
+    with psycopg.connect(pg_url) as c:
+        marks = dict(c.execute("SELECT label, never_revive FROM fleet_instances").fetchall())
+    assert marks == {"w-refused": True, "w-ok": False}

@@ -20,9 +20,12 @@ from psycopg import errors
 from tests.e2e.worker_procs import jobs, steps, wait_for
 from vultrscale import config as config_mod
 from vultrscale.cli import main
+from vultrscale.config import Offering
 from vultrscale.db import ledger, roles
 from vultrscale.db import queue as q
 from vultrscale.errors import UsageError
+from vultrscale.model import PlanPrice
+from vultrscale.offerings import Choice
 from vultrscale.worker import Job
 from vultrscale.worker.runtime import Worker, WorkerSettings
 
@@ -211,10 +214,8 @@ def test_the_worker_role_reaps_expired_leases_and_sees_its_instance_draining(
     assert jobs(admin) == {ready[0]: ("ready", 1), poison[0]: ("dead", 1)}
 
     now = datetime.now(UTC)
-    ledger.insert_intent(
-        admin, fleet="f", label="worker-9-abcd", plan="p", region="r",
-        hourly_rate=0.01, monthly_cost=5.0, host_key="", now=now,
-    )  # fmt: skip
+    choice = Choice(Offering("r", "p"), PlanPrice("p", 5.0, 0.01), 1)
+    ledger.insert_intent(admin, "f", "worker-9-abcd", choice, "", now)
     ledger.mark_draining(admin, "worker-9-abcd", now, fleet="f")
     q.register_worker(wconn, "w-9", "worker-9-abcd")
     q.register_worker(wconn, "w-other", "worker-other")

@@ -28,7 +28,6 @@ from vultrscale.decision import (
     MarkDraining,
     Move,
     Note,
-    Readings,
     RetryDelete,
     Revive,
     SaveFleetState,
@@ -37,6 +36,7 @@ from vultrscale.decision import (
     Stop,
     UpdateAddress,
 )
+from vultrscale.errors import DatabaseError
 from vultrscale.memory import (
     SNAPSHOT,
     MemoryCloud,
@@ -54,6 +54,7 @@ from vultrscale.model import (
     Signals,
     WorkerView,
 )
+from vultrscale.readings import Readings
 from vultrscale.vultr.models import VInstance
 
 START = datetime(2026, 5, 11, 9, 0, tzinfo=UTC)
@@ -188,12 +189,13 @@ class Recorded:
 
 
 def _key(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
-    if name in ("ledger.transition",):
-        if kwargs.get("instance_id") and args[1] is S.PENDING:
+    if name == "ledger.transition":
+        move = args[0]
+        if move.instance_id and move.state is S.PENDING:
             return (name,)  # a create's outcome: the label is the pass's own
-        return (name, args[0], args[1])
-    if name in ("ledger.adopt",):
-        return (name, kwargs["label"])
+        return (name, move.label, move.state)
+    if name in ("ledger.adopt", "ledger.update_address"):
+        return (name, args[0].label)
     if name in ("ledger.insert_intent", "cloud.create_instance", "ledger.save_fleet_state"):
         return (name,)
     if name == "ledger.mark_workers_draining":
@@ -494,6 +496,6 @@ def test_an_instance_stuck_in_boot_is_deleted_for_a_replacement_only_with_no_liv
 ) -> None:
     reads = _quiet_worker_past_boot_timeout(signals, live)
     if signals is None:
-        reads = dataclasses.replace(reads, signal_error="queue signals: connection refused")
+        reads = dataclasses.replace(reads, signal_error=DatabaseError("connection refused"))
     d = decision_mod.decide(reads, CFG)
     assert any(isinstance(s, StartDelete) for s in d.steps) is deleted

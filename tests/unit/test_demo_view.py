@@ -20,6 +20,7 @@ from rich.live import Live
 from tests.unit.test_demo_summary import _summary
 from vultrscale import demo
 from vultrscale.cli import views
+from vultrscale.limits import Clamp, Limit
 from vultrscale.model import (
     Action,
     ActionKind,
@@ -50,10 +51,15 @@ LONG_REASONS = (
     "8 instance(s)",
 )
 LONG_CLAMPS = (
-    "cap: max_instances=4 limits 8 -> 4",
-    "cap: 2 instance(s) still draining or being deleted count toward max_instances=4: "
-    "limits 4 -> 2",
-    "cool-down: scale-up waits 3s more (scale_up_cooldown=5s since the last scale-up at 23:00)",
+    Clamp(Limit.CAP, asked=8, allowed=4, limit=4),
+    Clamp(Limit.CAP_LEAVING, asked=4, allowed=2, limit=4, count=2),
+    Clamp(
+        Limit.COOLDOWN_UP,
+        since=NOW - timedelta(seconds=2),
+        window=timedelta(seconds=5),
+        until=NOW + timedelta(seconds=3),
+        wait=timedelta(seconds=3),
+    ),
 )
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from vultrscale.cli.passlog import LogFormat, error_line, metrics_line, pass_line
 from vultrscale.errors import DatabaseError
+from vultrscale.limits import Clamp, Limit
 from vultrscale.model import (
     Action,
     ActionKind,
@@ -23,6 +24,8 @@ from vultrscale.reconcile import PassResult
 
 AT = datetime(2026, 5, 10, 9, 0, 30, tzinfo=UTC)
 SECRET = "s3cret-password-42"
+
+CAP = Clamp(Limit.CAP, asked=8, allowed=5, limit=5)
 
 
 def _result(actions: tuple[Action, ...] | None = None, **kw: object) -> PassResult:
@@ -44,7 +47,7 @@ def _result(actions: tuple[Action, ...] | None = None, **kw: object) -> PassResu
         floor=0,
         cap=5,
         actions=actions,
-        clamps=("max_instances 5",),
+        clamps=(CAP,),
     )
     fields: dict[str, object] = {
         "exit_code": 0,
@@ -63,7 +66,7 @@ def test_the_human_line_says_the_pass_its_fleet_queue_and_actions() -> None:
     assert line == (
         "2026-05-10T09:00:30Z fleet workers pass 41: exit 0 in 0.4s; "
         "instances 2 (1 pending, 1 running); queue 6 ready, 2 in flight, oldest 12.5s; "
-        "desired 2 target 2; clamp: max_instances 5; create: queue needs 2"
+        f"desired 2 target 2; clamp: {CAP.describe()}; create: queue needs 2"
     )
 
 

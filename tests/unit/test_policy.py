@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from vultrscale import budget, policy
 from vultrscale.config import BudgetConfig, Config, FloorConfig, PolicyConfig, QueueConfig
+from vultrscale.limits import Limit
 from vultrscale.model import (
     CAPACITY_STATES,
     ActionKind,
@@ -87,6 +88,15 @@ def labels(plan: Plan, kind: ActionKind) -> list[str]:
     return sorted(a.label or "" for a in plan.actions if a.kind is kind)
 
 
+SEC = timedelta(seconds=1)
+# A limit that must have held: its kind, and the numbers it held by.
+Held = tuple[Limit, dict[str, Any]]
+
+
+def held(kind: Limit, **numbers: Any) -> Held:
+    return kind, numbers
+
+
 IDLE_LONG: dict[str, float] = {"idle_since": 600.0}  # queue empty for 10 minutes
 NO_BILLING: dict[str, Any] = {"billing_hour_aware": False}
 
@@ -142,7 +152,13 @@ CASES = [
         id="in-flight-is-demand-nothing-drained",
     ),
     pytest.param(
-        observe(ready=40), cfg(), 5, [], [], "cap: max_instances=5 limits 10 -> 5", id="cap"
+        observe(ready=40),
+        cfg(),
+        5,
+        [],
+        [],
+        held(Limit.CAP, asked=10, allowed=5, limit=5),
+        id="cap",
     ),
     pytest.param(
         observe(ready=40),
@@ -150,7 +166,7 @@ CASES = [
         2,
         [],
         [],
-        "budget: rule (a)",
+        held(Limit.BUDGET_MONTHLY, asked=5, allowed=2, limit=25.0),
         id="budget-rule-a-limits",
     ),
     pytest.param(
@@ -159,7 +175,7 @@ CASES = [
         5,
         [],
         [],
-        "budget: rule (a) monthly cost within $50.00 limits 6 -> 5",
+        held(Limit.BUDGET_MONTHLY, asked=6, allowed=5, limit=50.0),
         id="budget-one-instance-too-many",
     ),
     pytest.param(
@@ -168,7 +184,7 @@ CASES = [
         0,
         [],
         [],
-        "budget: rule (b)",
+        held(Limit.BUDGET_MONTH_BILL, asked=5, allowed=0, limit=50.0),
         id="budget-rule-b-most-spent",
     ),
     pytest.param(
@@ -177,7 +193,7 @@ CASES = [
         2,
         [],
         [],
-        "max_step_up: 2 limits 5 -> 2",
+        held(Limit.STEP, asked=5, allowed=2, limit=2),
         id="max-step-up",
     ),
     pytest.param(
@@ -186,7 +202,7 @@ CASES = [
         0,
         [],
         [],
-        "cool-down: scale-up waits 42s more",
+        held(Limit.COOLDOWN_UP, since=NOW - 18 * SEC, window=60 * SEC, wait=42 * SEC),
         id="up-cool-down-holds",
     ),
     pytest.param(
@@ -208,7 +224,7 @@ CASES = [
         0,
         [],
         [],
-        "budget: plan price unknown",
+        held(Limit.PRICE_UNKNOWN, asked=3, allowed=0),
         id="price-unknown-no-create",
     ),
     # --- errors hold ------------------------------------------------------------------------
@@ -218,7 +234,7 @@ CASES = [
         0,
         [],
         [],
-        "error hold",
+        held(Limit.ERROR_HOLD, asked=1, allowed=0),
         id="signals-unreadable-hold",
     ),
     pytest.param(
@@ -291,8 +307,7 @@ CASES = [
         0,
         [],
         [],
-        "idle window: the queue has been empty since 11:59:00 UTC; idle_before_scale_down=90s: "
-        "scale-in waits 30s more",
+        held(Limit.IDLE_WINDOW, since=NOW - 60 * SEC, window=90 * SEC, wait=30 * SEC),
         id="idle-window-not-over",
     ),
     pytest.param(
@@ -301,7 +316,7 @@ CASES = [
         0,
         [],
         [],
-        "since the last scale-up at 11:58:00 UTC: scale-in waits 3m00s more",
+        held(Limit.COOLDOWN_DOWN_AFTER_UP, since=NOW - 120 * SEC, wait=180 * SEC),
         id="down-cool-down-after-scale-up",
     ),
     pytest.param(
@@ -310,7 +325,7 @@ CASES = [
         0,
         [],
         [],
-        "since the last scale-in at 11:56:00 UTC: scale-in waits 60s more",
+        held(Limit.COOLDOWN_DOWN_AFTER_DOWN, since=NOW - 240 * SEC, wait=60 * SEC),
         id="down-cool-down-after-earlier-scale-in",
     ),
     pytest.param(
@@ -342,7 +357,7 @@ CASES = [
         0,
         ["idle1", "idle2"],
         [],
-        "cap: 7 instance(s) above max_instances=5; draining 2",
+        held(Limit.OVER_CAP, asked=7, allowed=5, limit=5, count=2),
         id="over-cap-drains-idle-ones-first",
     ),
     pytest.param(
@@ -364,8 +379,7 @@ CASES = [
         0,
         [],
         [],
-        "billing hour: 1 idle instance(s) already paid for this hour are kept; the first drain "
-        "is due at 12:25:00 UTC",
+        held(Limit.BILLING_HOUR, count=1, until=t(2026, 11, 10, 12, 25)),
         id="billing-hour-keeps-a-paid-instance",
     ),
     pytest.param(
@@ -374,7 +388,7 @@ CASES = [
         0,
         ["r1", "r2"],
         [],
-        "billing hour: 1 idle instance(s) already paid for this hour are kept",
+        held(Limit.BILLING_HOUR, count=1),
         id="billing-hour-drains-near-the-end",
     ),
     # --- replace ----------------------------------------------------------------------------
@@ -393,7 +407,7 @@ CASES = [
         0,
         [],
         ["b1"],
-        "cool-down: scale-up waits 30s more",
+        held(Limit.COOLDOWN_UP, wait=30 * SEC),
         id="stuck-booting-replaced-create-waits-cool-down",
     ),
     pytest.param(
@@ -415,14 +429,18 @@ def test_decide_table(
     creates: int,
     drains: list[str],
     replaces: list[str],
-    clamp: str | None,
+    clamp: Held | None,
 ) -> None:
     plan = decide(observation, config, NOW)
     assert plan.creates == creates, plan
     assert labels(plan, ActionKind.DRAIN) == drains, plan
     assert labels(plan, ActionKind.REPLACE) == replaces, plan
     if clamp is not None:
-        assert any(clamp in c for c in plan.clamps), plan.clamps
+        kind, numbers = clamp
+        assert any(
+            c.kind is kind and all(getattr(c, k) == v for k, v in numbers.items())
+            for c in plan.clamps
+        ), plan.clamps
     staying = sum(1 for i in observation.instances if i.state in CAPACITY_STATES) - len(replaces)
     assert plan.target == staying + creates - len(drains)
     assert all(a.reason.strip() for a in plan.actions)
@@ -796,7 +814,7 @@ def test_invariants(scenario: tuple[Observation, Config, datetime]) -> None:
         if any(a.kind is kind for a in plan.actions):
             event(f"{kind.value}{' while holding' if holding else ''}")
     for clamp in plan.clamps:
-        event(f"clamp {clamp.split(':')[0]}")
+        event(f"clamp {clamp.kind.value}")
 
     assert plan.target == after
     assert plan.capacity == len(capacity)
@@ -1036,5 +1054,5 @@ def test_the_budget_is_named_only_where_it_lowered_the_scale_up() -> None:
     o = observe(*running, vm("d1", 50, state=S.DRAINING), ready=40)
     plan = decide(o, cfg(ceiling=50.0), NOW)
     assert plan.creates == 0
-    assert any(c.startswith("cap:") for c in plan.clamps)
-    assert not any(c.startswith("budget:") for c in plan.clamps), plan.clamps
+    assert any(c.kind.rule == "cap" for c in plan.clamps)
+    assert not any(c.kind.rule == "budget" for c in plan.clamps), plan.clamps

@@ -14,6 +14,7 @@ from vultrscale import budget, metrics, ssh
 from vultrscale import config as config_mod
 from vultrscale.clock import FakeClock
 from vultrscale.errors import EXIT_USAGE, HostKeyMismatch, SSHError, UsageError
+from vultrscale.limits import Limit
 from vultrscale.memory import (
     SNAPSHOT,
     MemoryCloud,
@@ -33,7 +34,8 @@ from vultrscale.model import (
     WorkerView,
 )
 from vultrscale.ports import PassCache
-from vultrscale.reconcile import PRICE_TTL, Parts, PassResult, run_forever, run_pass
+from vultrscale.read import PRICE_TTL
+from vultrscale.reconcile import Parts, PassResult, run_forever, run_pass
 from vultrscale.vultr.errors import ApiUnreachable, AuthError
 from vultrscale.vultr.models import VInstance, VPlan
 
@@ -794,6 +796,7 @@ def test_a_pass_cut_short_after_its_post_still_starts_the_scale_up_cool_down(
     """The fleet state is written at the end of a pass: a pass whose ledger failed after its
     POST, or whose only POST had an unclear outcome, left last_scale_up unwritten, and the
     next pass 30 s later created again, past the 60 s cool-down and max_step_up's pace."""
+    from vultrscale.decision import Move
     from vultrscale.errors import DatabaseError
     from vultrscale.vultr.errors import AmbiguousCreate
 
@@ -802,11 +805,11 @@ def test_a_pass_cut_short_after_its_post_still_starts_the_scale_up_cool_down(
     ledger, cloud = fleet.ledger, fleet.cloud
     transition, create = ledger.transition, cloud.create_instance
 
-    def failing_transition(label: str, state: S, now: datetime, **kw: Any) -> None:
-        if state is S.PENDING:
+    def failing_transition(move: Move, now: datetime) -> None:
+        if move.state is S.PENDING:
             ledger.transition = transition  # type: ignore[method-assign]
             raise DatabaseError("fleet ledger: moving to pending: server closed the connection")
-        transition(label, state, now, **kw)
+        transition(move, now)
 
     def answer_lost(**kw: Any) -> VInstance:
         cloud.create_instance = create  # type: ignore[method-assign]
@@ -824,7 +827,8 @@ def test_a_pass_cut_short_after_its_post_still_starts_the_scale_up_cool_down(
     fleet.clock.advance(30)
     held = fleet.run()
     assert cloud.posts == 1, held.actions
-    assert held.plan is not None and any("cool-down" in c for c in held.plan.clamps)
+    assert held.plan is not None
+    assert any(c.kind is Limit.COOLDOWN_UP for c in held.plan.clamps)
 
 
 class _ShortList:

@@ -20,14 +20,13 @@ from vultrscale.decision import (
     Create,
     Decision,
     FlagWorkersDraining,
-    Readings,
     Revive,
     SaveFleetState,
     StartDelete,
     Stop,
     decide,
 )
-from vultrscale.errors import HostKeyMismatch
+from vultrscale.errors import DatabaseError, HostKeyMismatch
 from vultrscale.memory import MemoryStore
 from vultrscale.model import (
     ActionKind,
@@ -40,6 +39,7 @@ from vultrscale.model import (
     WorkerView,
 )
 from vultrscale.ports import Parts
+from vultrscale.readings import Readings
 from vultrscale.simulate.workload import Trace
 from vultrscale.simulate.world import RESTART_SECONDS, World
 from vultrscale.vultr.models import VInstance
@@ -99,7 +99,7 @@ def _readings(
         price=PlanPrice("vc2-1c-2gb", 10.0, 0.015),
         state=FleetState(),
         probes=probes,
-        signal_error=None if signals else "queue unreadable",
+        signal_error=None if signals else DatabaseError("queue unreadable"),
     )
 
 
@@ -275,7 +275,7 @@ def test_a_start_refused_is_the_instance_s_error_and_it_drains_again_with_a_crea
     assert any(e.startswith(f"{a}: systemctl start failed") for e in result.errors)
     # Back to draining, its worker flagged: not counted as capacity, so the next pass creates
     # in its place at once (not after boot_timeout), and never a lost job.
-    assert fleet.states()[a] == "draining"
+    assert fleet.states()[a] == "draining" and fleet.ledger.instances[a].never_revive
     before = fleet.cloud.posts
     # past the cool-down of this pass's own create of the third instance: the next pass deletes
     # it (inactive; at max_instances=3 it still counts), the one after creates in its place

@@ -31,10 +31,10 @@ from vultrscale.model import Signals, WorkerView
 from vultrscale.simulate import compare, workload
 from vultrscale.simulate.fleet import Vultrscale
 
-# The pass's own steps and the pure core they call (README "How it works": observe -> decide
+# The pass's own stages and the pure core they call (README "How it works": read -> decide
 # -> apply).
 SPIED: list[tuple[Any, str]] = [
-    (reconcile, "observe"),
+    (reconcile, "read"),
     (reconcile, "decide"),
     (reconcile, "apply"),
     (lifecycle, "sync"),
@@ -104,8 +104,8 @@ def test_the_simulator_calls_what_the_reconcile_pass_calls(calls: Counter[str]) 
     pol = Vultrscale(CFG, compare.plan_price(CFG), trace.epoch)
     world, stats = compare.play(pol, trace, CFG, setup)
     assert set(calls) == reference
-    # One observe, decide and apply per pass that ran; the lifecycle and the policy each time.
-    assert calls["vultrscale.reconcile.observe"] == stats.passes
+    # One read, decide and apply per pass that ran; the lifecycle and the policy each time.
+    assert calls["vultrscale.reconcile.read"] == stats.passes
     assert calls["vultrscale.reconcile.apply"] == stats.passes
     assert calls["vultrscale.policy.decide"] == stats.passes
     assert world.c.drains > 0 and world.c.deletes > 0 and world.c.finished == len(trace)

@@ -353,7 +353,7 @@ def forecast_cmd(
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from vultrscale import boottime, forecast, offerings, reconcile
+    from vultrscale import boottime, forecast, offerings, read
     from vultrscale.db import ledger, pg
     from vultrscale.db.history import PgHistory, has_history
     from vultrscale.db.presets import PRESETS
@@ -380,7 +380,7 @@ def forecast_cmd(
         )
     fresh = cached is not None and cached.fresh(cfg.policy.forecast, now)
     history = PgHistory(url, cfg.queue.queue, cfg.queue.preset)
-    profile = reconcile.forecast_profile(cfg, history, cached, now)
+    profile = read.forecast_profile(cfg, history, cached, now)
     # the lead the pass uses: the boot time learned from the same boots
     lead = boottime.learn(boots, cfg.policy.boot_time, now).estimate
     # new instances go to the first offering (the pass prefers the one its price is of)

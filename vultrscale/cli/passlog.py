@@ -71,7 +71,7 @@ def pass_record(result: PassResult, fleet: str) -> dict[str, Any]:
         record["month_to_date_usd"] = summary["month_to_date_usd"]
     if plan is not None:
         record["desired"], record["target"] = plan.desired, plan.target
-        record["clamps"] = list(plan.clamps)
+        record["clamps"] = [c.describe() for c in plan.clamps]
     record["actions"] = [_action(a) for a in result.action_rows()]
     record["errors"] = list(result.errors)
     return record

@@ -56,7 +56,9 @@ from vultrscale.config.secrets import (
     Secrets,
     api_url_problem,
 )
-from vultrscale.config.values import (
+from vultrscale.errors import ConfigError, UsageError
+from vultrscale.redaction import mask_url, url_password
+from vultrscale.values import (
     DURATION_FORM,
     MAX_DURATION,
     duration_range,
@@ -66,8 +68,6 @@ from vultrscale.config.values import (
     to_duration,
     toml_value,
 )
-from vultrscale.errors import ConfigError, UsageError
-from vultrscale.redaction import mask_url, url_password
 from vultrscale.workerunit import (
     RESTART_SECONDS,
     START_LIMIT_BURST,

@@ -43,7 +43,9 @@ from vultrscale.ports import QueueSignals, Session
 
 if TYPE_CHECKING:
     from vultrscale.config import Config, QueueConfig
+    from vultrscale.decision import Adopt, Move, UpdateAddress
     from vultrscale.forecast import Profile
+    from vultrscale.offerings import Choice
 
 
 _LOCK_NAMESPACE = 0x56534C  # "VSL": keeps our advisory locks apart from an app's own
@@ -142,7 +144,7 @@ def lock_holder(conn: psycopg.Connection[Any], fleet: str) -> LockHolder | None:
 _COLUMNS = (
     "label, fleet, state, instance_id, plan, region, hourly_rate, monthly_cost, host_key, "
     "main_ip, internal_ip, created_at, posted_at, active_at, running_at, draining_at, "
-    "deleting_at, gone_at, state_since, delete_attempts, last_error"
+    "deleting_at, gone_at, state_since, delete_attempts, last_error, never_revive"
 )
 _FIELDS = tuple(c.strip() for c in _COLUMNS.split(","))
 _STATES = {s.value: s for s in InstanceState}
@@ -286,43 +288,28 @@ def reads(
 
 def insert_intent(
     conn: psycopg.Connection[Any],
-    *,
     fleet: str,
     label: str,
-    plan: str,
-    region: str,
-    hourly_rate: float,
-    monthly_cost: float,
+    choice: Choice,
     host_key: str,
     now: datetime,
 ) -> None:
     """Write the create intent before the POST, so a crash after it is found by label."""
+    o, price = choice.offering, choice.price
     conn.execute(
         "INSERT INTO fleet_instances (label, fleet, state, plan, region, hourly_rate, "
         "monthly_cost, host_key, created_at, state_since) "
         "VALUES (%s, %s, 'creating', %s, %s, %s, %s, %s, %s, %s)",
-        (label, fleet, plan, region, hourly_rate, monthly_cost, host_key, now, now),
+        (label, fleet, o.plan, o.region, price.hourly, price.monthly, host_key, now, now),
     )
 
 
-def adopt(
-    conn: psycopg.Connection[Any],
-    *,
-    fleet: str,
-    label: str,
-    instance_id: str,
-    state: InstanceState,
-    plan: str,
-    region: str,
-    created_at: datetime,
-    now: datetime,
-    hourly_rate: float | None,
-    monthly_cost: float | None,
-) -> None:
+def adopt(conn: psycopg.Connection[Any], fleet: str, step: Adopt, now: datetime) -> None:
     """Record a tagged instance the ledger did not know (made by hand, or a lost intent),
     where ``lifecycle.adoption`` says: its own gone row revived, another instance's gone row
     under ``label`` kept under its retired label, a live row of another fleet left alone."""
     note = "adopted: tagged at Vultr but missing from the ledger"
+    label, instance_id, state, price = step.label, step.instance_id, step.state, step.price
     with conn.transaction():
         held = conn.execute(
             "SELECT state, instance_id, gone_at FROM fleet_instances WHERE label = %s FOR UPDATE",
@@ -368,11 +355,11 @@ def adopt(
                     fleet,
                     state.value,
                     instance_id,
-                    plan,
-                    region,
-                    hourly_rate,
-                    monthly_cost,
-                    created_at,
+                    step.plan,
+                    step.region,
+                    price.hourly if price else None,
+                    price.monthly if price else None,
+                    step.created_at,
                     None,  # posted_at: never POSTed by this scaler (LedgerRow.boot_since)
                     now if state is InstanceState.RUNNING else None,
                     now,
@@ -509,6 +496,20 @@ def mark_draining(conn: psycopg.Connection[Any], label: str, now: datetime, *, f
     """Mark the instance and its workers draining in one transaction, before the SSH stop."""
     with conn.transaction():
         transition(conn, label, InstanceState.DRAINING, now, fleet=fleet)
+        conn.execute("UPDATE workers SET draining = true WHERE instance_label = %s", (label,))
+
+
+def start_refused(
+    conn: psycopg.Connection[Any], label: str, now: datetime, error: str, *, fleet: str
+) -> None:
+    """A revive whose `systemctl start` was refused: the row and its workers back to draining,
+    the row never to be revived again, with the error, in one transaction."""
+    with conn.transaction():
+        transition(conn, label, InstanceState.DRAINING, now, fleet=fleet, last_error=error)
+        conn.execute(
+            "UPDATE fleet_instances SET never_revive = true WHERE label = %s AND fleet = %s",
+            (label, fleet),
+        )
         conn.execute("UPDATE workers SET draining = true WHERE instance_label = %s", (label,))
 
 
@@ -736,25 +737,35 @@ class PgLedger:
         with self._t("saving the forecast profile"):
             save_forecast_profile(self.conn, self.fleet, profile)
 
-    def insert_intent(self, **kw: Any) -> None:
-        with self._t(f"writing the create intent of {kw['label']}"):
-            insert_intent(self.conn, fleet=self.fleet, **kw)
+    def insert_intent(self, label: str, choice: Choice, host_key: str, now: datetime) -> None:
+        with self._t(f"writing the create intent of {label}"):
+            insert_intent(self.conn, self.fleet, label, choice, host_key, now)
 
-    def transition(self, label: str, state: InstanceState, now: datetime, **kw: Any) -> None:
-        with self._t(f"moving {label} to {state.value}"):
-            transition(self.conn, label, state, now, fleet=self.fleet, **kw)
+    def transition(self, move: Move, now: datetime) -> None:
+        with self._t(f"moving {move.label} to {move.state.value}"):
+            transition(
+                self.conn,
+                move.label,
+                move.state,
+                now,
+                fleet=self.fleet,
+                instance_id=move.instance_id,
+                main_ip=move.main_ip,
+                internal_ip=move.internal_ip,
+                last_error=move.error,
+            )
 
-    def adopt(self, **kw: Any) -> None:
-        with self._t(f"adopting {kw['label']}"):
-            adopt(self.conn, fleet=self.fleet, **kw)
+    def adopt(self, step: Adopt, now: datetime) -> None:
+        with self._t(f"adopting {step.label}"):
+            adopt(self.conn, self.fleet, step, now)
 
     def note_error(self, label: str, error: str, *, delete: bool = False) -> None:
         with self._t(f"noting an error of {label}"):
             note_error(self.conn, label, error, fleet=self.fleet, delete=delete)
 
-    def update_address(self, label: str, main_ip: str | None, internal_ip: str | None) -> None:
-        with self._t(f"updating the address of {label}"):
-            update_address(self.conn, label, main_ip, internal_ip, fleet=self.fleet)
+    def update_address(self, step: UpdateAddress) -> None:
+        with self._t(f"updating the address of {step.label}"):
+            update_address(self.conn, step.label, step.main_ip, step.internal_ip, fleet=self.fleet)
 
     def mark_workers_draining(self, labels: Iterable[str]) -> None:
         with self._t("marking workers draining"):
@@ -767,6 +778,10 @@ class PgLedger:
     def revive(self, label: str, now: datetime) -> None:
         with self._t(f"reviving {label}"):
             revive(self.conn, label, now, fleet=self.fleet)
+
+    def start_refused(self, label: str, now: datetime, error: str) -> None:
+        with self._t(f"marking {label} never to be revived"):
+            start_refused(self.conn, label, now, error, fleet=self.fleet)
 
     def save_fleet_state(self, now: datetime, **kw: Any) -> None:
         with self._t("saving the fleet state"):

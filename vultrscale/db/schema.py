@@ -205,6 +205,14 @@ CREATE INDEX IF NOT EXISTS fleet_instances_boots_idx ON fleet_instances (fleet, 
     WHERE posted_at IS NOT NULL AND running_at IS NOT NULL;
 """
 
+# v10: an instance whose worker refused to start again (a revive's `systemctl start` failed)
+# is never revived again: a column, where it was the head of last_error's free text (which a
+# later transition overwrites). Rows marked so before keep their meaning.
+_V10 = """
+ALTER TABLE fleet_instances ADD COLUMN IF NOT EXISTS never_revive boolean NOT NULL DEFAULT false;
+UPDATE fleet_instances SET never_revive = true WHERE last_error LIKE 'systemctl start failed%';
+"""
+
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1),
     (2, _V2),
@@ -214,6 +222,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     (7, _V7),
     (8, _V8),
     (9, _V9),
+    (10, _V10),
 )
 """(version, SQL) in order. Append new versions; never edit one that has shipped. Versions
 are applied when missing, not only when above the highest applied one, so versions numbered

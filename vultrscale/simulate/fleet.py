@@ -257,10 +257,10 @@ class SimLedger(MemoryLedger):
             self.failed.append(f"{event['at'].isoformat()}: {'; '.join(event['errors'])}")
         return self.passes
 
-    def transition(self, label: str, state: InstanceState, now: datetime, **kw: Any) -> None:
-        super().transition(label, state, now, **kw)
-        if state is InstanceState.GONE and label in self.instances:
-            self._fold(self.instances.pop(label))
+    def transition(self, move: decision.Move, now: datetime) -> None:
+        super().transition(move, now)
+        if move.state is InstanceState.GONE and move.label in self.instances:
+            self._fold(self.instances.pop(move.label))
 
     def boots(self) -> list[LedgerRow]:
         return boottime.newest_boots([*self._gone_boots, *self.instances.values()])
@@ -306,19 +306,6 @@ def folded_row(fleet: str, month_start: datetime, total: float) -> LedgerRow:
         monthly_cost=total,
         gone_at=month_start + budget.HOUR,
     )
-
-
-def scale_up_limit(clamp: str) -> str | None:
-    """The limit a plan's clamp names when it held back a scale-up (cap, budget, cool-down,
-    max_step_up); None for the scale-in clamps (idle window, billing hour, down cool-down)."""
-    name = clamp.partition(":")[0]
-    if name == "cap" and "draining" in clamp:  # above the cap: a scale-in
-        return None
-    if name in ("cap", "budget", "max_step_up") or (
-        name == "cool-down" and "scale-up waits" in clamp
-    ):
-        return name
-    return None
 
 
 class Vultrscale:
@@ -391,7 +378,8 @@ class Vultrscale:
             self._steady_until = math.inf if until is None else self._seconds(until)
             self._inputs_then = self._inputs(world)
         if result.plan is not None:
-            self.bound.update(n for c in result.plan.clamps if (n := scale_up_limit(c)))
+            # The limits that held back a scale-up (cap, budget, cool-down, max_step_up).
+            self.bound.update(c.kind.rule for c in result.plan.clamps if c.kind.holds_scale_up)
 
     def _observe_world(self, world: World) -> None:
         """What the queue and the workers table say now: heartbeats and leases."""

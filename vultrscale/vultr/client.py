@@ -497,7 +497,7 @@ class VultrClient:
     def list_plans(self, plan_type: str | None = None) -> list[VPlan]:
         """Every plan (all pages) of ``plan_type`` (``vc2``, ``vhf``, ...; None: the API's
         default), as Vultr prices them now. Not cached here: how long a price may be trusted
-        is the reconcile pass's decision (``reconcile.PRICE_TTL``), and a client lives as long
+        is the reconcile pass's decision (``read.PRICE_TTL``), and a client lives as long
         as ``reconcile --loop`` does."""
         items = self._paginate("/v2/plans", "plans", {"type": plan_type})
         return [VPlan.from_api(d) for d in items]

@@ -7,11 +7,12 @@ left out of ``repr`` and equality.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from vultrscale.model import frozen_from
+from vultrscale.model import PlanPrice, frozen_from
 
 
 def _str(data: dict[str, Any], key: str) -> str:
@@ -173,6 +174,18 @@ class VPlan:
     type: str = ""
     locations: tuple[str, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def price(self) -> PlanPrice | None:
+        """The plan's price; None when Vultr lists none usable. No price is not a price of
+        zero: a monthly_cost absent, null or unreadable (parsed as 0.0), read as $0, would pass
+        every ceiling, and the budget would limit nothing."""
+        monthly, hourly = self.monthly_cost, self.hourly_cost
+        if not (math.isfinite(monthly) and monthly > 0) or (
+            hourly is not None and not (math.isfinite(hourly) and hourly > 0)
+        ):
+            return None
+        return PlanPrice(self.id, monthly, hourly)
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> VPlan:
