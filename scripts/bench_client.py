@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
-from vultrscale.clock import SystemClock
-from vultrscale.sim import Simulator, start_server
+from vultrscale.core.clock import SystemClock
+from vultrscale.fake_vultr import Simulator, start_server
 from vultrscale.vultr.client import PER_PAGE, VultrClient
 
 KEY = "bench-key-0123456789abcdef"

@@ -43,7 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.e2e import sshd_hosts  # noqa: E402
-from vultrscale.model import HostTarget  # noqa: E402
+from vultrscale.core.model import HostTarget  # noqa: E402
 from vultrscale.ssh import SSHDrain  # noqa: E402
 
 SERVICE = """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: the policy's defaults on the workload suite, against the depth rule, KEDA-style,
-hindsight and one always-on instance (vultrscale/simulate/suite.py says what a cell is).
+hindsight and one always-on instance (vultrscale/replay/suite.py says what a cell is).
 
 Prints one line per cell (cost in dollars and p50/p95 wait of each row, jobs lost) and then,
 for each candidate, the summary the defaults are chosen by (docs/policy.md "How the defaults
@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from vultrscale import config as config_mod
-from vultrscale.simulate import suite
+from vultrscale.replay import suite
 
 
 def _settings(items: list[str]) -> dict[str, object]:

@@ -75,10 +75,13 @@ import httpx
 import psycopg
 
 from vultrscale import config as config_mod
-from vultrscale import lifecycle, read, reconcile
-from vultrscale.clock import FakeClock
+from vultrscale import read, reconcile
 from vultrscale.config import Offering
+from vultrscale.core.clock import FakeClock
+from vultrscale.core.model import InstanceState, PlanPrice, Signals, WorkerView
 from vultrscale.db import ledger, queue, schema, throwaway
+from vultrscale.fake_vultr.app import Simulator, Timings
+from vultrscale.fake_vultr.server import start_server
 from vultrscale.memory import (
     SNAPSHOT,
     MemoryCloud,
@@ -87,13 +90,11 @@ from vultrscale.memory import (
     MemorySignals,
     memory_parts,
 )
-from vultrscale.model import InstanceState, PlanPrice, Signals, WorkerView
-from vultrscale.offerings import Choice
 from vultrscale.ports import PassCache
-from vultrscale.readings import Readings
 from vultrscale.reconcile import Parts, run_pass
-from vultrscale.sim.app import Simulator, Timings
-from vultrscale.sim.server import start_server
+from vultrscale.rules import lifecycle
+from vultrscale.rules.offerings import Choice
+from vultrscale.rules.readings import Readings
 from vultrscale.vultr.client import VultrClient
 from vultrscale.wiring import build_parts
 

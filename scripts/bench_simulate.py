@@ -4,7 +4,7 @@
 Generates the workload once (default: 30 days of ``bursty-day`` at 10,000 jobs per weekday,
 seed 0), then runs only the vultrscale policy over it ``--runs`` times with the default config
 and prints each run's wall and CPU time, the medians, and how many passes ran and were skipped
-(a pass is skipped only where it provably changes nothing, see vultrscale/simulate/engine.py).
+(a pass is skipped only where it provably changes nothing, see vultrscale/replay/engine.py).
 Target: a median under 10 s on a 2-core machine. On a busy machine the CPU time is the fairer
 number: it is what the wall time would be with a core to itself.
 
@@ -19,8 +19,8 @@ import statistics
 import time
 
 from vultrscale.config import Config
-from vultrscale.simulate import compare, workload
-from vultrscale.simulate.fleet import Vultrscale
+from vultrscale.replay import compare, workload
+from vultrscale.replay.fleet import Vultrscale
 
 
 def main() -> int:

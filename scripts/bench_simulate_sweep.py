@@ -24,7 +24,7 @@ import statistics
 import time
 
 from vultrscale.config import Config
-from vultrscale.simulate import compare, workload
+from vultrscale.replay import compare, workload
 
 GRID = (
     ("policy.idle_before_scale_down", ["90s", "5m", "15m", "30m"]),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vultrscale.clock import PASS_DEADLINE_S, Deadline  # noqa: E402
+from vultrscale.core.clock import PASS_DEADLINE_S, Deadline  # noqa: E402
 from vultrscale.errors import VultrscaleError  # noqa: E402
 from vultrscale.vultr.client import VultrClient  # noqa: E402
 

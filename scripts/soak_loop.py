@@ -28,7 +28,8 @@ The drain (--ssh):
 - ``stand-in`` (the default): answered in memory, no SSH at all;
 - ``real``: the drain `reconcile --loop` builds (an ``SSHDrain`` made on first use in a pass
   and closed after it: paramiko, the host key pinned per instance, the scaler's key from a
-  0600 file), against the demo's simulated hosts' SSH servers (``vultrscale.sim.hosts``) in the
+  0600 file), against the demo's simulated hosts' SSH servers
+  (``vultrscale.fake_vultr.hosts``) in the
   simulator's child process: each instance of the fleet gets one on its own 127.0.0.x address,
   all on one port, presenting the host key from its user-data, letting in only the scaler's
   key, and answering `systemctl is-active` "active" until `systemctl stop`, then "inactive"
@@ -67,10 +68,10 @@ import psycopg
 from vultrscale import config as config_mod
 from vultrscale import metrics as metrics_mod
 from vultrscale.cli import passlog
+from vultrscale.core.model import HostTarget, ServiceState
 from vultrscale.db import queue, schema, throwaway
 from vultrscale.db.ledger import PgStore
 from vultrscale.errors import SSHError
-from vultrscale.model import HostTarget, ServiceState
 from vultrscale.reconcile import Parts, PassResult, run_forever
 from vultrscale.ssh import generate_host_key
 from vultrscale.vultr.client import VultrClient
@@ -90,10 +91,10 @@ def _serve(conn: Connection, real_ssh: bool = False) -> None:
     """The child: the simulator on loopback with a fake clock; commands come over ``conn``.
     With ``real_ssh``, each instance also gets an SSH server on its own 127.0.0.x address
     (``SSHServers``), all on one port: sent with the simulator's URL."""
-    from vultrscale.clock import FakeClock
-    from vultrscale.sim.app import Simulator, Timings
-    from vultrscale.sim.hosts import LoopbackIps
-    from vultrscale.sim.server import start_server
+    from vultrscale.core.clock import FakeClock
+    from vultrscale.fake_vultr.app import Simulator, Timings
+    from vultrscale.fake_vultr.hosts import LoopbackIps
+    from vultrscale.fake_vultr.server import start_server
 
     clock = FakeClock(START)
     # The servers' paramiko logs a peer that closed with data unread ("Socket exception:
@@ -171,20 +172,20 @@ class StandInUnit:
 
 
 class SSHServers:
-    """In the child: the demo's simulated hosts' SSH side (``vultrscale.sim.hosts``): each
+    """In the child: the demo's simulated hosts' SSH side (``vultrscale.fake_vultr.hosts``): each
     booted instance of the fleet gets an SSH server on its 127.0.0.x address that presents the
     host key from its user-data, lets in only the scaler's key and answers the scaler's three
     commands from a ``StandInUnit``; deleted instances are powered off."""
 
     def __init__(self, port: int) -> None:
-        from vultrscale.sim.hosts import SSHCounters
+        from vultrscale.fake_vultr.hosts import SSHCounters
 
         self.port = port
         self.counters = SSHCounters()
         self.hosts: dict[str, Any] = {}  # instance id -> SimulatedHost
 
     def on_instance_ready(self, instance: dict[str, Any], user_data: str) -> None:
-        from vultrscale.sim.hosts import SimulatedHost, parse_user_data
+        from vultrscale.fake_vultr.hosts import SimulatedHost, parse_user_data
 
         if TAG not in (instance.get("tags") or []):
             return

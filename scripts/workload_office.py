@@ -23,7 +23,7 @@ import argparse
 import random
 import sys
 
-from vultrscale.simulate import workload
+from vultrscale.replay import workload
 
 
 def jobs(days: int, seed: int, surge: int, trickle: int, batch: int) -> list[tuple[float, float]]:

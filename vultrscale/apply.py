@@ -21,9 +21,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
-from vultrscale import lifecycle, offerings
 from vultrscale.config import Config, Offering, format_duration
-from vultrscale.decision import (
+from vultrscale.core.forecast import Profile
+from vultrscale.core.model import HostTarget, InstanceState, PassEvent
+from vultrscale.errors import DatabaseError
+from vultrscale.ports import Cloud, DrainTransport, FleetLedger, Parts, PassCache, PriceCheck
+from vultrscale.redaction import redact
+from vultrscale.rules import lifecycle, offerings
+from vultrscale.rules.decision import (
     Adopt,
     Create,
     Decision,
@@ -39,13 +44,8 @@ from vultrscale.decision import (
     Stop,
     UpdateAddress,
 )
-from vultrscale.errors import DatabaseError
-from vultrscale.forecast import Profile
-from vultrscale.model import HostTarget, InstanceState, PassEvent
-from vultrscale.offerings import Choice
-from vultrscale.ports import Cloud, DrainTransport, FleetLedger, Parts, PassCache, PriceCheck
-from vultrscale.readings import Readings
-from vultrscale.redaction import redact
+from vultrscale.rules.offerings import Choice
+from vultrscale.rules.readings import Readings
 from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import (
     AmbiguousCreate,

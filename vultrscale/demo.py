@@ -2,7 +2,7 @@
 
 Postgres (``DATABASE_URL``, else a throwaway server), the Vultr simulator on loopback over real
 HTTP, simulated instances that boot from the rendered user-data (a real ``vultrscale worker``
-process each and an SSH server holding the pinned host key, see ``vultrscale.sim.hosts``), a
+process each and an SSH server holding the pinned host key, see ``vultrscale.fake_vultr.hosts``), a
 bursty workload, and the real reconcile loop with the real SSH drain. The run ends when the
 queue is empty and the fleet is back at its floor, or when the duration is up; the summary
 says whether every job ended and the fleet came back down.
@@ -12,7 +12,7 @@ time (it finishes its jobs or gives them back to the queue), then SIGKILL. Jobs 
 never started are counted as waiting in the queue, not lost; lost are only jobs that ended
 neither way (held by a worker that is gone).
 
-With ``chaos`` (``vultrscale.sim.chaos``) faults are injected on the seed while it runs, and
+With ``chaos`` (``vultrscale.fake_vultr.chaos``) faults are injected on the seed while it runs, and
 every pass runs as its own ``vultrscale reconcile`` process so that some can be SIGKILLed.
 Every job's steps append to an execution log, so a step that ran twice is counted.
 
@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from vultrscale import config as config_mod
-from vultrscale.clock import SystemClock
+from vultrscale.core.clock import SystemClock
 from vultrscale.errors import (
     RuntimeFailure,
     UsageError,
     VultrscaleError,
 )
+from vultrscale.fake_vultr.chaos import Fault
 from vultrscale.reconcile import Parts, PassResult, run_forever
 from vultrscale.redaction import mask_url
-from vultrscale.sim.chaos import Fault
 from vultrscale.vultr.refusals import Refusal
 from vultrscale.wiring import user_data_renderer
 from vultrscale.workerunit import timeout_stop_seconds
@@ -456,8 +456,8 @@ class _Run:
         from vultrscale import ssh
         from vultrscale.db import pg, schema
         from vultrscale.db.ledger import PgStore
-        from vultrscale.sim import Simulator, Timings, start_server
-        from vultrscale.sim.hosts import Hosts, LoopbackIps
+        from vultrscale.fake_vultr import Simulator, Timings, start_server
+        from vultrscale.fake_vultr.hosts import Hosts, LoopbackIps
         from vultrscale.vultr.client import VultrClient
 
         s = self.settings
@@ -566,7 +566,7 @@ class _Run:
 
             chaos = None
             if s.chaos:
-                from vultrscale.sim.chaos import Chaos, schedule
+                from vultrscale.fake_vultr.chaos import Chaos, schedule
 
                 chaos = Chaos(schedule(s.seed), sim, hosts, s.seed, offering=(REGION, PLAN))
                 chaos.arm(0.0)
@@ -598,7 +598,7 @@ class _Run:
     ) -> tuple[list[str], dict[str, str]]:
         """``vultrscale reconcile --json`` as its own process: the config in a file (0600),
         the secrets in its environment only."""
-        from vultrscale.sim.hosts import unit_environment
+        from vultrscale.fake_vultr.hosts import unit_environment
 
         path = tmp / "vultrscale.toml"
         path.touch(mode=0o600)
@@ -886,7 +886,7 @@ def run(
 
 def _draining(conn: Any, fleet: str) -> tuple[str, ...]:
     """The labels of the fleet's instances the ledger has draining."""
+    from vultrscale.core.model import InstanceState
     from vultrscale.db import ledger
-    from vultrscale.model import InstanceState
 
     return tuple(r.label for r in ledger.rows(conn, fleet) if r.state is InstanceState.DRAINING)

@@ -27,11 +27,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import boottime
-from vultrscale.clock import Clock
-from vultrscale.decision import Move
-from vultrscale.errors import DatabaseError, SSHError
-from vultrscale.model import (
+from vultrscale.core import boottime
+from vultrscale.core.clock import Clock
+from vultrscale.core.model import (
     FleetState,
     HostTarget,
     InstanceState,
@@ -43,8 +41,10 @@ from vultrscale.model import (
     StoredReads,
     WorkerView,
 )
-from vultrscale.offerings import OfferingCheck
+from vultrscale.errors import DatabaseError, SSHError
 from vultrscale.ports import JobHistory, QueueSignals, Session, read_apart
+from vultrscale.rules.decision import Move
+from vultrscale.rules.offerings import OfferingCheck
 from vultrscale.vultr import refusals
 from vultrscale.vultr.errors import (
     BadRequest,
@@ -57,10 +57,10 @@ from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
 if TYPE_CHECKING:
     from vultrscale.config import Config
-    from vultrscale.decision import Adopt, UpdateAddress
-    from vultrscale.forecast import Bucket, Profile
-    from vultrscale.offerings import Choice
+    from vultrscale.core.forecast import Bucket, Profile
     from vultrscale.ports import Parts
+    from vultrscale.rules.decision import Adopt, UpdateAddress
+    from vultrscale.rules.offerings import Choice
 
 PLAN = VPlan("vc2-1c-2gb", vcpu_count=1, ram=2048, monthly_cost=10.0, hourly_cost=0.015)
 SNAPSHOT = "cb676a46-66fd-4dfb-b839-443f2e6c0b60"  # a Vultr id: config check takes only those
@@ -336,7 +336,7 @@ class MemoryLedger:
         )
 
     def adopt(self, step: Adopt, now: datetime) -> None:
-        from vultrscale.lifecycle import LabelHolder, adopted_row, adoption
+        from vultrscale.rules.lifecycle import LabelHolder, adopted_row, adoption
 
         gone = InstanceState.GONE
         label, instance_id, state = step.label, step.instance_id, step.state
@@ -522,7 +522,7 @@ class MemoryHistory:
     error: str | None = None  # makes the history unreadable (a DatabaseError with this text)
 
     def buckets(self, since: datetime, until: datetime, width: timedelta) -> list[Bucket]:
-        from vultrscale import forecast
+        from vultrscale.core import forecast
 
         if self.error is not None:
             raise DatabaseError(self.error)

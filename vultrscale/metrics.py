@@ -17,9 +17,9 @@ from prometheus_client import (
     write_to_textfile,
 )
 
+from vultrscale.core.limits import Limit
+from vultrscale.core.model import ActionKind, InstanceState
 from vultrscale.errors import RuntimeFailure, UsageError
-from vultrscale.limits import Limit
-from vultrscale.model import ActionKind, InstanceState
 from vultrscale.reconcile import PassResult
 
 if TYPE_CHECKING:
@@ -164,13 +164,13 @@ class Metrics:
     @classmethod
     def for_config(cls, cfg: Config) -> Metrics:
         """The metrics of ``cfg``'s fleet, with the settings the alert rules compare to."""
-        from vultrscale.lifecycle import DRAIN_MARGIN
+        from vultrscale.rules.lifecycle import DRAIN_MARGIN
 
         m = cls(cfg.fleet.name)
         m.ceiling.labels(m.fleet).set(cfg.budget.monthly_ceiling_usd)
         deadline = cfg.drain.timeout + DRAIN_MARGIN
         m.drain_deadline.labels(m.fleet).set(deadline.total_seconds())
-        from vultrscale.offerings import of
+        from vultrscale.rules.offerings import of
 
         for o in of(cfg):  # each series from the start, at 0: increase() sees the first one
             for kind in _REFUSAL_KINDS:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from vultrscale.clock import Clock as Clock  # the clock port (re-exported)
-from vultrscale.model import (
+from vultrscale.core.clock import Clock as Clock  # the clock port (re-exported)
+from vultrscale.core.model import (
     FleetState,
     HostTarget,
     LedgerRow,
@@ -38,10 +38,10 @@ from vultrscale.model import (
 
 if TYPE_CHECKING:
     from vultrscale.config import Config
-    from vultrscale.decision import Adopt, Move, UpdateAddress
+    from vultrscale.core.forecast import Bucket, Profile
     from vultrscale.errors import SSHError
-    from vultrscale.forecast import Bucket, Profile
-    from vultrscale.offerings import Choice, OfferingCheck
+    from vultrscale.rules.decision import Adopt, Move, UpdateAddress
+    from vultrscale.rules.offerings import Choice, OfferingCheck
     from vultrscale.vultr.models import VInstance, VPlan, VSnapshot
 
 

@@ -25,14 +25,15 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget, forecast, lifecycle, offerings
 from vultrscale.config import Config
-from vultrscale.decision import target
+from vultrscale.core import forecast
+from vultrscale.core.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
 from vultrscale.errors import DatabaseError, UsageError
-from vultrscale.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
-from vultrscale.offerings import OfferingCheck
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, JobHistory, Parts, Session
-from vultrscale.readings import Readings
+from vultrscale.rules import budget, lifecycle, offerings
+from vultrscale.rules.decision import target
+from vultrscale.rules.offerings import OfferingCheck
+from vultrscale.rules.readings import Readings
 from vultrscale.ssh import fan_out_bound_s
 from vultrscale.vultr.errors import AuthError, NotFound, VultrError, unknown_region
 

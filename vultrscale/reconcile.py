@@ -9,7 +9,7 @@
 - *Read* (``vultrscale.read``) builds one complete, frozen ``Readings`` value through the
   ports (ledger rows, what Vultr lists, workers, queue signals, drain probes, prices, the
   forecast's profile) and changes nothing.
-- *Decide* is pure (``vultrscale.decision``): the lifecycle's transitions and drain verdicts,
+- *Decide* is pure (``vultrscale.rules.decision``): the lifecycle's transitions and drain verdicts,
   the plan, the steps in kill-safe order.
 - *Apply* (``vultrscale.apply``) carries the steps out through the ports; a failure on one
   instance is that instance's error, and the rest of the fleet is still acted on.
@@ -31,9 +31,9 @@ from typing import Any
 
 from vultrscale import interrupts
 from vultrscale.apply import apply, record, remember, save_profile
-from vultrscale.clock import Clock
 from vultrscale.config import Config
-from vultrscale.decision import Decision, decide
+from vultrscale.core.clock import Clock
+from vultrscale.core.model import Action, Observation, PassEvent, Plan
 from vultrscale.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -43,11 +43,11 @@ from vultrscale.errors import (
     UsageError,
     VultrscaleError,
 )
-from vultrscale.model import Action, Observation, PassEvent, Plan
 from vultrscale.ports import Parts as Parts  # re-exported: the pass's callers build them
 from vultrscale.ports import Session
 from vultrscale.read import read, snapshot
 from vultrscale.redaction import redact
+from vultrscale.rules.decision import Decision, decide
 
 
 @dataclass
@@ -258,7 +258,7 @@ def run_forever(
 
 
 def _wait(clock: Clock, stop: threading.Event, seconds: float) -> None:
-    from vultrscale.clock import SystemClock
+    from vultrscale.core.clock import SystemClock
 
     if isinstance(clock, SystemClock):
         stop.wait(seconds)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from vultrscale.clock import Clock, SystemClock
 from vultrscale.config import Config, format_duration
+from vultrscale.core.clock import Clock, SystemClock
 from vultrscale.db import snapshots as store
 from vultrscale.errors import EXIT_INTERRUPTED, DatabaseError, RuntimeFailure, UsageError
 from vultrscale.vultr.errors import (

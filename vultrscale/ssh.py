@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from vultrscale.config import SERVICE_NAME
+from vultrscale.core.model import HostTarget, ServiceState
 from vultrscale.errors import HostKeyMismatch, HostUnreachable, SSHError, UsageError
-from vultrscale.model import HostTarget, ServiceState
 
 if TYPE_CHECKING:
     import paramiko

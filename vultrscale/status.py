@@ -12,11 +12,11 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from vultrscale.model import Instance, Observation, Plan
+from vultrscale.core.model import Instance, Observation, Plan
 
 if TYPE_CHECKING:
-    from vultrscale.forecast import SlotForecast
-    from vultrscale.offerings import OfferingView
+    from vultrscale.core.forecast import SlotForecast
+    from vultrscale.rules.offerings import OfferingView
 
 _STATE_STYLE = {
     "creating": "yellow",

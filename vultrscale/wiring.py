@@ -11,9 +11,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vultrscale.clock import Deadline
     from vultrscale.config import Config
-    from vultrscale.model import Plan
+    from vultrscale.core.clock import Deadline
+    from vultrscale.core.model import Plan
     from vultrscale.ports import JobHistory, Parts, UserDataRenderer
 
 DB_HINT = (
@@ -116,7 +116,7 @@ def build_parts(cfg: Config) -> Parts:
     """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock,
     and the local check of the scaler's key made before a pass changes anything. The owner
     closes them (``Parts.close``) after its last pass."""
-    from vultrscale.clock import PASS_DEADLINE_S, Deadline, SystemClock
+    from vultrscale.core.clock import PASS_DEADLINE_S, Deadline, SystemClock
     from vultrscale.db.ledger import PgStore
     from vultrscale.ports import Parts
     from vultrscale.vultr.client import VultrClient

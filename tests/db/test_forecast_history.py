@@ -13,14 +13,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from vultrscale import cli, forecast, read
-from vultrscale.clock import FakeClock
+from vultrscale import cli, read
 from vultrscale.config import Config, FleetConfig, ForecastConfig, PolicyConfig, Secret, Secrets
+from vultrscale.core import forecast
+from vultrscale.core.clock import FakeClock
+from vultrscale.core.forecast import Bucket
 from vultrscale.db import ledger
 from vultrscale.db.history import PgHistory
 from vultrscale.db.ledger import PgStore
 from vultrscale.errors import VultrscaleError
-from vultrscale.forecast import Bucket
 from vultrscale.memory import SNAPSHOT, MemoryCloud, MemoryDrain, MemoryHistory, host_keys
 from vultrscale.ports import Parts
 from vultrscale.reconcile import run_pass

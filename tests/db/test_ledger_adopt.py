@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from vultrscale import budget
 from vultrscale.config import Offering
+from vultrscale.core.model import InstanceState, LedgerRow, PlanPrice
 from vultrscale.db import ledger
-from vultrscale.decision import Adopt, Move
-from vultrscale.model import InstanceState, LedgerRow, PlanPrice
-from vultrscale.offerings import Choice
+from vultrscale.rules import budget
+from vultrscale.rules.decision import Adopt, Move
+from vultrscale.rules.offerings import Choice
 
 T0 = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
 

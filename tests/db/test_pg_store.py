@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from vultrscale.clock import Deadline
 from vultrscale.config import Config, Offering
+from vultrscale.core.clock import Deadline
+from vultrscale.core.model import PlanPrice, StoredReads
 from vultrscale.db import pg, queue
 from vultrscale.db import signals as signals_mod
 from vultrscale.db.ledger import (
@@ -28,8 +29,7 @@ from vultrscale.db.ledger import (
     try_lock,
 )
 from vultrscale.errors import DatabaseError, PassStuck
-from vultrscale.model import PlanPrice, StoredReads
-from vultrscale.offerings import Choice
+from vultrscale.rules.offerings import Choice
 from vultrscale.ssh import fan_out_bound_s
 
 MONTH = datetime(2026, 3, 1, tzinfo=UTC)
@@ -233,7 +233,7 @@ def test_a_pass_cut_short_by_ctrl_c_inside_its_read_still_records_itself(
     read-only transaction") and the pass went unrecorded, the process exiting 130 all the same."""
     import signal
 
-    from vultrscale.clock import FakeClock
+    from vultrscale.core.clock import FakeClock
     from vultrscale.memory import MemoryCloud, MemoryDrain, host_keys
     from vultrscale.ports import Parts
     from vultrscale.reconcile import run_pass
@@ -291,8 +291,8 @@ def test_a_pass_whose_queue_preset_finds_no_tables_holds_and_exits_2(db_url: str
     versions, and ends as a configuration error."""
     from dataclasses import replace
 
-    from vultrscale.clock import FakeClock
     from vultrscale.config import PolicyConfig, QueueConfig
+    from vultrscale.core.clock import FakeClock
     from vultrscale.memory import MemoryCloud, MemoryDrain, host_keys
     from vultrscale.ports import Parts
     from vultrscale.reconcile import run_pass

@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from vultrscale import budget
 from vultrscale.config import Offering
+from vultrscale.core.model import InstanceState, PlanPrice
 from vultrscale.db import ledger, pg
-from vultrscale.model import InstanceState, PlanPrice
-from vultrscale.offerings import Choice
+from vultrscale.rules import budget
+from vultrscale.rules.offerings import Choice
 
 # Berlin leaves summer time at 01:00 UTC on 2026-10-25: 00:30 to 02:30 UTC is two hours,
 # 02:30 CEST to 03:30 CET on the wall

@@ -9,10 +9,10 @@ from pathlib import Path
 import psycopg
 
 from vultrscale.config import Config
+from vultrscale.core.model import OfferingMark, PlanPrice
 from vultrscale.db import plan_checks
 from vultrscale.db.ledger import PgLedger, PgStore
-from vultrscale.model import OfferingMark, PlanPrice
-from vultrscale.offerings import OfferingCheck
+from vultrscale.rules.offerings import OfferingCheck
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 TTL = timedelta(minutes=10)

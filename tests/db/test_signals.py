@@ -16,16 +16,16 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from vultrscale import waits
 from vultrscale.config import BudgetConfig, Config, PolicyConfig, QueueConfig, WaitTarget
+from vultrscale.core.model import Instance, InstanceState, Observation, PlanPrice, Signals
 from vultrscale.db import history
 from vultrscale.db import queue as queue_mod
 from vultrscale.db import signals as signals_mod
 from vultrscale.db.presets import builtin
 from vultrscale.db.signals import explain_ready_count, read_signals
 from vultrscale.errors import ConfigError, DatabaseError, QueueSchemaError
-from vultrscale.model import Instance, InstanceState, Observation, PlanPrice, Signals
-from vultrscale.policy import decide
+from vultrscale.rules import waits
+from vultrscale.rules.policy import decide
 
 # --- vultrscale preset ---------------------------------------------------------------------------
 

@@ -11,11 +11,11 @@ import psycopg
 import pytest
 
 from tests.e2e.worker_procs import wait_for
-from vultrscale import boottime
 from vultrscale.cli import main
+from vultrscale.core import boottime
 from vultrscale.db import history, schema
 from vultrscale.db import queue as q
-from vultrscale.simulate import workload
+from vultrscale.replay import workload
 from vultrscale.worker import Job
 from vultrscale.worker.runtime import Worker, WorkerSettings
 

@@ -21,11 +21,11 @@ from tests.e2e.worker_procs import jobs, steps, wait_for
 from vultrscale import config as config_mod
 from vultrscale.cli import main
 from vultrscale.config import Offering
+from vultrscale.core.model import PlanPrice
 from vultrscale.db import ledger, roles
 from vultrscale.db import queue as q
 from vultrscale.errors import UsageError
-from vultrscale.model import PlanPrice
-from vultrscale.offerings import Choice
+from vultrscale.rules.offerings import Choice
 from vultrscale.worker import Job
 from vultrscale.worker.runtime import Worker, WorkerSettings
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 
-from vultrscale.clock import SystemClock
+from vultrscale.core.clock import SystemClock
 from vultrscale.db import throwaway
-from vultrscale.sim.app import Simulator, Timings
-from vultrscale.sim.server import ServerHandle, start_server
+from vultrscale.fake_vultr.app import Simulator, Timings
+from vultrscale.fake_vultr.server import ServerHandle, start_server
 from vultrscale.ssh import generate_host_key
 
 

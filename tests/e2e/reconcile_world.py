@@ -17,14 +17,14 @@ from typing import Any
 import psycopg
 
 from vultrscale import config as config_mod
-from vultrscale.clock import FakeClock
+from vultrscale.core.clock import FakeClock
+from vultrscale.core.model import HostTarget, ServiceState
 from vultrscale.db import queue
 from vultrscale.db.ledger import PgStore
 from vultrscale.errors import SSHError
-from vultrscale.model import HostTarget, ServiceState
+from vultrscale.fake_vultr.app import Simulator, Timings
+from vultrscale.fake_vultr.server import ServerHandle, start_server
 from vultrscale.reconcile import Parts, PassResult, run_pass
-from vultrscale.sim.app import Simulator, Timings
-from vultrscale.sim.server import ServerHandle, start_server
 from vultrscale.vultr.client import VultrClient
 
 API_KEY = "sim-key-0123456789abcdef0123456789abcdef"

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vultrscale.cloudinit import render_sudoers
-from vultrscale.model import HostTarget
+from vultrscale.core.model import HostTarget
 from vultrscale.ssh import generate_host_key
 
 SSHD = "/usr/sbin/sshd"

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from vultrscale.sim.chaos import PASS_KILLED, Chaos, schedule
+from vultrscale.fake_vultr.chaos import PASS_KILLED, Chaos, schedule
 
 pytestmark = pytest.mark.e2e
 

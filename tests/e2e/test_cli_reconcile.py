@@ -18,8 +18,8 @@ from vultrscale import cloudinit
 from vultrscale.cli import main
 from vultrscale.db import ledger, queue
 from vultrscale.errors import RuntimeFailure
-from vultrscale.sim.app import Simulator
-from vultrscale.sim.server import ServerHandle
+from vultrscale.fake_vultr.app import Simulator
+from vultrscale.fake_vultr.server import ServerHandle
 
 API_KEY = "VKEY-cli-test-0123456789abcdefghijkl"
 DB_PASSWORD = "pw-not-to-be-printed-42"
@@ -377,7 +377,7 @@ def test_a_pass_against_a_silent_api_ends_by_its_deadline_recorded_with_the_lock
     # pass several), holding the fleet's lock all along.
     import time
 
-    from vultrscale import clock
+    from vultrscale.core import clock
 
     sim, _ = cli_env
     monkeypatch.setattr(clock, "PASS_DEADLINE_S", 2.0)

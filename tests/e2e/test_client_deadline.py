@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from vultrscale.clock import Deadline
+from vultrscale.core.clock import Deadline
 from vultrscale.vultr.client import VultrClient
 from vultrscale.vultr.errors import AmbiguousCreate, ApiUnreachable
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from vultrscale.clock import FakeClock, SystemClock
-from vultrscale.sim import ServerHandle, Simulator, Timings, start_server
+from vultrscale.core.clock import FakeClock, SystemClock
+from vultrscale.fake_vultr import ServerHandle, Simulator, Timings, start_server
 from vultrscale.vultr.client import VultrClient
 from vultrscale.vultr.errors import (
     AmbiguousCreate,

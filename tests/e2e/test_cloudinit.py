@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from vultrscale import cloudinit
-from vultrscale.clock import FakeClock
 from vultrscale.config import Config, load
+from vultrscale.core.clock import FakeClock
 from vultrscale.errors import UsageError
-from vultrscale.sim import SimTransport, Simulator
+from vultrscale.fake_vultr import SimTransport, Simulator
 from vultrscale.ssh import generate_host_key
 from vultrscale.vultr.client import VultrClient
 

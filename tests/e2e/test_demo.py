@@ -188,7 +188,7 @@ def test_demo_chaos_injects_every_fault_and_still_loses_nothing(
     """Seeded chaos: workers and passes SIGKILLed, API 429/500 bursts, a create whose answer
     is lost, a host whose SSH stops answering, the fleet's offering sold out. Every job still
     ends exactly once per step and the fleet comes back to zero."""
-    from vultrscale.sim.chaos import KINDS
+    from vultrscale.fake_vultr.chaos import KINDS
 
     doc, why = _run_demo(pg_url, tmp_path, "--chaos", "--seed", "1", "--bursts", "0:16")
     assert doc["exit_code"] == 0 and doc["ok"] and doc["finished"], why

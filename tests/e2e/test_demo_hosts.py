@@ -17,9 +17,9 @@ import pytest
 
 from tests.e2e.worker_procs import wait_for
 from vultrscale import cloudinit, demo, ssh
+from vultrscale.core.model import HostTarget, ServiceState
 from vultrscale.errors import HostKeyMismatch, SSHError
-from vultrscale.model import HostTarget, ServiceState
-from vultrscale.sim.hosts import (
+from vultrscale.fake_vultr.hosts import (
     BootFailed,
     LoopbackIps,
     SimulatedHost,

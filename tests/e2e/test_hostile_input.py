@@ -32,7 +32,7 @@ import pytest
 
 from tests.e2e.cli_world import World, cli_world
 from vultrscale.cli import main
-from vultrscale.sim.app import Simulator
+from vultrscale.fake_vultr.app import Simulator
 
 API_KEY = "VKEY-hostile-0123456789abcdefghijklm"
 DB_PASSWORD = "pw-hostile-never-shown-77"

@@ -17,7 +17,7 @@ import pytest
 from tests.e2e.cli_world import scaler_key, simulator_with_snapshot
 from vultrscale.cli import main
 from vultrscale.db import queue
-from vultrscale.sim.app import Simulator
+from vultrscale.fake_vultr.app import Simulator
 
 API_KEY = "VKEY-offerings-0123456789abcdefghijk"
 PLAN = "vc2-1c-2gb"

@@ -11,10 +11,10 @@ import psycopg
 import pytest
 
 from tests.e2e.reconcile_world import API_KEY, World
+from vultrscale.core.limits import Limit
+from vultrscale.core.model import ServiceState
 from vultrscale.db import ledger, queue
 from vultrscale.errors import DatabaseError, UsageError
-from vultrscale.limits import Limit
-from vultrscale.model import ServiceState
 from vultrscale.reconcile import run_pass
 from vultrscale.vultr.client import VultrClient
 

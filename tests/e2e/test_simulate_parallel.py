@@ -10,7 +10,7 @@ from vultrscale.cli import main
 
 
 def _sweep(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], cores: int) -> list:
-    monkeypatch.setattr("vultrscale.simulate.command.os.cpu_count", lambda: cores)
+    monkeypatch.setattr("vultrscale.replay.command.os.cpu_count", lambda: cores)
     argv = ["simulate", "--days", "1", "--jobs-per-day", "200", "--seed", "5", "--json",
             "--sweep", "policy.idle_before_scale_down=90s,5m,15m"]  # fmt: skip
     assert main(argv) == 0

@@ -17,11 +17,11 @@ import pytest
 
 from vultrscale import cli
 from vultrscale import snapshot as snapshots
-from vultrscale.clock import FakeClock, SystemClock
 from vultrscale.config import Config, FleetConfig
+from vultrscale.core.clock import FakeClock, SystemClock
 from vultrscale.db import snapshots as store
 from vultrscale.errors import DatabaseError, RuntimeFailure, UsageError
-from vultrscale.sim import SimTransport, Simulator, Timings, serving
+from vultrscale.fake_vultr import SimTransport, Simulator, Timings, serving
 from vultrscale.vultr.client import VultrClient
 
 KEY = "sim-test-key-0123456789"

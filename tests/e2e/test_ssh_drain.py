@@ -20,9 +20,9 @@ import psycopg
 import pytest
 
 from tests.e2e import sshd_hosts
+from vultrscale.core.model import HostTarget, ServiceState
 from vultrscale.db import queue
 from vultrscale.errors import HostKeyMismatch, HostUnreachable, SSHError, UsageError
-from vultrscale.model import HostTarget, ServiceState
 from vultrscale.ssh import SSHDrain, generate_host_key
 
 pytestmark = [

@@ -71,4 +71,4 @@ def _no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """`vultrscale simulate` replays a sweep's rows on one process per core: here on this one
     (tests/e2e/test_simulate_parallel.py checks the pool gives the same rows)."""
-    monkeypatch.setattr("vultrscale.simulate.command.os.cpu_count", lambda: 1)
+    monkeypatch.setattr("vultrscale.replay.command.os.cpu_count", lambda: 1)

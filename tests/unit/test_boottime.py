@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from vultrscale import boottime
-from vultrscale.model import InstanceState, LedgerRow
+from vultrscale.core import boottime
+from vultrscale.core.model import InstanceState, LedgerRow
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 FALLBACK = timedelta(minutes=12)

@@ -9,8 +9,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from vultrscale import budget
-from vultrscale.model import Instance, InstanceState, Observation, PlanPrice, Signals
+from vultrscale.core.model import Instance, InstanceState, Observation, PlanPrice, Signals
+from vultrscale.rules import budget
 
 PLAN10 = PlanPrice("vc2-1c-2gb", monthly=10.0)  # no hourly_cost: 10 / 672 per hour
 H10 = 10.0 / 672

@@ -658,7 +658,7 @@ def test_the_worker_env_cloud_init_writes_loads_on_an_instance_without_a_config_
     # Unknown VULTRSCALE_ variables are refused: one written by cloud-init that the config does
     # not know would stop the worker on every instance (exit 2 at each restart).
     from vultrscale import cloudinit
-    from vultrscale.sim.hosts import parse_env_file
+    from vultrscale.fake_vultr.hosts import parse_env_file
 
     scaler = config.load(
         write(tmp_path, '[worker]\napp = "jobs:run"\nqueue = "emails"\ndrain_seconds = 45\n'),

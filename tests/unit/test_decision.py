@@ -15,11 +15,30 @@ from typing import Any
 
 import pytest
 
-from vultrscale import decision as decision_mod
-from vultrscale import lifecycle, reconcile
-from vultrscale.clock import FakeClock
+from vultrscale import reconcile
 from vultrscale.config import Config, FloorConfig, Secret
-from vultrscale.decision import (
+from vultrscale.core.clock import FakeClock
+from vultrscale.core.model import (
+    FleetState,
+    InstanceState,
+    LedgerRow,
+    PlanPrice,
+    ServiceState,
+    Signals,
+    WorkerView,
+)
+from vultrscale.errors import DatabaseError
+from vultrscale.memory import (
+    SNAPSHOT,
+    MemoryCloud,
+    MemoryDrain,
+    MemoryLedger,
+    MemorySignals,
+    memory_parts,
+)
+from vultrscale.rules import decision as decision_mod
+from vultrscale.rules import lifecycle
+from vultrscale.rules.decision import (
     Adopt,
     Create,
     Decision,
@@ -36,25 +55,7 @@ from vultrscale.decision import (
     Stop,
     UpdateAddress,
 )
-from vultrscale.errors import DatabaseError
-from vultrscale.memory import (
-    SNAPSHOT,
-    MemoryCloud,
-    MemoryDrain,
-    MemoryLedger,
-    MemorySignals,
-    memory_parts,
-)
-from vultrscale.model import (
-    FleetState,
-    InstanceState,
-    LedgerRow,
-    PlanPrice,
-    ServiceState,
-    Signals,
-    WorkerView,
-)
-from vultrscale.readings import Readings
+from vultrscale.rules.readings import Readings
 from vultrscale.vultr.models import VInstance
 
 START = datetime(2026, 5, 11, 9, 0, tzinfo=UTC)

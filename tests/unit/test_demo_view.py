@@ -20,8 +20,8 @@ from rich.live import Live
 from tests.unit.test_demo_summary import _summary
 from vultrscale import demo
 from vultrscale.cli import views
-from vultrscale.limits import Clamp, Limit
-from vultrscale.model import (
+from vultrscale.core.limits import Clamp, Limit
+from vultrscale.core.model import (
     Action,
     ActionKind,
     Instance,

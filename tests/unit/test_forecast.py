@@ -1,4 +1,4 @@
-"""The floor forecast (vultrscale.forecast) and its place among the policy's floors. Time is
+"""The floor forecast (vultrscale.core.forecast) and its place among the policy's floors. Time is
 an argument: every "now" below is a fixed moment, no clock runs."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from vultrscale import forecast, policy
 from vultrscale.config import (
     BudgetConfig,
     Config,
@@ -18,11 +17,13 @@ from vultrscale.config import (
     QueueConfig,
     load,
 )
-from vultrscale.limits import Limit
+from vultrscale.core import forecast
+from vultrscale.core.limits import Limit
+from vultrscale.core.model import ActionKind, Observation, PlanPrice, Signals
 from vultrscale.memory import MemoryHistory
-from vultrscale.model import ActionKind, Observation, PlanPrice, Signals
-from vultrscale.simulate import compare, workload
-from vultrscale.simulate.fleet import Vultrscale
+from vultrscale.replay import compare, workload
+from vultrscale.replay.fleet import Vultrscale
+from vultrscale.rules import policy
 
 HOUR = timedelta(hours=1)
 WEEK = forecast.WEEK
@@ -340,8 +341,8 @@ class Counted(MemoryHistory):
 def test_dry_runs_scan_the_history_once_per_refresh_though_they_save_nothing() -> None:
     """`status --watch` is a dry-run pass every few seconds: it saves no profile in the
     ledger, and keeps the one it computed for the refresh's length."""
-    from vultrscale.clock import FakeClock
     from vultrscale.config import FleetConfig, Secret, Secrets
+    from vultrscale.core.clock import FakeClock
     from vultrscale.memory import (
         SNAPSHOT,
         MemoryCloud,
@@ -371,8 +372,8 @@ def test_dry_runs_scan_the_history_once_per_refresh_though_they_save_nothing() -
 
 
 def test_a_history_that_cannot_be_read_keeps_the_last_profile_and_never_fails_the_pass() -> None:
-    from vultrscale.clock import FakeClock
     from vultrscale.config import FleetConfig, Secret, Secrets
+    from vultrscale.core.clock import FakeClock
     from vultrscale.memory import (
         SNAPSHOT,
         MemoryCloud,
@@ -409,9 +410,8 @@ def test_a_history_that_cannot_be_read_keeps_the_last_profile_and_never_fails_th
 def test_an_idle_fleet_is_woken_one_lead_before_the_forecast_surge() -> None:
     """``decision.next_change`` names the moment the forecast floor rises: a replay that skips
     the passes of an idle world (and a loop that sleeps) does not sleep through it."""
-    from vultrscale import decision
-    from vultrscale.clock import FakeClock
     from vultrscale.config import FleetConfig, Secret, Secrets
+    from vultrscale.core.clock import FakeClock
     from vultrscale.memory import (
         SNAPSHOT,
         MemoryCloud,
@@ -421,6 +421,7 @@ def test_an_idle_fleet_is_woken_one_lead_before_the_forecast_surge() -> None:
         memory_parts,
     )
     from vultrscale.reconcile import run_pass
+    from vultrscale.rules import decision
 
     night = MONDAY + 2 * WEEK + 4 * HOUR
     for mode, woken in (

@@ -18,8 +18,8 @@ import pytest
 
 from vultrscale import config, scaffold
 from vultrscale.cli import main
-from vultrscale.clock import FakeClock
-from vultrscale.sim import SimTransport, Simulator, Timings
+from vultrscale.core.clock import FakeClock
+from vultrscale.fake_vultr import SimTransport, Simulator, Timings
 from vultrscale.vultr.client import VultrClient
 
 UUID = "cb676a46-66fd-4dfb-b839-443f2e6c0b60"

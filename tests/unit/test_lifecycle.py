@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from vultrscale import lifecycle
-from vultrscale.lifecycle import DrainStep, Verdict
-from vultrscale.model import InstanceState, LedgerRow, ServiceState, WorkerView
+from vultrscale.core.model import InstanceState, LedgerRow, ServiceState, WorkerView
+from vultrscale.rules import lifecycle
+from vultrscale.rules.lifecycle import DrainStep, Verdict
 from vultrscale.vultr.models import VInstance
 
 NOW = datetime(2026, 5, 10, 12, 0, tzinfo=UTC)

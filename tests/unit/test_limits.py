@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from vultrscale.limits import Clamp, Limit, span
-from vultrscale.model import Plan
+from vultrscale.core.limits import Clamp, Limit, span
+from vultrscale.core.model import Plan
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.unit.test_reconcile_pass import Fleet
 from vultrscale import metrics
-from vultrscale.model import ActionKind
+from vultrscale.core.model import ActionKind
 
 
 def _value(m: metrics.Metrics, name: str, **labels: str) -> float | None:
@@ -65,7 +65,7 @@ def test_the_committed_bill_is_unknown_after_a_pass_that_failed_before_its_resul
 
 
 def test_the_wait_estimate_the_arrival_rate_and_the_boot_time_are_gauges(tmp_path: Path) -> None:
-    from vultrscale.model import Signals
+    from vultrscale.core.model import Signals
 
     fleet = Fleet(tmp_path)
     m = metrics.Metrics.for_config(fleet.cfg)

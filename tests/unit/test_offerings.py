@@ -12,9 +12,19 @@ import pytest
 
 from tests.unit.test_reconcile_pass import CountingCloud
 from vultrscale import config as config_mod
-from vultrscale import offerings, policy, status
-from vultrscale.clock import FakeClock
+from vultrscale import status
 from vultrscale.config import Config, ConfigError, Offering
+from vultrscale.core.clock import FakeClock
+from vultrscale.core.model import (
+    ActionKind,
+    Instance,
+    InstanceState,
+    Observation,
+    OfferingMark,
+    PlanPrice,
+    Signals,
+    WorkerView,
+)
 from vultrscale.errors import EXIT_RUNTIME, EXIT_USAGE, UsageError
 from vultrscale.memory import (
     PLAN,
@@ -25,18 +35,9 @@ from vultrscale.memory import (
     MemorySignals,
     memory_parts,
 )
-from vultrscale.model import (
-    ActionKind,
-    Instance,
-    InstanceState,
-    Observation,
-    OfferingMark,
-    PlanPrice,
-    Signals,
-    WorkerView,
-)
 from vultrscale.ports import Parts, PassCache
 from vultrscale.reconcile import PassResult, run_pass
+from vultrscale.rules import offerings, policy
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
     BadRequest,
@@ -523,7 +524,7 @@ def test_an_instance_adopted_on_another_offering_is_billed_at_its_plan_unasked(
 def test_the_end_of_a_remembered_refusal_is_a_moment_the_decision_may_change(
     tmp_path: Path,
 ) -> None:
-    from vultrscale.decision import next_change
+    from vultrscale.rules.decision import next_change
 
     world = World(tmp_path)
     world.cloud.sell_out("ewr", PLAN.id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vultrscale import wiring
-from vultrscale.clock import Deadline
+from vultrscale.core.clock import Deadline
 
 
 class _SlowHosts:

@@ -9,9 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from vultrscale.cli.passlog import LogFormat, error_line, metrics_line, pass_line
-from vultrscale.errors import DatabaseError
-from vultrscale.limits import Clamp, Limit
-from vultrscale.model import (
+from vultrscale.core.limits import Clamp, Limit
+from vultrscale.core.model import (
     Action,
     ActionKind,
     Instance,
@@ -20,6 +19,7 @@ from vultrscale.model import (
     Plan,
     Signals,
 )
+from vultrscale.errors import DatabaseError
 from vultrscale.reconcile import PassResult
 
 AT = datetime(2026, 5, 10, 9, 0, 30, tzinfo=UTC)

@@ -12,10 +12,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from vultrscale import budget, policy
 from vultrscale.config import BudgetConfig, Config, FloorConfig, PolicyConfig, QueueConfig
-from vultrscale.limits import Limit
-from vultrscale.model import (
+from vultrscale.core.limits import Limit
+from vultrscale.core.model import (
     CAPACITY_STATES,
     ActionKind,
     Instance,
@@ -25,7 +24,8 @@ from vultrscale.model import (
     PlanPrice,
     Signals,
 )
-from vultrscale.policy import decide
+from vultrscale.rules import budget, policy
+from vultrscale.rules.policy import decide
 
 S = InstanceState
 PRICE = PlanPrice("vc2-1c-2gb", monthly=10.0)
@@ -673,7 +673,7 @@ def test_runaway_producer_never_passes_the_budget_rule(
 def _oracle_rule_b(
     o: Observation, now: datetime, ceiling: float, new: int, price: PlanPrice = PRICE
 ) -> bool:
-    """Rule (b) from its definition, computed apart from vultrscale.budget."""
+    """Rule (b) from its definition, computed apart from vultrscale.rules.budget."""
     ms = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     me = (ms + timedelta(days=32)).replace(day=1)
 

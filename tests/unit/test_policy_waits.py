@@ -1,4 +1,4 @@
-"""policy.decide() with the wait rule (vultrscale.waits) and the learned boot time: what it
+"""policy.decide() with the wait rule (vultrscale.rules.waits) and the learned boot time: what it
 creates, what it declines, the reasons it gives in numbers, and `status` showing them."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any
 
 from rich.console import Console
 
-from vultrscale import waits
-from vultrscale.boottime import BootTime
 from vultrscale.config import BudgetConfig, Config, PolicyConfig, QueueConfig, WaitTarget
-from vultrscale.model import Instance, InstanceState, Observation, PlanPrice, Signals
-from vultrscale.policy import decide
+from vultrscale.core.boottime import BootTime
+from vultrscale.core.model import Instance, InstanceState, Observation, PlanPrice, Signals
+from vultrscale.rules import waits
+from vultrscale.rules.policy import decide
 from vultrscale.status import render, status_document
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)

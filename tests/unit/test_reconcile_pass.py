@@ -10,11 +10,20 @@ from typing import Any
 
 import pytest
 
-from vultrscale import budget, metrics, ssh
 from vultrscale import config as config_mod
-from vultrscale.clock import FakeClock
+from vultrscale import metrics, ssh
+from vultrscale.core.clock import FakeClock
+from vultrscale.core.limits import Limit
+from vultrscale.core.model import (
+    HostTarget,
+    Instance,
+    InstanceState,
+    PassEvent,
+    ServiceState,
+    Signals,
+    WorkerView,
+)
 from vultrscale.errors import EXIT_USAGE, HostKeyMismatch, SSHError, UsageError
-from vultrscale.limits import Limit
 from vultrscale.memory import (
     SNAPSHOT,
     MemoryCloud,
@@ -24,18 +33,10 @@ from vultrscale.memory import (
     MemoryStore,
     memory_parts,
 )
-from vultrscale.model import (
-    HostTarget,
-    Instance,
-    InstanceState,
-    PassEvent,
-    ServiceState,
-    Signals,
-    WorkerView,
-)
 from vultrscale.ports import PassCache
 from vultrscale.read import PRICE_TTL
 from vultrscale.reconcile import Parts, PassResult, run_forever, run_pass
+from vultrscale.rules import budget
 from vultrscale.vultr.errors import ApiUnreachable, AuthError
 from vultrscale.vultr.models import VInstance, VPlan
 
@@ -796,8 +797,8 @@ def test_a_pass_cut_short_after_its_post_still_starts_the_scale_up_cool_down(
     """The fleet state is written at the end of a pass: a pass whose ledger failed after its
     POST, or whose only POST had an unclear outcome, left last_scale_up unwritten, and the
     next pass 30 s later created again, past the 60 s cool-down and max_step_up's pace."""
-    from vultrscale.decision import Move
     from vultrscale.errors import DatabaseError
+    from vultrscale.rules.decision import Move
     from vultrscale.vultr.errors import AmbiguousCreate
 
     fleet = Fleet(tmp_path, policy={"max_instances": 5, "max_step_up": 1})

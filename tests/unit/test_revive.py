@@ -14,21 +14,8 @@ from typing import Any
 import pytest
 
 from tests.unit.test_reconcile_pass import Calls, Crash, Fleet
-from vultrscale import lifecycle
 from vultrscale.config import Config
-from vultrscale.decision import (
-    Create,
-    Decision,
-    FlagWorkersDraining,
-    Revive,
-    SaveFleetState,
-    StartDelete,
-    Stop,
-    decide,
-)
-from vultrscale.errors import DatabaseError, HostKeyMismatch
-from vultrscale.memory import MemoryStore
-from vultrscale.model import (
+from vultrscale.core.model import (
     ActionKind,
     FleetState,
     InstanceState,
@@ -38,10 +25,23 @@ from vultrscale.model import (
     Signals,
     WorkerView,
 )
+from vultrscale.errors import DatabaseError, HostKeyMismatch
+from vultrscale.memory import MemoryStore
 from vultrscale.ports import Parts
-from vultrscale.readings import Readings
-from vultrscale.simulate.workload import Trace
-from vultrscale.simulate.world import RESTART_SECONDS, World
+from vultrscale.replay.workload import Trace
+from vultrscale.replay.world import RESTART_SECONDS, World
+from vultrscale.rules import lifecycle
+from vultrscale.rules.decision import (
+    Create,
+    Decision,
+    FlagWorkersDraining,
+    Revive,
+    SaveFleetState,
+    StartDelete,
+    Stop,
+    decide,
+)
+from vultrscale.rules.readings import Readings
 from vultrscale.vultr.models import VInstance
 
 START = datetime(2026, 5, 11, 9, 0, tzinfo=UTC)
@@ -402,8 +402,8 @@ def test_a_simulated_worker_started_again_claims_after_its_drain(drained_first: 
 
 @pytest.mark.usefixtures("one_process")
 def test_simulate_counts_the_revive_that_saves_a_boot_and_a_started_hour() -> None:
-    from vultrscale.simulate import compare, workload
-    from vultrscale.simulate.fleet import Vultrscale
+    from vultrscale.replay import compare, workload
+    from vultrscale.replay.fleet import Vultrscale
 
     # One job boots an instance (2 min); idle, it is drained at 300 s (the down cool-down
     # since its create); a job arrives at 310 s, before the next pass deletes it.

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from vultrscale.clock import FakeClock
-from vultrscale.sim import SimTransport, Simulator, SimulatorError
+from vultrscale.core.clock import FakeClock
+from vultrscale.fake_vultr import SimTransport, Simulator, SimulatorError
 from vultrscale.vultr import refusals
 from vultrscale.vultr.client import VultrClient
 from vultrscale.vultr.errors import BadRequest
@@ -139,7 +139,7 @@ def test_the_chaos_stock_out_sells_out_the_fleets_offering_then_restocks_it(
     from dataclasses import replace
     from typing import cast
 
-    from vultrscale.sim.chaos import STOCK_OUT, STOCK_OUT_SECONDS, Chaos, schedule
+    from vultrscale.fake_vultr.chaos import STOCK_OUT, STOCK_OUT_SECONDS, Chaos, schedule
 
     plan = replace(schedule(1), worker_kills=(), api_bursts=())  # the stock-out alone
     assert STOCK_OUT_SECONDS[0] <= plan.stockout_seconds <= STOCK_OUT_SECONDS[1]

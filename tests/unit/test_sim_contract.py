@@ -26,8 +26,8 @@ import httpx
 import jsonschema
 import pytest
 
-from vultrscale.clock import FakeClock
-from vultrscale.sim import SimTransport, Simulator, Timings
+from vultrscale.core.clock import FakeClock
+from vultrscale.fake_vultr import SimTransport, Simulator, Timings
 
 SPEC_PATH = Path(__file__).parents[1] / "openapi" / "vultr-v2-extract.json"
 KEY = "contract-test-key"

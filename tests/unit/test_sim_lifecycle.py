@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from vultrscale.clock import FakeClock
-from vultrscale.sim import (
+from vultrscale.core.clock import FakeClock
+from vultrscale.fake_vultr import (
     SeededIps,
     SequentialIps,
     SimTransport,

@@ -17,10 +17,10 @@ from vultrscale import config as config_mod
 from vultrscale.cli import main
 from vultrscale.config import Config, FloorConfig, Offering, WaitTarget
 from vultrscale.errors import UsageError
-from vultrscale.simulate import baselines, compare, engine, workload
-from vultrscale.simulate.fleet import Vultrscale
-from vultrscale.simulate.report import measure
-from vultrscale.simulate.world import MAX_ATTEMPTS, Faults, World
+from vultrscale.replay import baselines, compare, engine, workload
+from vultrscale.replay.fleet import Vultrscale
+from vultrscale.replay.report import measure
+from vultrscale.replay.world import MAX_ATTEMPTS, Faults, World
 
 BOOT = 600.0  # a fixed 10-minute boot makes the hand arithmetic exact
 SETUP = compare.Setup(interval=30.0, boot_time=(BOOT, BOOT), seed=0)
@@ -230,7 +230,7 @@ def test_a_lost_job_counts_as_waiting_until_the_replay_end() -> None:
 
 
 def test_a_lost_job_makes_the_waits_at_and_above_it_floors() -> None:
-    from vultrscale.simulate.report import wait_percentile
+    from vultrscale.replay.report import wait_percentile
 
     waits, lost = [10.0, 20.0, 30.0, 40.0], 20.0  # the job waiting 20 s so far was lost
     assert wait_percentile(waits, 0.25, lost) == (10.0, False)  # below the lost one: exact
@@ -255,7 +255,7 @@ def test_the_table_marks_a_wait_that_rests_on_a_lost_job(
 
 
 def test_billed_hours_stop_at_the_monthly_cap() -> None:
-    from vultrscale.simulate.report import instance_bill
+    from vultrscale.replay.report import instance_bill
 
     # A whole 30-day June (720 started hours) at $10/month, $0.0149/h: the cap is reached in
     # the 672nd hour; the 48 after it cost nothing and are not billed hours.
@@ -292,7 +292,7 @@ def test_vultrscale_kills_and_loses_nothing_on_a_bursty_week() -> None:
 
 
 def test_the_folded_gone_rows_bill_what_the_rows_themselves_would() -> None:
-    from vultrscale import budget
+    from vultrscale.rules import budget
 
     trace = workload.shape("bursty-day", days=1, seed=2, jobs_per_day=200)
     pol = Vultrscale(CFG, PRICE, trace.epoch)
@@ -464,7 +464,7 @@ def test_sweep_ranks_the_combinations_by_cost(capsys: pytest.CaptureFixture[str]
 def test_a_plan_sweep_prices_each_variant_at_its_own_plan(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from vultrscale.sim import data
+    from vultrscale.fake_vultr import data
 
     hourly = {p["id"]: float(p["hourly_cost"]) for p in data.PLANS}
     # the dearer plan first: the ranking puts it last
@@ -930,7 +930,7 @@ def test_a_stock_out_of_the_first_offering_falls_back_to_the_second_in_the_repla
     # simulate replays the real pass: with [[fleet.offerings]] its cloud must sell every
     # offering, in its own region, and the stock-outs hit the first offering by default.
     from vultrscale.config import Offering
-    from vultrscale.simulate.fleet import WorldCloud
+    from vultrscale.replay.fleet import WorldCloud
 
     created: list[str] = []
     create = WorldCloud.create_instance

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from vultrscale import budget, lifecycle, policy, reconcile
-from vultrscale.clock import FakeClock
+from vultrscale import reconcile
 from vultrscale.config import Config, Secret
+from vultrscale.core.clock import FakeClock
+from vultrscale.core.model import Signals, WorkerView
 from vultrscale.memory import (
     SNAPSHOT,
     MemoryCloud,
@@ -27,9 +28,9 @@ from vultrscale.memory import (
     MemorySignals,
     memory_parts,
 )
-from vultrscale.model import Signals, WorkerView
-from vultrscale.simulate import compare, workload
-from vultrscale.simulate.fleet import Vultrscale
+from vultrscale.replay import compare, workload
+from vultrscale.replay.fleet import Vultrscale
+from vultrscale.rules import budget, lifecycle, policy
 
 # The pass's own stages and the pure core they call (README "How it works": read -> decide
 # -> apply).
@@ -107,5 +108,5 @@ def test_the_simulator_calls_what_the_reconcile_pass_calls(calls: Counter[str]) 
     # One read, decide and apply per pass that ran; the lifecycle and the policy each time.
     assert calls["vultrscale.reconcile.read"] == stats.passes
     assert calls["vultrscale.reconcile.apply"] == stats.passes
-    assert calls["vultrscale.policy.decide"] == stats.passes
+    assert calls["vultrscale.rules.policy.decide"] == stats.passes
     assert world.c.drains > 0 and world.c.deletes > 0 and world.c.finished == len(trace)

@@ -14,9 +14,9 @@ from vultrscale import config as config_mod
 from vultrscale.cli import main
 from vultrscale.config import Config
 from vultrscale.errors import UsageError
-from vultrscale.simulate import baselines, compare, workload
-from vultrscale.simulate.report import PolicyResult
-from vultrscale.simulate.world import Faults
+from vultrscale.replay import baselines, compare, workload
+from vultrscale.replay.report import PolicyResult
+from vultrscale.replay.world import Faults
 
 BOOT = 600.0
 SETUP = compare.Setup(interval=30.0, boot_time=(BOOT, BOOT), seed=0)

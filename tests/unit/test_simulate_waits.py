@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from vultrscale.config import Config, WaitTarget
-from vultrscale.simulate import compare, workload
-from vultrscale.simulate.fleet import Vultrscale
+from vultrscale.replay import compare, workload
+from vultrscale.replay.fleet import Vultrscale
 
 BOOT = 600.0
 SETUP = compare.Setup(interval=30.0, boot_time=(BOOT, BOOT), seed=0)

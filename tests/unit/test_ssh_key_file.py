@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from vultrscale import config as config_mod
 from vultrscale import ssh
+from vultrscale.core.model import Action, ActionKind, Plan
 from vultrscale.errors import UsageError
-from vultrscale.model import Action, ActionKind, Plan
 from vultrscale.wiring import build_parts
 
 

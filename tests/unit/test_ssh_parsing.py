@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from vultrscale.core.model import ServiceState
 from vultrscale.errors import UsageError
-from vultrscale.model import ServiceState
 from vultrscale.ssh import is_active_command, parse_is_active, stop_command, validate_service
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from vultrscale.core.model import HostTarget
 from vultrscale.errors import HostUnreachable, SSHError
-from vultrscale.model import HostTarget
 from vultrscale.ssh import SSHDrain, generate_host_key
 
 

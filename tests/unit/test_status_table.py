@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from rich.console import Console
 
-from vultrscale.model import Instance, InstanceState
+from vultrscale.core.model import Instance, InstanceState
 from vultrscale.status import fleet_table
 
 NOW = datetime(2026, 5, 10, 12, 0, tzinfo=UTC)

@@ -1,13 +1,13 @@
-"""The workload suite the policy's defaults are chosen on (vultrscale.simulate.suite): its
+"""The workload suite the policy's defaults are chosen on (vultrscale.replay.suite): its
 cells, the bar a candidate is held to, and one small cell replayed for real."""
 
 from __future__ import annotations
 
 import pytest
 
-from vultrscale import waits
-from vultrscale.simulate import suite, workload
-from vultrscale.simulate.suite import Cell, CellResult, Outcome, Workload
+from vultrscale.replay import suite, workload
+from vultrscale.replay.suite import Cell, CellResult, Outcome, Workload
+from vultrscale.rules import waits
 
 pytestmark = pytest.mark.usefixtures("one_process")
 

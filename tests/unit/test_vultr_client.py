@@ -13,7 +13,7 @@ import httpx
 import pytest
 import respx
 
-from vultrscale.clock import Deadline, FakeClock
+from vultrscale.core.clock import Deadline, FakeClock
 from vultrscale.errors import UsageError
 from vultrscale.vultr.client import CALL_BUDGET_S, PER_PAGE, VultrClient
 from vultrscale.vultr.errors import (

@@ -10,9 +10,9 @@ import httpx
 import pytest
 import respx
 
-from vultrscale.clock import Deadline, FakeClock
-from vultrscale.sim.app import Simulator
-from vultrscale.sim.server import SimTransport
+from vultrscale.core.clock import Deadline, FakeClock
+from vultrscale.fake_vultr.app import Simulator
+from vultrscale.fake_vultr.server import SimTransport
 from vultrscale.vultr.client import API_PACE, API_RATE_LIMIT, PACE_BURST, VultrClient
 from vultrscale.vultr.errors import RateLimited
 

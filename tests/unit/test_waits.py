@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vultrscale import waits
 from vultrscale.config import WaitTarget
-from vultrscale.model import Instance, InstanceState, Signals
+from vultrscale.core.model import Instance, InstanceState, Signals
+from vultrscale.rules import waits
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 BOOT = timedelta(minutes=12)

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg_pool import PoolTimeout
 
-from vultrscale.clock import FakeClock
+from vultrscale.core.clock import FakeClock
 from vultrscale.worker.outage import Outage, OutageTooLong, is_transient
 
 

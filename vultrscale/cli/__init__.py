@@ -164,7 +164,8 @@ def _lean_coercion() -> None:
     option and the root's ``--config`` alone imported pydantic (~150 ms, 2.5x the cost of
     importing Typer) for ``vultrscale status --help``, and every real command paid it. A
     string or boolean flag's value is already what it should be, and a flag with our own
-    parser (``parser=``, ``vultrscale.params``) is checked by it, raising ``typer.BadParameter``
+    parser (``parser=``, ``vultrscale.params``) is checked by it, raising
+    ``typer.BadParameter``
     as before: those are coerced here. Anything else (other types, lists, a parser that raises
     something else, an unexpected value) takes Typer's own way, as before.
     """

@@ -353,15 +353,17 @@ def forecast_cmd(
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from vultrscale import boottime, forecast, offerings, read
+    from vultrscale import read
+    from vultrscale.core import boottime, forecast
     from vultrscale.db import ledger, pg
     from vultrscale.db.history import PgHistory, has_history
     from vultrscale.db.presets import PRESETS
+    from vultrscale.rules import offerings
 
     cfg = load_config()
     path = None
     if plot is not None:
-        from vultrscale.simulate.render import plot_path
+        from vultrscale.replay.render import plot_path
 
         path = plot_path(Path(plot))
     if not has_history(cfg.queue.preset):
@@ -476,7 +478,7 @@ def _plot_forecast(slots: list[Any], slot: timedelta, jobs: int, path: Path) -> 
 def instances_cmd(as_json: JsonFlag = False) -> None:
     """The fleet's instances as the Vultr API reports them (no database needed)."""
     cfg = load_config()
-    from vultrscale.clock import PASS_DEADLINE_S, Deadline
+    from vultrscale.core.clock import PASS_DEADLINE_S, Deadline
     from vultrscale.redaction import mask_url
     from vultrscale.vultr.client import VultrClient
 

@@ -389,7 +389,7 @@ def simulate_cmd(
 
     from vultrscale.cli import views
     from vultrscale.cli._common import state
-    from vultrscale.simulate import command
+    from vultrscale.replay import command
 
     # Flags the chosen workload would ignore are refused, not dropped in silence.
     if from_db and workload is not None:
@@ -499,8 +499,8 @@ def sim_serve(
     import signal
     import threading
 
-    from vultrscale.clock import SystemClock
-    from vultrscale.sim import Simulator, start_server
+    from vultrscale.core.clock import SystemClock
+    from vultrscale.fake_vultr import Simulator, start_server
 
     if api_key:
         key, key_source = api_key, "given"
@@ -550,7 +550,7 @@ def sim_serve(
 
 def _sell_out(sim: Any, offering: str) -> None:
     """``--sold-out REGION/PLAN[:unlisted]`` carried out, or a usage error naming it."""
-    from vultrscale.sim import SimulatorError
+    from vultrscale.fake_vultr import SimulatorError
 
     where, _, how = offering.partition(":")
     region, _, plan = where.partition("/")

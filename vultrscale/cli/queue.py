@@ -13,8 +13,8 @@ import typer
 
 from vultrscale import params
 from vultrscale.cli._common import JsonFlag, examples, group, print_json, shown, state
+from vultrscale.core.model import DEFAULT_MAX_ATTEMPTS
 from vultrscale.errors import UsageError
-from vultrscale.model import DEFAULT_MAX_ATTEMPTS
 from vultrscale.redaction import is_text
 from vultrscale.wiring import database_url
 
@@ -325,7 +325,7 @@ def _detected_lines(d: detect_mod.Detected, *, configured: bool) -> list[str]:
     missing), or not here (one line)."""
     from vultrscale.config import format_duration
     from vultrscale.db.presets import PRESETS
-    from vultrscale.waits import ARRIVAL_WINDOW, RECENT_WINDOW
+    from vultrscale.rules.waits import ARRIVAL_WINDOW, RECENT_WINDOW
 
     p = PRESETS[d.preset]
     mark = "  <- queue.preset" if configured else ""

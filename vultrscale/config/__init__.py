@@ -56,9 +56,7 @@ from vultrscale.config.secrets import (
     Secrets,
     api_url_problem,
 )
-from vultrscale.errors import ConfigError, UsageError
-from vultrscale.redaction import mask_url, url_password
-from vultrscale.values import (
+from vultrscale.core.values import (
     DURATION_FORM,
     MAX_DURATION,
     duration_range,
@@ -68,6 +66,8 @@ from vultrscale.values import (
     to_duration,
     toml_value,
 )
+from vultrscale.errors import ConfigError, UsageError
+from vultrscale.redaction import mask_url, url_password
 from vultrscale.workerunit import (
     RESTART_SECONDS,
     START_LIMIT_BURST,

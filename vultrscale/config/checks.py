@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from vultrscale.config.kinds import INTEGER, NUMBER, SECONDS, Table, Tables, spec_of, value_problems
 from vultrscale.config.schema import SECTIONS
+from vultrscale.core.values import format_duration
 from vultrscale.redaction import url_user
-from vultrscale.values import format_duration
 from vultrscale.workerunit import timeout_stop_seconds
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from vultrscale.values import format_duration, parse_duration, shown, to_duration
+from vultrscale.core.values import format_duration, parse_duration, shown, to_duration
 
 SERVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 FLEET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -383,7 +383,7 @@ def custom_sql_problem(text: str) -> str | None:
 
 def duration_range_problem(text: str) -> str | None:
     """``12m`` or ``10m..15m``, what is wrong with it (``values.duration_range``)."""
-    from vultrscale.values import duration_range
+    from vultrscale.core.values import duration_range
 
     try:
         duration_range(text, "")

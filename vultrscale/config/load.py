@@ -24,9 +24,9 @@ from vultrscale.config.secrets import (
     Secrets,
     api_url_problem,
 )
+from vultrscale.core.values import shown
 from vultrscale.errors import ConfigError
 from vultrscale.redaction import is_text
-from vultrscale.values import shown
 
 # The variables read besides VULTRSCALE_*: the secrets and the API's address.
 _READ_AS_TEXT = frozenset({*SECRET_NAMES, "VULTR_API_URL"})

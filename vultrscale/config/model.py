@@ -21,9 +21,9 @@ from vultrscale.config.schema import (
     WorkerConfig,
 )
 from vultrscale.config.secrets import DEFAULT_API_URL, Secret, Secrets
+from vultrscale.core.values import format_duration
 from vultrscale.errors import UsageError
 from vultrscale.redaction import mask_url, redact
-from vultrscale.values import format_duration
 
 
 @dataclass(frozen=True)

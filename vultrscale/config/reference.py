@@ -28,7 +28,7 @@ from vultrscale.config.schema import (
     settings_of,
 )
 from vultrscale.config.secrets import VARIABLES
-from vultrscale.values import format_duration, toml_value
+from vultrscale.core.values import format_duration, toml_value
 
 # Sections the template shows commented out, as examples.
 _COMMENTED_SECTIONS = frozenset({"simulate"})

@@ -55,7 +55,7 @@ from vultrscale.config.kinds import (
     tag_problem,
     timezone_problem,
 )
-from vultrscale.forecast import POOLS as FORECAST_POOLS
+from vultrscale.core.forecast import POOLS as FORECAST_POOLS
 
 # Vultr publishes no fixed number of instances per account: each account has its own limit,
 # raised on request, and Vultr refuses a create past it. 10,000 is the largest fleet measured
@@ -76,7 +76,7 @@ class Offering:
     """A place and size the fleet may create instances in: a Vultr region and plan.
     ``jobs_per_instance`` 0: the queue's (``queue.jobs_per_instance``). A fleet lists them in
     order of preference (``[[fleet.offerings]]``); without the list it has one, ``fleet.region``
-    and ``fleet.plan`` (``vultrscale.offerings.of``)."""
+    and ``fleet.plan`` (``vultrscale.rules.offerings.of``)."""
 
     region: str = setting(
         help="the Vultr region", pattern=REGION, allowed=REGION_FORM, example='"ewr"'
@@ -353,14 +353,15 @@ class PolicyConfig:
         ForecastConfig(), table(ForecastConfig),
         "a floor learned from the queue's history (`vultrscale forecast`)",
     )
-    # Boot only when it helps (vultrscale.waits): a create is made only if the queue's
+    # Boot only when it helps (vultrscale.rules.waits): a create is made only if the queue's
     # estimated wait would pass this; "auto": a share of the learned boot time (the workload
     # suite, docs/policy.md); 0s turns the rule off (the plain depth rule).
     target_wait: WaitTarget = setting(
         WaitTarget(), AUTO_OR_DURATION, 'the wait worth a boot; "auto": half the boot time, at '
         'most 1m; "0s": the depth rule alone',
     )
-    # Create to worker up, until the ledger holds enough boots to learn it (vultrscale.boottime).
+    # Create to worker up, until the ledger holds enough boots to learn it
+    # (vultrscale.core.boottime).
     boot_time: timedelta = setting(
         timedelta(minutes=12), DURATION, "create to worker up until the ledger has 5 boots to "
         "learn it", bounds=(timedelta(0), None), above=True,

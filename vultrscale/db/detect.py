@@ -11,10 +11,10 @@ from typing import Any
 import psycopg
 
 from vultrscale.config import QueueConfig
+from vultrscale.core.model import Signals
 from vultrscale.db.presets import PRESETS
 from vultrscale.db.signals import read_signals
 from vultrscale.errors import DatabaseError
-from vultrscale.model import Signals
 
 # One catalog query for every preset: the columns of each table (none: the table is missing).
 # to_regclass reads an unqualified name through the search path, as the queries do.

@@ -16,12 +16,12 @@ from typing import Any
 import psycopg
 
 from vultrscale import params
+from vultrscale.core.forecast import Bucket
+from vultrscale.core.model import LedgerRow
 from vultrscale.db import ledger, pg, signals
 from vultrscale.db.presets import PRESETS
 from vultrscale.db.presets.base import FinishedJob, History
 from vultrscale.errors import UsageError
-from vultrscale.forecast import Bucket
-from vultrscale.model import LedgerRow
 
 
 def of_preset(preset: str) -> History:

@@ -18,15 +18,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from vultrscale import boottime
-from vultrscale.clock import PASS_DEADLINE_S, Deadline
 from vultrscale.config import format_duration
-from vultrscale.db import pg, plan_checks
-from vultrscale.db.locks import lock_key as lock_key  # re-exported: the pass lock's key
-from vultrscale.db.snapshots import recorded_snapshot
-from vultrscale.errors import DatabaseError, PassStuck
-from vultrscale.lifecycle import LabelHolder, adoption
-from vultrscale.model import (
+from vultrscale.core import boottime
+from vultrscale.core.clock import PASS_DEADLINE_S, Deadline
+from vultrscale.core.model import (
     STATE_STAMPS,
     FleetState,
     InstanceState,
@@ -38,14 +33,19 @@ from vultrscale.model import (
     posts_intent,
     retired_label,
 )
-from vultrscale.offerings import OfferingCheck
+from vultrscale.db import pg, plan_checks
+from vultrscale.db.locks import lock_key as lock_key  # re-exported: the pass lock's key
+from vultrscale.db.snapshots import recorded_snapshot
+from vultrscale.errors import DatabaseError, PassStuck
 from vultrscale.ports import QueueSignals, Session
+from vultrscale.rules.lifecycle import LabelHolder, adoption
+from vultrscale.rules.offerings import OfferingCheck
 
 if TYPE_CHECKING:
     from vultrscale.config import Config, QueueConfig
-    from vultrscale.decision import Adopt, Move, UpdateAddress
-    from vultrscale.forecast import Profile
-    from vultrscale.offerings import Choice
+    from vultrscale.core.forecast import Profile
+    from vultrscale.rules.decision import Adopt, Move, UpdateAddress
+    from vultrscale.rules.offerings import Choice
 
 
 _LOCK_NAMESPACE = 0x56534C  # "VSL": keeps our advisory locks apart from an app's own
@@ -206,7 +206,7 @@ def forecast_profile(conn: psycopg.Connection[Any], fleet: str) -> Profile | Non
 
 
 def _profile(row: tuple[Any, ...] | None) -> Profile | None:
-    from vultrscale.forecast import Profile
+    from vultrscale.core.forecast import Profile
 
     return None if row is None else Profile.from_json(row[0])
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from vultrscale.model import OfferingMark, PlanPrice
+from vultrscale.core.model import OfferingMark, PlanPrice
 
 
 def get(

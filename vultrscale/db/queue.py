@@ -27,8 +27,8 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
+from vultrscale.core.model import DEFAULT_MAX_ATTEMPTS
 from vultrscale.errors import RuntimeFailure
-from vultrscale.model import DEFAULT_MAX_ATTEMPTS
 
 NOTIFY_CHANNEL = "vultrscale_jobs"
 """Channel ``enqueue`` notifies (payload: the queue name) so idle workers wake at once."""

@@ -196,8 +196,8 @@ CREATE INDEX jobs_created_at_brin ON jobs USING brin (created_at);
 """
 
 # v9: every pass reads the queue's newest finished jobs (their mean run time: the wait rule,
-# vultrscale.waits) and the fleet's newest boots (vultrscale.boottime); without these indexes
-# each read would scan every finished job and every ledger row ever kept.
+# vultrscale.rules.waits) and the fleet's newest boots (vultrscale.core.boottime); without
+# these indexes each read would scan every finished job and every ledger row ever kept.
 _V9 = """
 CREATE INDEX IF NOT EXISTS jobs_finished_at_idx ON jobs (finished_at)
     WHERE finished_at IS NOT NULL;

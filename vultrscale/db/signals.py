@@ -25,12 +25,12 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from vultrscale.config import QueueConfig
+from vultrscale.core.model import Signals
 from vultrscale.db import pg
 from vultrscale.db.presets import PRESETS
 from vultrscale.db.presets.base import Read, Statement
 from vultrscale.db.presets.builtin import explain_ready_count
 from vultrscale.errors import ConfigError, DatabaseError, QueueSchemaError
-from vultrscale.model import Signals
 from vultrscale.redaction import first_line
 
 __all__ = [

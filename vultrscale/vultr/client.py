@@ -37,8 +37,8 @@ import httpcore
 import tenacity
 
 from vultrscale import __version__
-from vultrscale.clock import PASS_DEADLINE_S, Deadline
 from vultrscale.config import Secret
+from vultrscale.core.clock import PASS_DEADLINE_S, Deadline
 from vultrscale.errors import UsageError
 from vultrscale.redaction import http_userinfo, is_host_name, mask_url, redact, secret_values
 from vultrscale.vultr._http import httpx

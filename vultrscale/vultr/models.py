@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from vultrscale.model import PlanPrice, frozen_from
+from vultrscale.core.model import PlanPrice, frozen_from
 
 
 def _str(data: dict[str, Any], key: str) -> str:

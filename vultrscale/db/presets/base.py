@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     import psycopg
 
     from vultrscale.config import QueueConfig
-    from vultrscale.forecast import Bucket
-    from vultrscale.model import Signals
+    from vultrscale.core.forecast import Bucket
+    from vultrscale.core.model import Signals
 
 Rows = list[tuple[Any, ...]]
 

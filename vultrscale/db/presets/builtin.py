@@ -20,8 +20,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from vultrscale import forecast, waits
 from vultrscale.config import QueueConfig
+from vultrscale.core import forecast
+from vultrscale.core.forecast import Bucket
+from vultrscale.core.model import Signals
 from vultrscale.db.presets.base import (
     FinishedJob,
     History,
@@ -35,8 +37,7 @@ from vultrscale.db.presets.base import (
     one_row,
     recent,
 )
-from vultrscale.forecast import Bucket
-from vultrscale.model import Signals
+from vultrscale.rules import waits
 
 #: The ready count goes by a bitmap scan. An index scan of a partial ready index visits the
 #: heap once per row while the rows are not yet all-visible (fresh, unvacuumed ready jobs: the

@@ -21,9 +21,9 @@ from datetime import timedelta
 from typing import Any, LiteralString, cast
 
 from vultrscale.config import QueueConfig
+from vultrscale.core.model import Signals
 from vultrscale.db.presets.base import Preset, Read, Rows, Statement, recent
 from vultrscale.errors import ConfigError, DatabaseError
-from vultrscale.model import Signals
 
 REQUIRED = ("ready_sql", "in_flight_sql", "oldest_ready_seconds_sql")
 HISTORY = ("recent_jobs_sql", "recent_arrivals_sql")

@@ -30,8 +30,8 @@ from datetime import timedelta
 from psycopg import sql
 
 from vultrscale.config import QueueConfig
+from vultrscale.core.model import Signals
 from vultrscale.db.presets.base import Preset, Read, Rows, Statement, count, oldest, one_row
-from vultrscale.model import Signals
 
 #: graphile-worker's own lock timeout (``resetLockedAt``: not configurable in the library).
 LOCK_TIMEOUT = timedelta(hours=4)

@@ -30,8 +30,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from vultrscale import forecast, waits
 from vultrscale.config import QueueConfig
+from vultrscale.core import forecast
+from vultrscale.core.forecast import Bucket
+from vultrscale.core.model import Signals
 from vultrscale.db.presets.base import (
     FinishedJob,
     History,
@@ -45,8 +47,7 @@ from vultrscale.db.presets.base import (
     one_row,
     recent,
 )
-from vultrscale.forecast import Bucket
-from vultrscale.model import Signals
+from vultrscale.rules import waits
 
 SCHEMA = "pgboss"
 

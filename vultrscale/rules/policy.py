@@ -26,10 +26,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from vultrscale import budget, forecast, offerings, waits
 from vultrscale.config import Config, FloorConfig, PolicyConfig, format_duration
-from vultrscale.limits import Clamp, Limit, span
-from vultrscale.model import (
+from vultrscale.core import forecast
+from vultrscale.core.limits import Clamp, Limit, span
+from vultrscale.core.model import (
     CAPACITY_STATES,
     Action,
     ActionKind,
@@ -40,6 +40,7 @@ from vultrscale.model import (
     ServiceState,
     Signals,
 )
+from vultrscale.rules import budget, offerings, waits
 
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
@@ -298,7 +299,7 @@ def decide(observation: Observation, config: Config, now: datetime) -> Plan:
 
 class _Sizing:
     """One call of ``decide`` (the fleet's size; the pass's whole decision is
-    ``vultrscale.decision``); a class only to share the lists of reasons, clamps, warnings and
+    ``vultrscale.rules.decision``); a class only to share the lists of reasons, clamps, warnings and
     actions its steps add to, nothing else between its methods."""
 
     def __init__(self, obs: Observation, config: Config, now: datetime) -> None:
@@ -459,7 +460,7 @@ class _Sizing:
     # --- pieces ---------------------------------------------------------------------------
 
     def _wait_rule(self, signals: Signals, staying: list[Instance], desired: int) -> waits.WaitCall:
-        """The wait rule's answer (``vultrscale.waits``): instances the queue wants by its
+        """The wait rule's answer (``vultrscale.rules.waits``): instances the queue wants by its
         wait, at most ``desired``, and why in numbers. The forecast's expected arrivals count
         where it acts (mode "scale", a profile its backtest trusts)."""
         cfg, obs = self.cfg, self.obs

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from vultrscale import budget, params
+from vultrscale import params
 from vultrscale.errors import UsageError
+from vultrscale.rules import budget
 
 DAY = 86_400.0
 # Every built-in trace starts at midnight UTC on a Monday, at the start of a calendar month, so

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from vultrscale.values import format_duration
+from vultrscale.core.values import format_duration
 
 
 class Limit(enum.Enum):

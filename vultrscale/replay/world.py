@@ -18,9 +18,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from vultrscale import waits
-from vultrscale.model import DEFAULT_MAX_ATTEMPTS
-from vultrscale.simulate.workload import Trace
+from vultrscale.core.model import DEFAULT_MAX_ATTEMPTS
+from vultrscale.replay.workload import Trace
+from vultrscale.rules import waits
 
 # The built-in queue's default max_attempts: a job killed this many times is dead, and counts
 # as lost.

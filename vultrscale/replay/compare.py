@@ -15,15 +15,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vultrscale import config as config_mod
-from vultrscale import offerings
 from vultrscale.config import Config, Secrets
+from vultrscale.core.model import PlanPrice
 from vultrscale.errors import UsageError
-from vultrscale.model import PlanPrice
-from vultrscale.simulate import baselines, engine
-from vultrscale.simulate.fleet import Vultrscale, list_price
-from vultrscale.simulate.report import PolicyResult, lower_bound_hours, measure
-from vultrscale.simulate.workload import Trace
-from vultrscale.simulate.world import Faults, World
+from vultrscale.replay import baselines, engine
+from vultrscale.replay.fleet import Vultrscale, list_price
+from vultrscale.replay.report import PolicyResult, lower_bound_hours, measure
+from vultrscale.replay.workload import Trace
+from vultrscale.replay.world import Faults, World
+from vultrscale.rules import offerings
 
 POLICIES = ("always-on", "naive", "keda", "hindsight", "vultrscale")
 # The most rows one replay compares: each is a whole replay of the trace (a 199 x 199 sweep ran

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from vultrscale.simulate.world import JOB_END, World
+from vultrscale.replay.world import JOB_END, World
 
 
 class Policy(Protocol):

@@ -30,10 +30,10 @@ from functools import cache
 from pathlib import Path
 
 from vultrscale import config as config_mod
-from vultrscale import waits
 from vultrscale.config import Config
-from vultrscale.simulate import baselines, compare, engine, report, workload
-from vultrscale.simulate.fleet import Vultrscale
+from vultrscale.replay import baselines, compare, engine, report, workload
+from vultrscale.replay.fleet import Vultrscale
+from vultrscale.rules import waits
 
 DAYS = 14
 SEEDS = (0, 1, 2)

@@ -11,8 +11,8 @@ from rich import box
 from rich.table import Table
 
 from vultrscale.errors import UsageError
-from vultrscale.simulate.compare import Comparison
-from vultrscale.simulate.report import PolicyResult
+from vultrscale.replay.compare import Comparison
+from vultrscale.replay.report import PolicyResult
 
 # The table fits this many columns (a pipe or a file gets exactly this); --wide shows all.
 NARROW = 100

@@ -42,7 +42,7 @@ from vultrscale.workerunit import RESTART_SECONDS
 if TYPE_CHECKING:
     import paramiko
 
-log = logging.getLogger("vultrscale.sim.hosts")
+log = logging.getLogger("vultrscale.fake_vultr.hosts")
 
 # Where cloud-init/user-data.yaml.tmpl writes the worker's environment.
 WORKER_ENV_PATH = "/etc/vultrscale/worker.env"

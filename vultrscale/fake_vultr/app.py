@@ -1,7 +1,8 @@
 """A Vultr API v2 simulator: the state machine, the routes, rate limiting and fault injection.
 
 One function, :meth:`Simulator.handle`, answers every request; the in-process httpx transport
-and the loopback HTTP server (``vultrscale.sim.server``) both call it, so tests that use either
+and the loopback HTTP server (``vultrscale.fake_vultr.server``) both call it, so tests that
+use either
 see the same behaviour. Wire shapes follow the official OpenAPI document (2023-12-07) and
 ``API-NOTES.md``: flat ``v6_*`` fields, ``{"error", "status"}`` error bodies, base64 cursors.
 
@@ -28,8 +29,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol
 
-from vultrscale.clock import Clock
-from vultrscale.sim import data
+from vultrscale.core.clock import Clock
+from vultrscale.fake_vultr import data
 from vultrscale.vultr import refusals
 
 JSON = dict[str, Any]

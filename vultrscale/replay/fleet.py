@@ -30,12 +30,11 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from vultrscale import boottime, budget, decision, forecast, lifecycle, offerings, reconcile
+from vultrscale import reconcile
 from vultrscale.config import Config, Secret
-from vultrscale.errors import HostUnreachable, SSHError, UsageError
-from vultrscale.forecast import Bucket
-from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_parts
-from vultrscale.model import (
+from vultrscale.core import boottime, forecast
+from vultrscale.core.forecast import Bucket
+from vultrscale.core.model import (
     HostTarget,
     InstanceState,
     LedgerRow,
@@ -45,8 +44,11 @@ from vultrscale.model import (
     Signals,
     WorkerView,
 )
+from vultrscale.errors import HostUnreachable, SSHError, UsageError
+from vultrscale.memory import MemoryCloud, MemoryLedger, MemorySignals, memory_parts
 from vultrscale.ports import Parts
-from vultrscale.simulate.world import World
+from vultrscale.replay.world import World
+from vultrscale.rules import budget, decision, lifecycle, offerings
 from vultrscale.vultr.errors import InstanceLocked, RateLimited
 from vultrscale.vultr.models import VInstance, VPlan
 
@@ -73,7 +75,7 @@ class WorldClock:
 
 def list_price(plan: str) -> PlanPrice:
     """Vultr's list price of ``plan`` (the simulator's copy of ``GET /v2/plans``)."""
-    from vultrscale.sim import data
+    from vultrscale.fake_vultr import data
 
     for p in data.PLANS:
         if p["id"] == plan:

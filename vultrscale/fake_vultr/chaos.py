@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from vultrscale.vultr.refusals import Refusal
 
 if TYPE_CHECKING:
-    from vultrscale.sim.app import Simulator
-    from vultrscale.sim.hosts import Hosts
+    from vultrscale.fake_vultr.app import Simulator
+    from vultrscale.fake_vultr.hosts import Hosts
 
 WORKER_KILLED = "worker SIGKILL"
 API_429 = "API 429 burst"

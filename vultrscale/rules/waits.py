@@ -15,7 +15,7 @@ an empty queue. Here the policy estimates when each job will start, for the jobs
 - a running instance has ``jobs_per_instance`` slots; those holding a job in flight free up
   ``d / 2`` from now (its start is not known: half a run on average), the others now;
 - an instance still booting adds its slots when it is expected ready: its create plus the
-  boot time (learned, ``vultrscale.boottime``), or now if that has passed;
+  boot time (learned, ``vultrscale.core.boottime``), or now if that has passed;
 - the jobs start in order, each in the slot that frees first, never before it arrives.
 
 The wait that matters is the longest: the oldest ready job's (its age, read every pass, plus
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from vultrscale.config import WaitTarget, format_duration
-from vultrscale.model import CAPACITY_STATES, Instance, InstanceState, Signals
+from vultrscale.core.model import CAPACITY_STATES, Instance, InstanceState, Signals
 
 #: The finished jobs the mean run time rests on: the newest ones...
 RECENT_JOBS = 100

@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from vultrscale.boottime import BootTime
+    from vultrscale.core.boottime import BootTime
+    from vultrscale.core.forecast import Profile
+    from vultrscale.core.limits import Clamp
     from vultrscale.errors import DatabaseError
-    from vultrscale.forecast import Profile
-    from vultrscale.limits import Clamp
 
 _T = TypeVar("_T")
 
@@ -239,11 +239,11 @@ class Signals:
     expired_leases: int = 0
     oldest_ready_seconds: float = 0.0
     leases_by_worker: dict[str, int] = field(default_factory=dict)
-    # The queue's recent finished jobs (vultrscale.waits.RECENT_JOBS newest within
+    # The queue's recent finished jobs (vultrscale.rules.waits.RECENT_JOBS newest within
     # RECENT_WINDOW): how many, and their mean run time. None: this preset does not tell.
     recent_jobs: int | None = None
     recent_job_seconds: float | None = None
-    # The jobs that arrived within vultrscale.waits.ARRIVAL_WINDOW. None: not told.
+    # The jobs that arrived within vultrscale.rules.waits.ARRIVAL_WINDOW. None: not told.
     recent_arrivals: int | None = None
 
     @property
@@ -306,7 +306,7 @@ class Observation:
     idle_since: datetime | None = None  # from the previous pass; policy returns the new one
     # The floor forecast's per-slot profile (``forecast``); None: off, or none computed yet.
     forecast: Profile | None = None
-    # Create to worker up, learned from the ledger (vultrscale.boottime); None: not known
+    # Create to worker up, learned from the ledger (vultrscale.core.boottime); None: not known
     # (then the policy plans with policy.boot_time).
     boot_time: BootTime | None = None
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
 
-from vultrscale import budget
-from vultrscale.model import (
+from vultrscale.core.model import (
     InstanceState,
     LedgerRow,
     PlanPrice,
@@ -31,6 +30,7 @@ from vultrscale.model import (
     WorkerView,
     retired_label,
 )
+from vultrscale.rules import budget
 
 # A create intent whose instance never shows up in the tagged list within this time is dead:
 # the POST failed before Vultr acted (or never happened).

@@ -30,7 +30,7 @@ import bisect
 import math
 from collections import deque
 
-from vultrscale.simulate.world import World
+from vultrscale.replay.world import World
 
 # Stop an instance the next hour does not need this long before its paid hour ends: its drain
 # and its delete then fall inside the hour already paid (Vultr bills per started hour).

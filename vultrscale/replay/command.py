@@ -11,12 +11,12 @@ from typing import Any
 
 from rich.console import Console
 
-from vultrscale import boottime
 from vultrscale import config as config_mod
 from vultrscale.config import Config
+from vultrscale.core import boottime
 from vultrscale.errors import EXIT_OK, UsageError
-from vultrscale.simulate import compare, render, workload
-from vultrscale.simulate.compare import Comparison, Setup
+from vultrscale.replay import compare, render, workload
+from vultrscale.replay.compare import Comparison, Setup
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
-from vultrscale.sim.app import SimRequest, SimResponse, Simulator
+from vultrscale.fake_vultr.app import SimRequest, SimResponse, Simulator
 
 
 class SimTransport(httpx.BaseTransport):

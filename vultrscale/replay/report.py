@@ -1,6 +1,6 @@
 """What a replay measured, per policy: hours, bills, waits, killed and lost work.
 
-Billing is Vultr's (``vultrscale.budget``): each instance pays the hourly rate per started
+Billing is Vultr's (``vultrscale.rules.budget``): each instance pays the hourly rate per started
 hour from its creation, at most the monthly price per calendar month. Instance-hours and bills
 cover everything the replay ran, for every policy alike: each instance from its creation to its
 deletion, or to the replay's end (the trace's end plus its grace) if it is still alive then. A
@@ -13,10 +13,10 @@ import math
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from vultrscale import budget
-from vultrscale.model import PlanPrice
-from vultrscale.simulate.engine import RunStats, Sample
-from vultrscale.simulate.world import World
+from vultrscale.core.model import PlanPrice
+from vultrscale.replay.engine import RunStats, Sample
+from vultrscale.replay.world import World
+from vultrscale.rules import budget
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, Protocol
 
-from vultrscale.model import (
+from vultrscale.core.model import (
     CAPACITY_STATES,
     HOURS_PER_MONTH,
     Instance,

@@ -17,10 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from vultrscale import budget
 from vultrscale.config import Config, Offering
-from vultrscale.errors import UsageError
-from vultrscale.model import (
+from vultrscale.core.model import (
     CAPACITY_STATES,
     Instance,
     InstanceState,
@@ -28,6 +26,8 @@ from vultrscale.model import (
     OfferingMark,
     PlanPrice,
 )
+from vultrscale.errors import UsageError
+from vultrscale.rules import budget
 
 __all__ = [
     "Choice",

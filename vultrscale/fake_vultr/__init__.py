@@ -1,6 +1,6 @@
 """The Vultr API v2 simulator: a spec-faithful fake, in process or over loopback HTTP."""
 
-from vultrscale.sim.app import (
+from vultrscale.fake_vultr.app import (
     IpAllocator,
     RequestRecord,
     SeededIps,
@@ -11,7 +11,7 @@ from vultrscale.sim.app import (
     SimulatorError,
     Timings,
 )
-from vultrscale.sim.server import ServerHandle, SimTransport, serving, start_server
+from vultrscale.fake_vultr.server import ServerHandle, SimTransport, serving, start_server
 
 __all__ = [
     "IpAllocator",

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from vultrscale import boottime, budget, lifecycle, offerings, policy
 from vultrscale.config import Config
-from vultrscale.lifecycle import Transition, Verdict
-from vultrscale.model import (
+from vultrscale.core import boottime
+from vultrscale.core.model import (
     ActionKind,
     FleetState,
     HostTarget,
@@ -45,8 +44,10 @@ from vultrscale.model import (
     ServiceState,
     frozen_from,
 )
-from vultrscale.offerings import Choice, OfferingView
-from vultrscale.readings import Readings
+from vultrscale.rules import budget, lifecycle, offerings, policy
+from vultrscale.rules.lifecycle import Transition, Verdict
+from vultrscale.rules.offerings import Choice, OfferingView
+from vultrscale.rules.readings import Readings
 
 if TYPE_CHECKING:
     from vultrscale.vultr.models import VInstance

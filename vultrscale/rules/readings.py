@@ -1,5 +1,5 @@
 """What one pass read, as one frozen value: ``Readings``. The read stage (``vultrscale.read``)
-builds it whole, the decision (``vultrscale.decision``) reads it and nothing else.
+builds it whole, the decision (``vultrscale.rules.decision``) reads it and nothing else.
 
 What could not be read is in the value as the error that said so (the cloud's, the queue's),
 never guessed; its words are made here, once.
@@ -12,12 +12,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from vultrscale.model import FleetState, LedgerRow, PlanPrice, ServiceState, Signals, WorkerView
+from vultrscale.core.model import (
+    FleetState,
+    LedgerRow,
+    PlanPrice,
+    ServiceState,
+    Signals,
+    WorkerView,
+)
 
 if TYPE_CHECKING:
+    from vultrscale.core.forecast import Profile
     from vultrscale.errors import DatabaseError, UsageError
-    from vultrscale.forecast import Profile
-    from vultrscale.offerings import OfferingCheck, OfferingView
+    from vultrscale.rules.offerings import OfferingCheck, OfferingView
     from vultrscale.vultr.errors import VultrError
     from vultrscale.vultr.models import VInstance
 
