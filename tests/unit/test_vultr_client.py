@@ -15,6 +15,7 @@ import respx
 
 from vultrscale.core.clock import Deadline, FakeClock
 from vultrscale.errors import UsageError
+from vultrscale.vultr import client as client_mod
 from vultrscale.vultr.client import CALL_BUDGET_S, PER_PAGE, VultrClient
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
@@ -884,22 +885,22 @@ def test_without_a_pass_a_call_ends_within_its_own_limit(api: respx.MockRouter, 
 def test_the_sockets_of_the_api_and_of_an_environment_proxy_are_all_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The total deadline rests on httpx's and httpcore's private parts (no public way exists
-    # in httpx 0.28): an upgrade that renames them must fail here, not silently drop the bound.
+    # The client's transport makes httpcore's pools through httpcore's public API, each with
+    # the backend that bounds every socket wait, a proxy's from the environment too; NO_PROXY
+    # hosts go straight.
     import httpcore
-
-    from vultrscale.vultr import client as client_mod
 
     for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "internal.example")
     with VultrClient(KEY, "https://api.vultr.com") as client:
-        transports = [client._http._transport, *client._http._mounts.values()]
-        pools = [getattr(t, "_pool", None) for t in transports if t is not None]
-    assert len(pools) == 2 and isinstance(pools[1], httpcore.HTTPProxy)
-    for pool in pools:
-        assert isinstance(pool, httpcore.ConnectionPool)
-        assert isinstance(pool._network_backend, client_mod._LimitedBackend)
+        transport = client.transport
+        assert isinstance(transport, client_mod._BoundedTransport)
+        via = transport.pool_for(httpx.URL("https://api.vultr.com/v2/account"))
+        straight = transport.pool_for(httpx.URL("https://internal.example/v2/account"))
+    assert isinstance(via, httpcore.HTTPProxy) and not isinstance(straight, httpcore.HTTPProxy)
+    assert isinstance(transport.backend, client_mod._LimitedBackend)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import email.utils
 import json
 import logging
@@ -180,13 +181,131 @@ class _LimitedStream(httpcore.NetworkStream):
         return self._stream.get_extra_info(info)
 
 
-def _limit_sockets(transport: httpx.BaseTransport, limit: _Limit) -> None:
-    """Route an httpx transport's sockets through ``limit``: httpx has no option for it, so its
-    connection pool's backend is wrapped. Another kind of transport (a test's mock, the
-    simulator's in-process one) opens no sockets."""
-    pool = getattr(transport, "_pool", None)
-    if isinstance(pool, httpcore.ConnectionPool):  # HTTP and SOCKS proxies are pools too
-        pool._network_backend = _LimitedBackend(pool._network_backend, limit)
+# httpcore's errors as httpx raises them (httpx maps them so in its own transport): the client
+# and its retries read httpx's.
+_HTTPCORE_ERRORS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+)
+
+
+@contextlib.contextmanager
+def _as_httpx() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        for theirs, ours in _HTTPCORE_ERRORS:  # the most specific first
+            if isinstance(exc, theirs):
+                raise ours(str(exc)) from exc
+        raise
+
+
+class _Body(httpx.SyncByteStream):
+    def __init__(self, stream: Iterable[bytes]) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _as_httpx():
+            yield from self._stream
+
+    def close(self) -> None:
+        close = getattr(self._stream, "close", None)
+        if close is not None:
+            close()
+
+
+class _BoundedTransport(httpx.BaseTransport):
+    """An httpx transport whose sockets all wait at most until ``limit`` says: httpcore's
+    pools, made through its public API with a network backend of ours (httpx's own transport
+    takes no backend). Proxies come from the environment as httpx reads them (HTTPS_PROXY,
+    HTTP_PROXY, ALL_PROXY, NO_PROXY: the standard library's ``getproxies`` and
+    ``proxy_bypass``), their sockets bounded too."""
+
+    def __init__(self, limit: _Limit) -> None:
+        from urllib.request import getproxies
+
+        self._ssl = httpx.create_ssl_context()
+        self.backend = _LimitedBackend(httpcore.SyncBackend(), limit)
+        self._direct = httpcore.ConnectionPool(ssl_context=self._ssl, network_backend=self.backend)
+        self._proxies: dict[str, httpcore.ConnectionPool] = {}
+        for scheme, url in getproxies().items():
+            if scheme in ("http", "https", "all") and url:
+                self._proxies[scheme] = self._proxy(
+                    httpx.Proxy(url if "://" in url else f"http://{url}")
+                )
+
+    def _proxy(self, proxy: httpx.Proxy) -> httpcore.ConnectionPool:
+        url = httpcore.URL(
+            scheme=proxy.url.raw_scheme,
+            host=proxy.url.raw_host,
+            port=proxy.url.port,
+            target=proxy.url.raw_path,
+        )
+        if proxy.url.scheme in ("socks5", "socks5h"):
+            return httpcore.SOCKSProxy(
+                proxy_url=url,
+                proxy_auth=proxy.raw_auth,
+                ssl_context=self._ssl,
+                network_backend=self.backend,
+            )
+        return httpcore.HTTPProxy(
+            proxy_url=url,
+            proxy_auth=proxy.raw_auth,
+            proxy_headers=proxy.headers.raw,
+            ssl_context=self._ssl,
+            proxy_ssl_context=proxy.ssl_context,
+            network_backend=self.backend,
+        )
+
+    def pool_for(self, url: httpx.URL) -> httpcore.ConnectionPool:
+        """The pool a request to ``url`` goes through: its scheme's proxy (or ALL_PROXY's)
+        unless NO_PROXY names its host, else straight."""
+        from urllib.request import proxy_bypass
+
+        proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
+        if proxy is None or proxy_bypass(url.host):
+            return self._direct
+        return proxy
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.SyncByteStream)
+        req = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with _as_httpx():
+            resp = self.pool_for(request.url).handle_request(req)
+        assert isinstance(resp.stream, Iterable)
+        return httpx.Response(
+            status_code=resp.status,
+            headers=resp.headers,
+            stream=_Body(resp.stream),
+            extensions=resp.extensions,
+        )
+
+    def close(self) -> None:
+        for pool in (self._direct, *self._proxies.values()):
+            pool.close()
 
 
 class _Pace:
@@ -371,18 +490,19 @@ class VultrClient:
             0, 0.25
         )
         self.requests_made = 0
+        # Every socket the client opens waits at most until the call's end (``_Limit``), the
+        # proxies' from the environment too; a transport given (a test's mock, the
+        # simulator's in-process one) opens none.
+        self.transport = transport or _BoundedTransport(self._limit)
         self._http = httpx.Client(
             base_url=self.base_url,
             auth=_BearerAuth(key),
             timeout=httpx.Timeout(timeout),
-            transport=transport,
+            transport=self.transport,
             headers={"User-Agent": user_agent, "Accept": "application/json"},
             follow_redirects=False,
+            trust_env=False,  # the environment's proxies are the transport's (above)
         )
-        # Every socket the client opens, the proxies' from the environment too.
-        for mounted in [self._http._transport, *self._http._mounts.values()]:
-            if mounted is not None:
-                _limit_sockets(mounted, self._limit)
 
     def __repr__(self) -> str:
         return f"VultrClient(base_url={mask_url(self.base_url)!r}, api_key='***')"
