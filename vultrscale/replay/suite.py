@@ -31,8 +31,7 @@ from pathlib import Path
 
 from vultrscale import config as config_mod
 from vultrscale.config import Config
-from vultrscale.replay import baselines, compare, engine, report, workload
-from vultrscale.replay.fleet import Vultrscale
+from vultrscale.replay import compare, report, workload
 from vultrscale.rules import waits
 
 DAYS = 14
@@ -177,16 +176,10 @@ def _measure(cell: Cell, row: str, cfg: Config, days: int) -> tuple[Cell, str, O
     trace = _trace(cell.workload, cell.seed, days)
     setup = compare.Setup(boot_time=(cell.boot, cell.boot), seed=cell.seed)
     price = compare.plan_price(cfg)
-    per = cfg.queue.jobs_per_instance
-    pol: engine.Policy
-    if row == "keda":
-        pol = baselines.Keda(cfg.policy.max_instances, per)
-    elif row == "hindsight":
-        pol = baselines.Hindsight(cfg.policy.max_instances, per, cell.boot)
-    elif row == "always-on 1":
-        pol = baselines.AlwaysOn(1, per, row)
-    else:
-        pol = Vultrscale(cfg, price, trace.epoch, name=row)
+    kind = {"keda": "keda", "hindsight": "hindsight", "always-on 1": "always-on"}
+    pol = compare.make_policy(
+        compare.Row(kind.get(row, "vultrscale"), row, cfg, price, size=1, wanted=1), trace, setup
+    )
     end = compare.replay_end(cfg, setup, trace)
     world, stats = compare.play(pol, trace, cfg, setup, end=end)
     r = report.measure(
