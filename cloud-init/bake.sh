@@ -8,7 +8,7 @@
 #       APP_SPEC="myjobs==1.2" bash bake.sh'
 #   vultrscale snapshot --from-instance <instance id>
 #
-# A worker of another queue (Procrastinate, PgQueuer, graphile-worker, pg-boss: README "A
+# A worker of another queue (Procrastinate, PgQueuer, graphile-worker, pg-boss: docs/queues.md, "A
 # foreign worker"): its unit file is installed instead of vultrscale's worker.service:
 #   WORKER_SERVICE=procrastinate-worker WORKER_UNIT=./procrastinate-worker.service \
 #       APP_SPEC="myapp==1.2 procrastinate" bash bake.sh

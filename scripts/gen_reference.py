@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Write the files generated from the config's schema: .env.example (every variable vultrscale
-reads) and docs/reference/settings.md (a table per section: key, type, default, what is
-allowed, the variable, help). Each setting is declared once, in vultrscale/config/schema.py:
-edit it there, then run this script. `vultrscale init` writes its commented vultrscale.toml
-from the same schema when it runs, so that file is not kept here.
+"""Write the files generated from the code: .env.example (every variable vultrscale reads) and
+docs/reference/settings.md (a table per section: key, type, default, what is allowed, the
+variable, help) from the config's schema, and docs/reference/cli.md (every command, its options
+and examples) from the command tree. Each setting is declared once, in
+vultrscale/config/schema.py, each command's help beside the command in vultrscale/cli: edit it
+there, then run this script. `vultrscale init` writes its commented vultrscale.toml from the
+same schema when it runs, so that file is not kept here.
 
     scripts/gen_reference.py            write the files that changed
     scripts/gen_reference.py --check    write nothing; exit 1 naming each stale file
@@ -20,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vultrscale.config import reference  # noqa: E402  (after the path: run from a clone)
+from vultrscale.cli import reference as cli_reference  # noqa: E402  (after the path: a clone)
+from vultrscale.config import reference  # noqa: E402
 
 
 def generated() -> dict[Path, str]:
@@ -28,6 +31,7 @@ def generated() -> dict[Path, str]:
     return {
         ROOT / ".env.example": reference.env_example(),
         ROOT / "docs" / "reference" / "settings.md": reference.settings_page(),
+        ROOT / "docs" / "reference" / "cli.md": cli_reference.cli_page(),
     }
 
 

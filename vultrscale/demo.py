@@ -1,4 +1,4 @@
-"""``vultrscale demo``: the whole loop on this machine (README "The demo").
+"""``vultrscale demo``: the whole loop on this machine (docs/index.md, "The demo").
 
 Postgres (``DATABASE_URL``, else a throwaway server), the Vultr simulator on loopback over real
 HTTP, simulated instances that boot from the rendered user-data (a real ``vultrscale worker``
@@ -169,7 +169,7 @@ def demo_config(
             # seconds (its stock-out lasts 5-8 s): as long as 3 minutes, it would outlast the run.
             unavailable_for=timedelta(seconds=5),
         ),
-        # drain 5 s < TimeoutStopSec 15 s < drain.timeout 20 s (README "The worker")
+        # drain 5 s < TimeoutStopSec 15 s < drain.timeout 20 s (docs/worker.md)
         worker=WorkerConfig(
             app=APP,
             concurrency=settings.jobs_per_instance,

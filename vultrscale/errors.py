@@ -1,8 +1,8 @@
 """One rooted exception tree. Each error carries a hint for the user and an exit code.
 
-Exit codes (README "Commands"): 0 success, 1 a runtime failure after which nothing unsafe was done,
-2 a usage or configuration error. Adapters translate library errors into these with
-``raise ... from``; the CLI turns them into one or two lines, once.
+Exit codes (docs/reference/cli.md, "Exit codes"): 0 success, 1 a runtime failure after which
+nothing unsafe was done, 2 a usage or configuration error. Adapters translate library errors
+into these with ``raise ... from``; the CLI turns them into one or two lines, once.
 """
 
 from __future__ import annotations

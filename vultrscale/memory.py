@@ -89,7 +89,7 @@ class MemoryCloud:
         self._ids = itertools.count(1)
         self.posts = 0
         self.deletes = 0
-        # Stock (README "Offerings"): (region, plan) sold out, each refusing creates; the
+        # Stock (docs/offerings.md): (region, plan) sold out, each refusing creates; the
         # account's instance limit (None: none). See sell_out, restock.
         self.sold_out: set[tuple[str, str]] = set()
         self.instance_limit: int | None = None

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 
 # What a gauge shows for a figure the pass could not read (the queue, the price).
 _UNKNOWN = float("nan")
-# The exit codes a pass ends with (README "Commands"): each series exists from the start, at 0,
-# so that an alert's increase() sees the first failure too (a series born at 1 shows none).
+# The exit codes a pass ends with (docs/reference/cli.md, "Exit codes"): each series exists from
+# the start, at 0, so that an alert's increase() sees the first failure too (a series born at 1
+# shows none).
 _EXIT_CODES = ("0", "1", "2")
 # How a create can be refused (``PassResult.refusals``).
 _REFUSAL_KINDS = ("unavailable", "unclassified", "instance_limit")

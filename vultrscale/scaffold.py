@@ -104,7 +104,8 @@ def ask(prompt: Prompt, say: Say, catalog: Catalog | None, start: Answers) -> An
     snapshots = listing(lambda c: c.snapshots())
     if snapshots == []:
         say(
-            "No complete snapshot in the account yet: leave it empty and bake one (see the README)."
+            "No complete snapshot in the account yet: leave it empty and bake one"
+            " (docs/real-fleet.md, 'Bake your image')."
         )
     snapshot = _pick(
         prompt,

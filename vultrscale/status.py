@@ -136,7 +136,7 @@ def render(
 
 def offering_lines(offerings: Sequence[OfferingView], now: datetime) -> list[Text]:
     """The offerings in order of preference: price, usable or why skipped, the time left on a
-    remembered refusal and the refusals counted (README "Offerings")."""
+    remembered refusal and the refusals counted (docs/offerings.md)."""
     if not offerings:
         return []
     lines = [Text("offerings (in order of preference):")]

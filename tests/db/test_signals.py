@@ -441,7 +441,7 @@ def _wait_for(check, timeout: float = 20.0):  # type: ignore[no-untyped-def]
 
 
 def test_procrastinate_preset_reads_a_3_3_schema(pg_url: str) -> None:
-    """The README promises Procrastinate >= 3.1; the event type 'retried' came in 3.4 (a
+    """docs/queues.md promises Procrastinate >= 3.1; the event type 'retried' came in 3.4 (a
     literal of an enum value the schema lacks fails the whole read)."""
     from pathlib import Path
 

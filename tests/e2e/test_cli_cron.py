@@ -1,4 +1,4 @@
-"""The README's cron lines work as cron runs them: a bare PATH without the virtual
+"""The cron lines of docs/real-fleet.md work as cron runs them: a bare PATH without the virtual
 environment, the home directory as the working directory (no vultrscale.toml there), no
 secrets in the environment (they come from the .env next to the config)."""
 
@@ -15,14 +15,14 @@ import pytest
 from tests.e2e.cli_world import World, cli_world
 
 API_KEY = "VKEY-cron-0123456789abcdefghijklmnop"
-README = Path(__file__).parents[2] / "README.md"
+REAL_FLEET = Path(__file__).parents[2] / "docs" / "real-fleet.md"
 VENV_BIN = "/opt/vultrscale/.venv/bin/"
 CONFIG = "/etc/vultrscale/vultrscale.toml"
 LOG = "/var/log/vultrscale.log"
 
 
 def _cron_lines() -> list[str]:
-    text = README.read_text()
+    text = REAL_FLEET.read_text()
     block = text.split("With a clone in `/opt/vultrscale`:", 1)[1].split("```", 2)[1]
     return [line.strip() for line in block.splitlines() if line.strip()]
 
@@ -45,7 +45,7 @@ def _as_cron(line: str, home: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_readme_names_a_cron_line_per_half_minute() -> None:
+def test_the_docs_name_a_cron_line_per_half_minute() -> None:
     lines = _cron_lines()
     assert len(lines) == 2
     assert all(line.startswith("* * * * * ") for line in lines)
@@ -53,7 +53,7 @@ def test_the_readme_names_a_cron_line_per_half_minute() -> None:
 
 
 @pytest.mark.parametrize("n", [0, 1], ids=["on-the-minute", "half-past"])
-def test_the_readme_cron_line_runs_a_pass_from_a_bare_environment(
+def test_the_docs_cron_line_runs_a_pass_from_a_bare_environment(
     n: int, world: World, tmp_path: Path
 ) -> None:
     etc, home = tmp_path / "etc", tmp_path / "home"
@@ -74,6 +74,6 @@ def test_the_readme_cron_line_runs_a_pass_from_a_bare_environment(
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert re.match(r"desired 0, target 0 ", log.read_text()), log.read_text()  # the pass's plan
-    # what the README said before: neither the program nor the config is found from cron
+    # what the docs said before: neither the program nor the config is found from cron
     bare = _as_cron("vultrscale reconcile", home)
     assert bare.returncode == 127

@@ -164,7 +164,7 @@ CASES = [
     c('db-unreachable-enqueue', 'enqueue', 1, 'cannot enqueue', env={'DATABASE_URL': f"host=127.0.0.1 port={{closed}} password='{DB_PASSWORD} x'"}),
     c('db-without-schema', 'enqueue', 1, 'db init', env={'DATABASE_URL': '{empty_db}'}),
     # A failed pass writes its fleet_events row, never the forecast's cache (forecast_profiles);
-    # what else it may write (README "Exit codes"): the steps it carried out (here the queue's
+    # what else it may write (docs/reference/cli.md, "Exit codes"): the steps it carried out (here the queue's
     # idle time, read from Postgres), and the plan checks Vultr answered (stamped, 10 minutes).
     c('pass-api-unreachable', 'reconcile', 1, 'cannot connect', env={'VULTR_API_URL': 'http://127.0.0.1:{closed}'}, writes=('public.fleet_state',)),
     c('pass-snapshot-missing', 'reconcile', 2, f'snapshot {VID}', env={'VULTRSCALE_FLEET_SNAPSHOT_ID': VID, 'VULTRSCALE_POLICY_MIN_INSTANCES': '1', 'WORKER_DATABASE_URL': 'postgresql://vultrscale_worker:pw@127.0.0.1:{closed}/db'}, writes=('public.plan_checks',)),

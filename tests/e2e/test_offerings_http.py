@@ -1,4 +1,4 @@
-"""Offerings as a user meets them (README "Offerings"): the real CLI and Vultr client over the
+"""Offerings as a user meets them (docs/offerings.md): the real CLI and Vultr client over the
 simulator's HTTP, real Postgres. The first offering runs out after its availability was
 cached: the create is refused in the simulator's words, the same pass creates on the second,
 the next processes skip the first without asking, and `status`, `events` and the metrics say

@@ -1,7 +1,7 @@
 """The README's demo line, run as a newcomer runs it: in a fresh clone, nothing beside it.
 
 The line is read from the README's quick start, so the test and the README cannot drift. It is
-shortened with ``--bursts 0:4`` (an option the README mentions). The clone is of the committed
+shortened with ``--bursts 0:4`` (an option docs/index.md mentions). The clone is of the committed
 HEAD: uncommitted changes are not in it. Marked ``clone``: it runs in CI and by default;
 ``scripts/test -m 'not clone'`` skips it locally.
 """

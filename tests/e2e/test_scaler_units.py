@@ -94,7 +94,7 @@ def _filtered(groups: list[str]) -> set[str]:
 def test_the_worker_filter_leaves_a_handler_its_own_sandbox() -> None:
     # A headless Chromium's sandbox chroots inside a user namespace of its own, bubblewrap
     # mounts and pivots there: no privilege outside it, so the filter takes nothing by
-    # allowing them, and the README promises a handler namespaces.
+    # allowing them, and docs/worker.md promises a handler namespaces.
     lines = (REPO / "cloud-init" / "worker.service").read_text().splitlines()
     (denied,) = [x.split("=", 1)[1] for x in lines if x.startswith("SystemCallFilter=~")]
     filtered = _filtered(denied.lstrip("~").split())

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import psycopg
@@ -145,7 +146,8 @@ def test_the_wheel_installs_in_an_empty_venv_and_runs_a_worker_from_there(
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 
-    assert run("--version").strip() == "vultrscale 0.1.0"
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert run("--version").strip() == f"vultrscale {version}"
     # The files the package ships: the same as the repository's, read from the wheel's copy.
     shipped = python(SHIPPED).split()
     assert shipped[0].startswith(str(venv)), shipped  # the wheel's copy, not the repository's

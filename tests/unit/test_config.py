@@ -80,8 +80,8 @@ def test_a_secret_set_empty_in_the_environment_over_the_dotenv_is_named_as_such(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The environment wins over the .env (README), so an empty variable hides the .env's
-    value: the error says so instead of "not set ... set it in the .env"."""
+    """The environment wins over the .env (docs/real-fleet.md), so an empty variable hides the
+    .env's value: the error says so instead of "not set ... set it in the .env"."""
     monkeypatch.chdir(tmp_path)
     for other in (*config.SECRET_NAMES, "VULTRSCALE_CONFIG", "VULTR_API_URL"):
         monkeypatch.delenv(other, raising=False)
@@ -396,7 +396,7 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> Non
 def test_the_shipped_env_example_copied_to_env_overrides_no_setting_of_the_file(
     tmp_path: Path,
 ) -> None:
-    """README: copy .env.example to .env next to vultrscale.toml. Its worker lines are
+    """.env.example copied to .env next to vultrscale.toml: its worker lines are
     examples; set, they would beat the file's [worker] section (an empty app is invalid)."""
     example = Path(__file__).resolve().parents[2] / ".env.example"
     (tmp_path / ".env").write_text(example.read_text())

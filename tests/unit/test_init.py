@@ -30,7 +30,8 @@ FILLED = {
     "DATABASE_URL": "postgresql://vultrscale:pw1@db.internal:5432/jobs",
     "WORKER_DATABASE_URL": "postgresql://vultrscale_worker:pw2@10.1.0.5:5432/jobs",
 }
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+REAL_FLEET = ROOT / "docs" / "real-fleet.md"  # the page with the annotated configuration
 
 
 @pytest.fixture
@@ -118,7 +119,7 @@ def test_init_force_keeps_a_copy_of_the_env_it_replaces(
     _fill(env)
     env.chmod(0o644)  # the copy is 0600 all the same
     filled, edited = env.read_bytes(), toml.read_bytes()
-    (here / ".env.bak").write_text("an older copy\n")  # replaced, as the README says
+    (here / ".env.bak").write_text("an older copy\n")  # replaced, as docs/real-fleet.md says
     (here / ".env.bak").chmod(0o644)
     capsys.readouterr()
 
@@ -238,7 +239,7 @@ def test_with_force_a_directory_or_a_link_where_its_copy_goes_writes_nothing(
 
 
 def test_git_ignores_the_env_and_the_copy_init_force_keeps_of_it() -> None:
-    ignored = (README.parent / ".gitignore").read_text().split()
+    ignored = (ROOT / ".gitignore").read_text().split()
     assert {".env", ".env.bak", "vultrscale.toml", "vultrscale.toml.bak"} <= set(ignored)
 
 
@@ -257,9 +258,9 @@ def test_a_directory_or_a_link_in_the_way_writes_nothing_even_with_force(
     assert sorted(p.name for p in here.iterdir()) == [existing]
 
 
-def test_the_template_has_the_readme_reference_keys(here: Path) -> None:
-    """The README's config reference and the written file name the same keys."""
-    block = README.read_text().split("## Configuration", 1)[1].split("```toml\n", 1)[1]
+def test_the_template_has_the_docs_reference_keys(here: Path) -> None:
+    """The configuration shown in docs/real-fleet.md and the written file name the same keys."""
+    block = REAL_FLEET.read_text().split("## Configuration", 1)[1].split("```toml\n", 1)[1]
     reference = tomllib.loads(block.split("```", 1)[0])
     written = tomllib.loads(scaffold.config_text(scaffold.Answers()))
     reference["policy"].pop("floor")  # the template leaves the example floor commented out

@@ -1,4 +1,4 @@
-"""Offerings (README "Offerings"): the pure rules, and the pass over in-memory ports with the
+"""Offerings (docs/offerings.md): the pure rules, and the pass over in-memory ports with the
 first offering sold out, the account at its limit, an unclear create, a refusal remembered."""
 
 from __future__ import annotations

@@ -495,7 +495,7 @@ def test_a_dry_run_remembers_no_plan_check(tmp_path: Path) -> None:
 
 
 def test_a_plan_its_region_does_not_list_is_remembered_as_not_listed(tmp_path: Path) -> None:
-    """Availability changes like stock (README "Offerings"): cached for the TTL as any check,
+    """Availability changes like stock (docs/offerings.md): cached for the TTL as any check,
     so a cron pass on a fleet whose first offering is not listed still makes one request."""
     fleet = Fleet(tmp_path, fleet={"region": "ams"})  # the memory cloud offers it in ewr only
     with pytest.raises(UsageError, match="not offered in region"):

@@ -1,6 +1,7 @@
-"""The files written from the config's schema: init's commented vultrscale.toml names every
-setting and loads back as the defaults, and .env.example and docs/reference/settings.md are
-what scripts/gen_reference.py writes now (a stale one fails here: run the script)."""
+"""The files written from the code: init's commented vultrscale.toml names every setting and
+loads back as the defaults, and .env.example, docs/reference/settings.md (from the config's
+schema) and docs/reference/cli.md (from the command tree) are what scripts/gen_reference.py
+writes now (a stale one fails here: run the script)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from vultrscale import config, scaffold
+from vultrscale.cli import reference as cli_reference
 from vultrscale.config import reference
 from vultrscale.config.kinds import Tables, spec_of, value_problems
 from vultrscale.config.schema import SECTIONS, all_settings
@@ -27,8 +29,9 @@ _KEY = re.compile(r"^(?:# )?(\w+) = ")
     [
         (".env.example", reference.env_example),
         ("docs/reference/settings.md", reference.settings_page),
+        ("docs/reference/cli.md", cli_reference.cli_page),
     ],
-    ids=["env-example", "settings-reference"],
+    ids=["env-example", "settings-reference", "cli-reference"],
 )
 def test_the_generated_files_are_up_to_date(path: str, generate: object) -> None:
     assert callable(generate)

@@ -32,8 +32,8 @@ from vultrscale.replay import compare, workload
 from vultrscale.replay.fleet import Vultrscale
 from vultrscale.rules import budget, lifecycle, policy
 
-# The pass's own stages and the pure core they call (README "How it works": read -> decide
-# -> apply).
+# The pass's own stages and the pure core they call (docs/architecture.md, "A pass's data
+# flow": read -> decide -> apply).
 SPIED: list[tuple[Any, str]] = [
     (reconcile, "read"),
     (reconcile, "decide"),

@@ -307,8 +307,8 @@ def _click_exceptions() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point; returns the exit code (README "Commands"). The one guard: nothing
-    unexpected escapes as a traceback unless --debug asks for it."""
+    """Console-script entry point; returns the exit code (docs/reference/cli.md, "Exit codes").
+    The one guard: nothing unexpected escapes as a traceback unless --debug asks for it."""
     args = hoist_globals(list(sys.argv[1:] if argv is None else argv))
     opts = args[: args.index("--")] if "--" in args else args
     state.debug = "--debug" in opts

@@ -1,6 +1,7 @@
 """Typed, frozen configuration: ``load(path, env, flags)`` and a validation listing every problem.
 
-Precedence: command-line flag > environment > config file > default (README "Configuration").
+Precedence: command-line flag > environment > config file > default (docs/real-fleet.md,
+"Configuration").
 Secrets come only from the environment or a ``.env`` file next to the config file, never from the
 TOML. Settings can also be given in the environment as ``VULTRSCALE_<SECTION>_<KEY>``
 (``VULTRSCALE_POLICY_MAX_INSTANCES=3``).

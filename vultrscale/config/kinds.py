@@ -85,7 +85,7 @@ def _read_number(value: Any, key: str) -> float:
 
 def _read_seconds(value: Any, key: str) -> float:
     # The worker's *_seconds keys take what their flags take (`--drain-seconds 2m`): "2m" in
-    # the .env was "expected a number" where the README says durations are written alike in
+    # the .env was "expected a number" where the docs say durations are written alike in
     # the file, the environment and on the command line.
     if isinstance(value, str):
         return parse_duration(value, key).total_seconds()

@@ -65,7 +65,7 @@ from vultrscale.core.forecast import POOLS as FORECAST_POOLS
 MAX_FLEET = 10_000
 MAX_JOBS_PER_INSTANCE = 100_000
 _DAY = 86_400
-#: The queue presets (db/presets/, one module each), in the order the README lists them.
+#: The queue presets (db/presets/, one module each), in the order docs/queues.md lists them.
 PRESETS = ("vultrscale", "procrastinate", "pgqueuer", "graphile-worker", "pg-boss", "custom")
 FORECAST_MODES = ("off", "observe", "scale")
 _CUSTOM_SQL = "custom preset only: a query returning one number"
@@ -345,7 +345,7 @@ class PolicyConfig:
         commented=True,
     )
     # Work returns while an instance drains (its delete not sent): start its worker again
-    # rather than boot a new one (README "The decision").
+    # rather than boot a new one (docs/policy.md, "Revive before you boot").
     revive: bool = setting(
         True, BOOLEAN, "start a draining instance's worker again before booting one"
     )
@@ -393,7 +393,7 @@ class DrainConfig:
 
 @dataclass(frozen=True)
 class SimulateConfig:
-    """The world `vultrscale simulate` replays in (README "Tune before you deploy"); the pass
+    """The world `vultrscale simulate` replays in (docs/simulate.md); the pass
     never reads it. Kept in the fleet's file so a sweep varies it like any other key."""
 
     # Snapshot restores take 10 to 15 minutes at Vultr on top of provisioning (Vultr's docs).

@@ -153,7 +153,8 @@ class Secrets:
     # user:password of a VULTR_API_URL that carries them (a proxy with basic auth)
     api_url_userinfo: Secret = field(default_factory=lambda: Secret(""))
     # The secrets set but empty in the environment while the .env has a value: the environment
-    # wins (README "Configuration"), so the .env's value is hidden, and saying "not set" misleads.
+    # wins (docs/real-fleet.md, "Configuration"), so the .env's value is hidden, and saying "not
+    # set" misleads.
     hidden_by_env: frozenset[str] = frozenset()
 
     @classmethod

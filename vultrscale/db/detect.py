@@ -65,7 +65,7 @@ class Detected:
 
 
 def detect(conn: psycopg.Connection[Any], queue: QueueConfig) -> list[Detected]:
-    """Every library preset (all but custom) as this database holds it, in the README's order.
+    """Every library preset (all but custom) as this database holds it, in docs/queues.md's order.
     ``queue``: the configured one (its ``queue.queue`` filters the configured preset's read;
     a custom preset's own read comes last). ``conn`` must have no transaction in progress."""
     library = [p for p in PRESETS.values() if p.tables and p.name != "custom"]

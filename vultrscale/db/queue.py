@@ -1,6 +1,6 @@
 """The built-in queue's operations, each one SQL statement against the schema of ``schema.py``.
 
-The contract (README "The worker"):
+The contract (docs/worker.md):
 
 - ``claim`` locks ready rows with ``FOR UPDATE SKIP LOCKED``, counts the attempt and writes the
   lease in the same statement; the lease carries a fresh fencing ``token``.

@@ -4,7 +4,7 @@
 transaction-scoped advisory lock, applies what is missing and records each version in
 ``vultrscale_schema``; the others wait for the lock and find nothing to do.
 
-All lease and liveness times are the database's ``now()`` (README "Queue signals and presets").
+All lease and liveness times are the database's ``now()`` (docs/queues.md).
 The partial indexes cover only the rows the hot queries read (ready jobs, live leases), so claims
 and the scaler's counts stay fast when the table holds millions of finished rows.
 """
@@ -164,7 +164,7 @@ _V6 = """
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS started_at timestamptz;
 """
 
-# v7: offerings (README "Offerings"). A plan check now also remembers a plan its region's
+# v7: offerings (docs/offerings.md). A plan check now also remembers a plan its region's
 # availability does not list (an offering skipped, not a refused pass: asked again after the
 # TTL, not on every pass). offering_marks: a create Vultr refused on a region and plan, skipped
 # by every pass of the fleet until ``until``; ``refusals`` counts them all (never reset).
@@ -181,10 +181,10 @@ CREATE TABLE offering_marks (
 );
 """
 
-# v8: the floor forecast (README "Floor forecast"). Its per-slot profile, computed from weeks
-# of jobs, is cached per fleet for every pass of every process (a pass runs every 30 s; the
-# profile is recomputed once per policy.forecast.refresh). The history read selects jobs by
-# created_at: a BRIN index is a few pages and costs the queue's inserts almost nothing
+# v8: the floor forecast (docs/policy.md, "The floor forecast"). Its per-slot profile, computed
+# from weeks of jobs, is cached per fleet for every pass of every process (a pass runs every
+# 30 s; the profile is recomputed once per policy.forecast.refresh). The history read selects
+# jobs by created_at: a BRIN index is a few pages and costs the queue's inserts almost nothing
 # (created_at grows with the table).
 _V8 = """
 CREATE TABLE forecast_profiles (

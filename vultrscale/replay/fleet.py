@@ -201,7 +201,7 @@ class WorldDrain:
 class WorldHistory:
     """The JobHistory port over the replayed past only: the jobs that arrived before the
     world's now, each with its run time once it has finished by then. A replay's forecast
-    never reads the trace's future (README "Floor forecast").
+    never reads the trace's future (docs/policy.md, "The floor forecast").
 
     The buckets are kept across the replay (``forecast.Tally``): each call adds the jobs
     that arrived and finished since the last one, instead of bucketing weeks of jobs again."""

@@ -101,7 +101,7 @@ class Outcome:
     p95: float
     lost: int
     # The share of jobs that waited longer than the candidate's target_wait plus the boot
-    # time (what target_wait promises, README "Boot only when it helps"); None: a baseline.
+    # time (what target_wait promises, docs/policy.md, "The wait rule"); None: a baseline.
     over_target: float | None = None
     # The limits that held back a scale-up the row wanted (cap, budget, cool, step).
     bound: tuple[str, ...] = ()

@@ -1,6 +1,6 @@
 """The simulated world: a queue, Vultr instances that boot, bill and die, and their workers.
 
-Workers behave as the reference runtime does (README "The worker"): a job holds one slot for its
+Workers behave as the reference runtime does (docs/worker.md): a job holds one slot for its
 duration; a stopped worker (SIGTERM, a drain) claims nothing more, lets running jobs finish up
 to its drain time, then gives the rest back without spending an attempt and exits; a worker
 started again (a revive) claims again once the stopped process has exited and the new one has

@@ -5,8 +5,8 @@ instance never costs more than its monthly price in one calendar month (UTC). An
 spans two months is billed in each separately, its hours counted from the later of its creation
 and the month's start.
 
-The rule of README "The budget", checked before every create with pending instances counted. A
-fleet of N instances is allowed only if both hold:
+The rule of docs/policy.md ("The budget"), checked before every create with pending instances
+counted. A fleet of N instances is allowed only if both hold:
 
 (a) N x monthly cost <= ceiling: a fleet stuck at N all month stays within the ceiling;
 (b) month-to-date cost + for each instance that keeps running and each new one

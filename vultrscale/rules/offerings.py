@@ -255,7 +255,7 @@ def choices(
     now: datetime,
 ) -> tuple[Choice, ...]:
     """The create step's offerings, in order, each bounded by the budget rule at its own
-    plan's price (README "The budget"; the instances that run are billed at theirs) and by
+    plan's price (docs/policy.md, "The budget"; the instances that run are billed at theirs) and by
     what the demand asks at its own ``jobs_per_instance`` (a bigger plan: fewer instances;
     never fewer than the floor asks). ``count`` is the plan's, sized at the first offering. A
     fallback never creates more in all than the most limiting offering tried so far allows,

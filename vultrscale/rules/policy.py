@@ -1,6 +1,6 @@
 """The policy: ``decide(observation, config, now) -> Plan``. Pure: no I/O, ``now`` is an argument.
 
-Order of the decision (README "The decision"):
+Order of the decision (docs/policy.md, "How each rule decides"):
 
 1. Errors first. Signals that could not be read, or an API error, hold the fleet: no scale-in,
    no replacement, no scale-up, except that ``on_signal_error = "floor"`` may still bring the
@@ -490,7 +490,7 @@ class _Sizing:
 
     def _desired(self, demand: int, staying: list[Instance]) -> int:
         """Instances the demand asks for, each offering's instances at its own
-        ``jobs_per_instance`` (README "Offerings"); new ones at that of the plan creates are
+        ``jobs_per_instance`` (docs/offerings.md); new ones at that of the plan creates are
         priced at (the first usable offering's). ceil(demand / jobs_per_instance) when every
         offering runs the queue's number."""
         cfg = self.cfg

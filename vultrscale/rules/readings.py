@@ -50,7 +50,7 @@ class Readings:
     price_error: str | None = None  # an adopted instance's plan Vultr lists without a price
     # The plan, its region or its price refused: nothing may be created this pass.
     refused: UsageError | None = None
-    # The fleet's offerings in order, each usable or skipped and why (README "Offerings");
+    # The fleet's offerings in order, each usable or skipped and why (docs/offerings.md);
     # empty: not checked (readings made without them), the fleet's one plan at ``price``.
     offerings: tuple[OfferingView, ...] = ()
     # The floor forecast's profile (cached or just computed); None: off or none yet.

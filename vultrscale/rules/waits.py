@@ -121,7 +121,7 @@ def size(
     """How many of the capacity ``instances`` (staying; pending and booting included) plus new
     ones the queue wants, given that the depth rule wants ``depth`` (more than there are).
     ``jobs_per_instance``: a new instance's; ``slots_of``: an instance's own (its offering's,
-    README "Offerings"), ``jobs_per_instance`` when not given. ``expected_rate``: the jobs a
+    docs/offerings.md), ``jobs_per_instance`` when not given. ``expected_rate``: the jobs a
     second the forecast expects over the next boot (None: no forecast acts)."""
     n_now = len(instances)
     jobs, mean = signals.recent_jobs, signals.recent_job_seconds

@@ -893,8 +893,8 @@ class VultrClient:
             raise NotFound(text, status=status, api_message=message)
         kind = create_refusal(message) if creating and path == "/v2/instances" else BadRequest
         if kind is not BadRequest and 400 <= status < 500:
-            # A refused create: sold out, not offered there, the account's limit (README
-            # "Offerings"); the pass tries the next offering or stops its creates.
+            # A refused create: sold out, not offered there, the account's limit
+            # (docs/offerings.md); the pass tries the next offering or stops its creates.
             raise kind(text, status=status, api_message=message)
         hint = None
         if status == 403:

@@ -1,4 +1,4 @@
-"""Draining (README "The worker"): on SIGTERM or SIGINT claim nothing more, give the running
+"""Draining (docs/worker.md): on SIGTERM or SIGINT claim nothing more, give the running
 jobs up to the drain time, then give back what is unfinished (state ``ready``, attempt
 refunded, steps kept) and mark the worker stopped. A second signal skips the wait.
 

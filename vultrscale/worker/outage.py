@@ -1,7 +1,7 @@
 """Riding out a database outage: which errors are transient, the one outage clock every worker
 thread shares, and running a database call with retries inside the outage budget.
 
-The rules (README "The worker"):
+The rules (docs/worker.md):
 
 - a lost connection, a server shutting down or starting up, a statement timeout or a pool with
   no connection to hand out is *transient*: the call is retried with backoff; a wrong password,

@@ -1,4 +1,4 @@
-"""The reference worker runtime (README "The worker"): one process, made of parts you can read
+"""The reference worker runtime (docs/worker.md): one process, made of parts you can read
 alone, which share one ``WorkerState`` (``state.py``):
 
 - claiming (``claiming.py``): the main thread claims (one statement for all free slots),

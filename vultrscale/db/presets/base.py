@@ -83,7 +83,7 @@ class Preset:
     no_history: str = ""  # why ``history`` is None, for the refusal and `queue detect`
     # The library's own record of its schema version (one row, one value), or None.
     version_sql: LiteralString | None = None
-    # What is counted where: `queue detect` shows it, the README's table says the same.
+    # What is counted where: `queue detect` shows it, docs/queues.md's table says the same.
     meaning: Mapping[str, str] = field(default_factory=dict)
 
     @property
