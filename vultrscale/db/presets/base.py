@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any, LiteralString
 
 from psycopg import sql
 
+from vultrscale.core import forecast
+from vultrscale.core.forecast import Bucket
 from vultrscale.errors import DatabaseError
 
 if TYPE_CHECKING:
     import psycopg
 
     from vultrscale.config import QueueConfig
-    from vultrscale.core.forecast import Bucket
     from vultrscale.core.model import Signals
 
 Rows = list[tuple[Any, ...]]
@@ -147,3 +148,36 @@ def and_queue(column: LiteralString, queue: str | None) -> sql.Composable:
     if queue is None:
         return sql.SQL("")
     return sql.SQL(" AND {} = {}").format(sql.SQL(column), sql.Literal(queue))
+
+
+def binned(
+    conn: psycopg.Connection[Any],
+    per_job: str,
+    ran: str,
+    *,
+    run_seconds: str,
+    since: datetime,
+    until: datetime,
+    width: timedelta,
+    queue: str | None,
+    where: str = "due < %(until)s",
+    **params: Any,
+) -> list[Bucket]:
+    """The forecast's buckets (``forecast.Tally``'s, in SQL) from ``per_job``, a query of one
+    row per job with its ``due`` time in the window (it may use ``%(since)s``, ``%(until)s``,
+    ``%(queue)s`` and ``params``): jobs due per ``width`` from the week's origin, those that
+    ``ran`` (a condition), and their ``run_seconds`` summed."""
+    rows = conn.execute(
+        f"SELECT date_bin(%(width)s, due, %(origin)s), count(*), count(*) FILTER (WHERE {ran}),"
+        f" coalesce(sum({run_seconds}) FILTER (WHERE {ran}), 0)::float8"
+        f" FROM ({per_job}) p WHERE {where} GROUP BY 1 ORDER BY 1",
+        {
+            "since": since,
+            "until": until,
+            "queue": queue,
+            "width": width,
+            "origin": forecast.WEEK_ORIGIN,
+            **params,
+        },
+    ).fetchall()
+    return [Bucket(start, int(a), int(f), float(r)) for start, a, f, r in rows]

@@ -31,7 +31,6 @@ import psycopg
 from psycopg import sql
 
 from vultrscale.config import QueueConfig
-from vultrscale.core import forecast
 from vultrscale.core.forecast import Bucket
 from vultrscale.core.model import Signals
 from vultrscale.db.presets.base import (
@@ -42,6 +41,7 @@ from vultrscale.db.presets.base import (
     Rows,
     Statement,
     and_queue,
+    binned,
     count,
     oldest,
     one_row,
@@ -153,21 +153,16 @@ def _buckets(
     width: timedelta,
     queue: str | None,
 ) -> list[Bucket]:
-    ran = "done AND started_on IS NOT NULL"
-    rows = conn.execute(
-        f"SELECT date_bin(%(width)s, due, %(origin)s), count(*), count(*) FILTER (WHERE {ran}),"
-        " coalesce(sum(extract(epoch FROM completed_on - started_on))"
-        f" FILTER (WHERE {ran}), 0)::float8"
-        f" FROM ({_IN_WINDOW}) p WHERE due < %(until)s GROUP BY 1 ORDER BY 1",
-        {
-            "since": since,
-            "until": until,
-            "queue": queue,
-            "width": width,
-            "origin": forecast.WEEK_ORIGIN,
-        },
-    ).fetchall()
-    return [Bucket(start, int(a), int(f), float(r)) for start, a, f, r in rows]
+    return binned(
+        conn,
+        _IN_WINDOW,
+        "done AND started_on IS NOT NULL",
+        run_seconds="extract(epoch FROM completed_on - started_on)",
+        since=since,
+        until=until,
+        width=width,
+        queue=queue,
+    )
 
 
 PRESET = Preset(

@@ -41,7 +41,6 @@ import psycopg
 from psycopg import sql
 
 from vultrscale.config import QueueConfig
-from vultrscale.core import forecast
 from vultrscale.core.forecast import Bucket
 from vultrscale.core.model import Signals
 from vultrscale.db.presets.base import (
@@ -52,6 +51,7 @@ from vultrscale.db.presets.base import (
     Rows,
     Statement,
     and_queue,
+    binned,
     count,
     oldest,
     one_row,
@@ -241,21 +241,17 @@ def _buckets(
     first = first_event_id(conn, since)
     if first is None:
         return []
-    ran = "done AND finished IS NOT NULL AND started IS NOT NULL AND started <= finished"
-    rows = conn.execute(
-        f"SELECT date_bin(%(width)s, due, %(origin)s), count(*), count(*) FILTER (WHERE {ran}),"
-        f" coalesce(sum(extract(epoch FROM finished - started)) FILTER (WHERE {ran}), 0)::float8"
-        f" FROM ({_PER_JOB}) p WHERE due < %(until)s GROUP BY 1 ORDER BY 1",
-        {
-            "first": first,
-            "since": since,
-            "until": until,
-            "queue": queue,
-            "width": width,
-            "origin": forecast.WEEK_ORIGIN,
-        },
-    ).fetchall()
-    return [Bucket(start, int(a), int(f), float(r)) for start, a, f, r in rows]
+    return binned(
+        conn,
+        _PER_JOB,
+        "done AND finished IS NOT NULL AND started IS NOT NULL AND started <= finished",
+        run_seconds="extract(epoch FROM finished - started)",
+        since=since,
+        until=until,
+        width=width,
+        queue=queue,
+        first=first,
+    )
 
 
 PRESET = Preset(
