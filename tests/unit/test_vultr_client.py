@@ -15,7 +15,7 @@ import respx
 
 from vultrscale.core.clock import Deadline, FakeClock
 from vultrscale.errors import UsageError
-from vultrscale.vultr import client as client_mod
+from vultrscale.vultr import transport as transport_mod
 from vultrscale.vultr.client import CALL_BUDGET_S, PER_PAGE, VultrClient
 from vultrscale.vultr.errors import (
     AmbiguousCreate,
@@ -896,11 +896,11 @@ def test_the_sockets_of_the_api_and_of_an_environment_proxy_are_all_bounded(
     monkeypatch.setenv("NO_PROXY", "internal.example")
     with VultrClient(KEY, "https://api.vultr.com") as client:
         transport = client.transport
-        assert isinstance(transport, client_mod._BoundedTransport)
+        assert isinstance(transport, transport_mod.BoundedTransport)
         via = transport.pool_for(httpx.URL("https://api.vultr.com/v2/account"))
         straight = transport.pool_for(httpx.URL("https://internal.example/v2/account"))
     assert isinstance(via, httpcore.HTTPProxy) and not isinstance(straight, httpcore.HTTPProxy)
-    assert isinstance(transport.backend, client_mod._LimitedBackend)
+    assert isinstance(transport.backend, transport_mod.LimitedBackend)
 
 
 @pytest.mark.parametrize(
