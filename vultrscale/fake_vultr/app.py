@@ -25,15 +25,33 @@ import string
 import threading
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal
 
 from vultrscale.core.clock import Clock
 from vultrscale.fake_vultr import data
+from vultrscale.fake_vultr.ips import IpAllocator, SeededIps, SequentialIps
+from vultrscale.fake_vultr.wire import (
+    JSON,
+    RequestRecord,
+    SimRequest,
+    SimResponse,
+    SimulatorError,
+    decode_user_data,
+    default_message,
+    error,
+    iso,
+    json_response,
+    matches,
+    no_content,
+    not_allowed,
+    page_cursor,
+    parse_body,
+    valid_base64,
+)
 from vultrscale.vultr import refusals
 
-JSON = dict[str, Any]
 ReadyHook = Callable[[JSON, str], None]
 
 MAX_PER_PAGE = 500
@@ -58,93 +76,7 @@ class Timings:
     snapshot_complete: float = 60.0
 
 
-class SimRequest(NamedTuple):
-    """A transport-neutral request. ``headers`` has lower-case names."""
-
-    method: str
-    path: str
-    query: Mapping[str, str]
-    headers: Mapping[str, str]
-    body: bytes
-    client: str
-
-
-@dataclass(frozen=True)
-class SimResponse:
-    """What to send back. ``drop`` means: close the connection without any response."""
-
-    status: int
-    body: bytes = b""
-    headers: Mapping[str, str] = field(default_factory=dict)
-    drop: bool = False
-
-    def json(self) -> Any:
-        """The body decoded as JSON (test helper)."""
-        return json.loads(self.body)
-
-
-class RequestRecord(NamedTuple):
-    """One handled request as the client saw it; ``status`` 0 means the connection dropped."""
-
-    method: str
-    path: str
-    status: int
-
-
-class SimulatorError(ValueError):
-    """A test helper was called with something the simulated API would refuse."""
-
-
 # --- IP allocation ----------------------------------------------------------------------------
-
-
-class IpAllocator(Protocol):
-    """Hands out main IPs; ``release`` returns one when its instance is deleted."""
-
-    def allocate(self) -> str: ...
-
-    def release(self, ip: str) -> None: ...
-
-
-class SeededIps:
-    """Random, unique hosts of ``network`` drawn from an RNG seeded with ``seed``."""
-
-    def __init__(self, seed: int = 0, network: str = "10.0.0.0/8") -> None:
-        self._net = ipaddress.ip_network(network)
-        self._rng = random.Random(f"{seed}:ips")
-        self._used: set[str] = set()
-
-    def allocate(self) -> str:
-        size = self._net.num_addresses
-        if len(self._used) >= size - 2:
-            raise SimulatorError(f"no free address left in {self._net}")
-        while True:
-            ip = str(self._net.network_address + self._rng.randrange(1, size - 1))
-            if ip not in self._used:
-                self._used.add(ip)
-                return ip
-
-    def release(self, ip: str) -> None:
-        self._used.discard(ip)
-
-
-class SequentialIps:
-    """The lowest free host of ``network`` from ``first`` on (the demo uses 127.0.0.x)."""
-
-    def __init__(self, network: str = "127.0.0.0/24", first: int = 2) -> None:
-        self._net = ipaddress.ip_network(network)
-        self._first = first
-        self._used: set[int] = set()
-
-    def allocate(self) -> str:
-        for offset in range(self._first, self._net.num_addresses - 1):
-            if offset not in self._used:
-                self._used.add(offset)
-                return str(self._net.network_address + offset)
-        raise SimulatorError(f"no free address left in {self._net}")
-
-    def release(self, ip: str) -> None:
-        self._used.discard(int(ipaddress.ip_address(ip)) - int(self._net.network_address))
 
 
 # --- internal records -------------------------------------------------------------------------
@@ -197,29 +129,6 @@ class _DropRule:
     pattern: str
     mode: str
     remaining: int
-
-
-def _iso(when: datetime) -> str:
-    return when.replace(microsecond=0).isoformat()
-
-
-def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> SimResponse:
-    hdrs = {"Content-Type": "application/json"}
-    hdrs.update(headers or {})
-    return SimResponse(status, json.dumps(payload).encode(), hdrs)
-
-
-def error(status: int, message: str, headers: Mapping[str, str] | None = None) -> SimResponse:
-    """The API's error shape: ``{"error": message, "status": status}``."""
-    return _json(status, {"error": message, "status": status}, headers)
-
-
-def _no_content() -> SimResponse:
-    return SimResponse(204)
-
-
-def _cursor(kind: str, item_id: str) -> str:
-    return base64.b64encode(f"{kind}__{item_id}".encode()).decode()
 
 
 _INSTANCE_PATH = re.compile(r"^/v2/instances/([^/]+)$")
@@ -329,7 +238,7 @@ class Simulator:
     def user_data(self, instance_id: str) -> str:
         """The decoded user-data of an instance."""
         with self._lock:
-            return _decode_user_data(self._instances[instance_id].user_data)
+            return decode_user_data(self._instances[instance_id].user_data)
 
     def create_instance(self, **body: Any) -> JSON:
         """Create an instance as ``POST /v2/instances`` would (same validation); returns it.
@@ -391,7 +300,7 @@ class Simulator:
         if status == 429:
             hdrs.setdefault("Retry-After", "1")
         if body is None:
-            raw = json.dumps({"error": _default_message(status), "status": status}).encode()
+            raw = json.dumps({"error": default_message(status), "status": status}).encode()
             hdrs.setdefault("Content-Type", "application/json")
         elif isinstance(body, dict):
             raw = json.dumps(body).encode()
@@ -454,7 +363,7 @@ class Simulator:
                 due = rec.active_at if self.ready_on == "active" else rec.ok_at
                 if not rec.ready_fired and now >= due:
                     rec.ready_fired = True
-                    fired.append((self._instance_view(rec), _decode_user_data(rec.user_data)))
+                    fired.append((self._instance_view(rec), decode_user_data(rec.user_data)))
             for sid, snap in list(self._snapshots.items()):
                 if snap.data["status"] == "pending" and now >= snap.complete_at:
                     if snap.outcome == "complete":
@@ -528,13 +437,13 @@ class Simulator:
         if limited is not None:
             return limited
         for rule in self._fail_rules:
-            if rule.remaining > 0 and _matches(rule.method, rule.pattern, method, path):
+            if rule.remaining > 0 and matches(rule.method, rule.pattern, method, path):
                 rule.remaining -= 1
                 return SimResponse(rule.status, rule.body, rule.headers)
         if self.error_rate > 0 and self._faults.random() < self.error_rate:
             status = self._faults.choice(self.error_statuses)
             retry = {"Retry-After": "1"} if status == 429 else None
-            return error(status, _default_message(status), retry)
+            return error(status, default_message(status), retry)
         if (
             not _PUBLIC.match(path)
             and req.headers.get("authorization") != f"Bearer {self._api_key}"
@@ -544,11 +453,11 @@ class Simulator:
         if resp.status >= 400:
             return resp  # nothing was done, so there is nothing to lose
         for drop in self._drop_rules:
-            if drop.remaining > 0 and _matches(drop.method, drop.pattern, method, path):
+            if drop.remaining > 0 and matches(drop.method, drop.pattern, method, path):
                 drop.remaining -= 1
                 if drop.mode == "drop":
                     return SimResponse(0, drop=True)
-                return error(500, _default_message(500))
+                return error(500, default_message(500))
         return resp
 
     def _rate_limited(self, client: str) -> SimResponse | None:
@@ -571,54 +480,54 @@ class Simulator:
             if method == "GET":
                 return self._list_instances(q)
             if method == "POST":
-                body = _parse_body(req.body)
+                body = parse_body(req.body)
                 if body is None:
                     return error(400, "Bad request.")
                 return self._create_instance(body)
-            return _not_allowed("GET, POST")
+            return not_allowed("GET, POST")
         if m := _INSTANCE_PATH.match(path):
             if method == "GET":
                 return self._get_instance(m.group(1))
             if method == "DELETE":
                 return self._delete_instance(m.group(1))
-            return _not_allowed("DELETE, GET, PATCH")
+            return not_allowed("DELETE, GET, PATCH")
         if m := _USER_DATA_PATH.match(path):
             if method == "GET":
                 return self._get_user_data(m.group(1))
-            return _not_allowed("GET")
+            return not_allowed("GET")
         if path == "/v2/snapshots":
             if method == "GET":
                 return self._list_snapshots(q)
             if method == "POST":
-                body = _parse_body(req.body)
+                body = parse_body(req.body)
                 if body is None:
                     return error(400, "Bad request.")
                 return self._create_snapshot(body)
-            return _not_allowed("GET, POST")
+            return not_allowed("GET, POST")
         if m := _SNAPSHOT_PATH.match(path):
             if method == "GET":
                 snap = self._snapshots.get(m.group(1))
                 if snap is None:
                     return error(404, "snapshot not found")
-                return _json(200, {"snapshot": dict(snap.data)})
+                return json_response(200, {"snapshot": dict(snap.data)})
             if method == "DELETE":
                 if self._snapshots.pop(m.group(1), None) is None:
                     return error(404, "snapshot not found")
-                return _no_content()
-            return _not_allowed("DELETE, GET, PUT")
+                return no_content()
+            return not_allowed("DELETE, GET, PUT")
         if path == "/v2/plans":
             if method != "GET":
-                return _not_allowed("GET")
+                return not_allowed("GET")
             ptype = q.get("type", "all")
             plans = [p for p in self.plans if ptype in ("all", "") or p["type"] == ptype]
             return self._paginate("plans", plans, q)
         if path == "/v2/regions":
             if method != "GET":
-                return _not_allowed("GET")
+                return not_allowed("GET")
             return self._paginate("regions", self.regions, q)
         if m := _AVAILABILITY_PATH.match(path):
             if method != "GET":
-                return _not_allowed("GET")
+                return not_allowed("GET")
             region = m.group(1)
             if region not in self._region_ids:
                 return error(404, "Invalid region.")
@@ -630,15 +539,15 @@ class Simulator:
                 and (ptype in ("all", "") or p["type"] == ptype)
                 and self._sold_out.get((region, p["id"]), True)
             ]
-            return _json(200, {"available_plans": available})
+            return json_response(200, {"available_plans": available})
         if path == "/v2/account":
             if method != "GET":
-                return _not_allowed("GET")
-            return _json(200, {"account": self._account()})
+                return not_allowed("GET")
+            return json_response(200, {"account": self._account()})
         if path == "/v2/billing/pending-charges":
             if method != "GET":
-                return _not_allowed("GET")
-            return _json(200, {"pending_charges": self._charges(self.clock.now())})
+                return not_allowed("GET")
+            return json_response(200, {"pending_charges": self._charges(self.clock.now())})
         return error(404, "Invalid API route.")
 
     # --- routes -----------------------------------------------------------------------------
@@ -691,11 +600,11 @@ class Simulator:
                 start = max(0, end - per_page)
         page = [view(i) for i in items[start:end]]
         links = {
-            "next": _cursor("next", page[-1]["id"]) if page and end < len(items) else "",
-            "prev": _cursor("prev", page[0]["id"]) if page and start > 0 else "",
+            "next": page_cursor("next", page[-1]["id"]) if page and end < len(items) else "",
+            "prev": page_cursor("prev", page[0]["id"]) if page and start > 0 else "",
         }
         body = {key: page, "meta": {"total": len(items), "links": links}}  # fresh copies
-        return _json(200, body)
+        return json_response(200, body)
 
     def _visible(self, instance_id: str) -> _Instance | None:
         rec = self._instances.get(instance_id)
@@ -724,13 +633,13 @@ class Simulator:
         rec = self._visible(instance_id)
         if rec is None:
             return error(404, "instance not found")
-        return _json(200, {"instance": self._instance_view(rec)})
+        return json_response(200, {"instance": self._instance_view(rec)})
 
     def _get_user_data(self, instance_id: str) -> SimResponse:
         rec = self._visible(instance_id)
         if rec is None:
             return error(404, "instance not found")
-        return _json(200, {"user_data": {"data": rec.user_data}})
+        return json_response(200, {"user_data": {"data": rec.user_data}})
 
     def _delete_instance(self, instance_id: str) -> SimResponse:
         rec = self._instances.get(instance_id)
@@ -744,7 +653,7 @@ class Simulator:
         if rec.data.get("internal_ip"):
             self._internal_ips.release(rec.data["internal_ip"])
         self._billing[instance_id].deleted = self.clock.now()
-        return _no_content()
+        return no_content()
 
     def _create_instance(self, body: JSON) -> SimResponse:
         region, plan_id = body.get("region"), body.get("plan")
@@ -779,7 +688,7 @@ class Simulator:
         elif not isinstance(os_id, int) or os_id not in data.OPERATING_SYSTEMS:
             return error(400, "Server add failed: Invalid operating system chosen.")
         user_data = body.get("user_data") or ""
-        if not isinstance(user_data, str) or not _valid_base64(user_data):
+        if not isinstance(user_data, str) or not valid_base64(user_data):
             return error(400, "Server add failed: user_data must be base64 encoded.")
         if self.max_instances is not None and len(self._instances) >= self.max_instances:
             self.refused[refusals.Refusal.INSTANCE_LIMIT] += 1
@@ -802,7 +711,7 @@ class Simulator:
             "vcpu_count": plan["vcpu_count"],
             "region": region,
             "plan": plan_id,
-            "date_created": _iso(now),
+            "date_created": iso(now),
             "status": "pending",
             "allowed_bandwidth": plan["bandwidth"],
             "netmask_v4": "",
@@ -842,7 +751,7 @@ class Simulator:
         password = "".join(self._ids.choices(string.ascii_letters + string.digits + "#{[!", k=16))
         shown = self._instance_view(rec)
         shown["default_password"] = password  # only ever in the create response
-        return _json(202, {"instance": shown})
+        return json_response(202, {"instance": shown})
 
     def _list_snapshots(self, q: Mapping[str, str]) -> SimResponse:
         snaps = sorted(self._snapshots.values(), key=lambda s: s.seq)
@@ -863,7 +772,7 @@ class Simulator:
         plan = self._plan_by_id[rec.data["plan"]]
         snapshot = {
             "id": snapshot_id,
-            "date_created": _iso(now),
+            "date_created": iso(now),
             "description": str(body.get("description") or ""),
             "size": 0,
             "compressed_size": 0,
@@ -878,7 +787,7 @@ class Simulator:
             outcome=self.snapshot_outcome,
             full_size=int(plan["disk"]) * 1024**3,
         )
-        return _json(201, {"snapshot": dict(snapshot)})
+        return json_response(201, {"snapshot": dict(snapshot)})
 
     def _account(self) -> JSON:
         charges = self._charges(self.clock.now())
@@ -910,8 +819,8 @@ class Simulator:
             items.append(
                 {
                     "description": f"{rec.ip} ({plan['ram']} MB) [{rec.label}]",
-                    "start_date": _iso(start),
-                    "end_date": _iso(end),
+                    "start_date": iso(start),
+                    "end_date": iso(end),
                     "units": hours,
                     "unit_type": "hours",
                     "unit_price": price,
@@ -922,43 +831,3 @@ class Simulator:
         return items
 
 
-def _matches(rule_method: str, pattern: str, method: str, path: str) -> bool:
-    return rule_method in ("*", method) and fnmatch.fnmatchcase(path, pattern)
-
-
-def _not_allowed(allowed: str) -> SimResponse:
-    return error(405, f"Method not allowed. Must be one of: {allowed}")
-
-
-def _parse_body(raw: bytes) -> JSON | None:
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def _valid_base64(text: str) -> bool:
-    try:
-        base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        return False
-    return True
-
-
-def _decode_user_data(b64: str) -> str:
-    return base64.b64decode(b64).decode("utf-8", errors="replace") if b64 else ""
-
-
-def _default_message(status: int) -> str:
-    return {
-        400: "Bad request.",
-        401: "Invalid API token.",
-        403: "You are not allowed to perform that action.",
-        404: "Not found.",
-        429: "rate limit exceeded",
-        500: "Internal server error.",
-        502: "Bad gateway.",
-        503: "Service unavailable.",
-        504: "Gateway timeout.",
-    }.get(status, f"HTTP {status}")

@@ -16,7 +16,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
-from vultrscale.fake_vultr.app import SimRequest, SimResponse, Simulator
+from vultrscale.fake_vultr.app import Simulator
+from vultrscale.fake_vultr.wire import SimRequest, SimResponse
 
 
 class SimTransport(httpx.BaseTransport):
