@@ -574,23 +574,53 @@ def config_check(as_json: JsonFlag = False) -> None:
     counts jobs the fleet's workers never take. `vultrscale queue detect` reads the queue."""
     from dataclasses import asdict
 
+    from vultrscale.cli._common import load_fleets
     from vultrscale.config import queue_warnings
     from vultrscale.db.roles import worker_access
 
-    cfg = load_config()
-    data = cfg.masked()
-    access = worker_access(cfg)
-    warnings = queue_warnings(cfg)
-    if as_json:
-        print_json({**data, "worker_access": asdict(access), "warnings": list(warnings)})
-        return
-    from vultrscale.cli.views import print_config
+    fleets = load_fleets()
+    docs = []
+    for cfg in fleets.configs:
+        access = worker_access(cfg)
+        warnings = queue_warnings(cfg)
+        docs.append((cfg, cfg.masked(), access, warnings))
+    bad = fleets.bad_error()
+    if not fleets.directory:  # a single file: as it always printed
+        cfg, data, access, warnings = docs[0]
+        if as_json:
+            print_json({**data, "worker_access": asdict(access), "warnings": list(warnings)})
+            return
+        from vultrscale.cli.views import print_config
 
-    print_config(data, access, warnings)
-    typer.echo(
-        f"The queue (preset {cfg.queue.preset}) as a pass reads it, and which queues the "
-        "database holds: vultrscale queue detect"
-    )
+        print_config(data, access, warnings)
+        typer.echo(
+            f"The queue (preset {cfg.queue.preset}) as a pass reads it, and which queues the "
+            "database holds: vultrscale queue detect"
+        )
+        return
+    if as_json:
+        print_json(
+            {
+                "directory": str(fleets.source),
+                "account": fleets.configs[0].masked()["account"] if fleets.configs else None,
+                "fleets": [
+                    {**d, "worker_access": asdict(a), "warnings": list(w)}
+                    for _, d, a, w in docs
+                ],
+                "invalid": [
+                    {"file": str(b.path), "fleet": b.name, "problems": list(b.problems)}
+                    for b in fleets.bad
+                ],
+            }
+        )
+    else:
+        from vultrscale.cli.views import print_config, print_fleets
+
+        print_fleets(fleets)
+        for _, data, access, warnings in docs:
+            print_config(data, access, warnings)
+    if bad is not None:  # the valid fleets are printed (and run); the invalid ones said: exit 2
+        raise bad
 
 
 def _init_systemd(directory: Path, config_path: str | None, *, force: bool) -> None:
