@@ -273,6 +273,7 @@ def run_forever(
     on_result: Callable[[PassResult], None] = lambda r: None,
     on_error: Callable[[VultrscaleError], None] = lambda e: None,
     max_passes: int | None = None,
+    refuse_early: bool = True,
 ) -> int:
     """Run passes every ``interval`` until ``stop`` is set. A runtime failure (of a pass, or
     of ``on_result``) is reported and the loop goes on. A usage error before a first pass ran
@@ -280,7 +281,8 @@ def run_forever(
     one (the
     price rose past the ceiling, the snapshot was deleted) it is reported and the loop goes on,
     so the fleet comes back when the condition clears: a refused fleet that wound down to
-    nothing used to end the loop there."""
+    nothing used to end the loop there. Without ``refuse_early`` (one fleet of several, whose
+    others run on) a usage error before a first pass is reported and the loop goes on too."""
     stop = stop or threading.Event()
     passes = 0
     ran = False  # a pass has run to its result (not one that found the lock held, or failed)
@@ -293,7 +295,7 @@ def run_forever(
             last = result.exit_code
             on_result(result)
         except UsageError as exc:
-            if not ran:
+            if not ran and refuse_early:
                 raise
             last = exc.exit_code
             on_error(exc)

@@ -14,7 +14,7 @@ import os
 import secrets
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -34,6 +34,22 @@ class Answers:
     region: str = FleetConfig.region
     plan: str = FleetConfig.plan
     snapshot_id: str = FleetConfig.snapshot_id  # empty: the one `vultrscale snapshot` records
+    # A new fleet of a directory of fleets (`init --fleet NAME`): its own name, tag and labels.
+    name: str = FleetConfig.name
+    tag: str = FleetConfig.tag
+    label_prefix: str = FleetConfig.label_prefix
+    queue: str | None = None  # worker.queue and queue.queue; None: as the template has them
+
+    def named(self, name: str) -> Answers:
+        """These answers for a fleet of its own in a directory: ``name``, the tag
+        ``vultrscale-<name>``, labels ``<name>-...`` (when the name makes a label) and its own
+        queue, ``name`` (a fleet name is a queue name)."""
+        import re
+
+        prefix = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")[:31] or self.label_prefix
+        return replace(
+            self, name=name, tag=f"vultrscale-{name}", label_prefix=prefix, queue=name
+        )
 
 
 @dataclass(frozen=True)
@@ -150,7 +166,9 @@ def config_text(a: Answers) -> str:
     (``config.reference.template``), the answers in their keys."""
     from vultrscale.config import reference
 
-    answers = {key: _toml(getattr(a, attr)) for attr, key, _ in _KEYS}
+    answers = {
+        key: _toml(getattr(a, attr)) for attr, key, _ in _KEYS if getattr(a, attr) is not None
+    }
     return reference.template(answers)
 
 
@@ -190,9 +208,14 @@ def _toml(value: str) -> str:
 
 # Which config key each answer becomes, and the flag that gives it.
 _KEYS = (
+    ("name", "fleet.name", "--fleet"),
     ("region", "fleet.region", "--region"),
     ("plan", "fleet.plan", "--plan"),
     ("snapshot_id", "fleet.snapshot_id", "--snapshot"),
+    ("tag", "fleet.tag", "--fleet"),
+    ("label_prefix", "fleet.label_prefix", "--fleet"),
+    ("queue", "worker.queue", "--fleet"),
+    ("queue", "queue.queue", "--fleet"),
 )
 _BAD_ANSWER_HINT = (
     "Nothing was written. Give a valid --region, --plan or --snapshot (or answer again): "
@@ -206,7 +229,8 @@ def checked_text(a: Answers, config_path: Path) -> str:
     unreadable = []
     for attr, key, flag in _KEYS:
         value = getattr(a, attr)
-        if not is_text(value):  # bytes that were not UTF-8 on the command line
+        # bytes that were not UTF-8 on the command line
+        if value is not None and not is_text(value):
             unreadable.append(f"{key} ({flag}): {value!r} is not UTF-8 text")
     if unreadable:
         raise ConfigError(unreadable, hint=_BAD_ANSWER_HINT)
@@ -223,12 +247,12 @@ def backup_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.bak")
 
 
-def refuse_existing(config_path: Path, *, force: bool) -> None:
+def refuse_existing(config_path: Path, *, force: bool, env: bool = True) -> None:
     """UsageError naming the first of the two files that exists (``--force`` overwrites files)
     or that can never be written (a directory, a link: even with ``force``; with ``force``,
     also where the copy of an existing file would go), or the first existing directory above
-    them that is not a directory."""
-    for path in (config_path, config_path.parent / ".env"):
+    them that is not a directory. ``env``: the .env is written too (else only the config)."""
+    for path in (config_path, config_path.parent / ".env") if env else (config_path,):
         in_the_way = [path, backup_path(path)] if force and path.exists() else [path]
         for p in in_the_way:
             if p.is_symlink() or (p.exists() and not p.is_file()):
@@ -262,7 +286,7 @@ class Written(NamedTuple):
     kept: tuple[Path, ...] = ()
 
 
-def write(config_path: Path, answers: Answers, *, force: bool) -> Written:
+def write(config_path: Path, answers: Answers, *, force: bool, env: bool = True) -> Written:
     """Write the config and the .env next to it (where the config loader reads it); nothing
     when either exists, unless ``force``, and nothing when an answer is not valid config. Both
     are written to temporary files next to them first and renamed into place only once both
@@ -270,7 +294,7 @@ def write(config_path: Path, answers: Answers, *, force: bool) -> Written:
     mode 0600 from its first byte. With ``force``, an existing file whose content differs is
     first kept as ``NAME.bak`` (see :func:`_write_together`)."""
     text = checked_text(answers, config_path)
-    refuse_existing(config_path, force=force)
+    refuse_existing(config_path, force=force, env=env)
     env_path = config_path.parent / ".env"
     made: list[Path] = []
     try:
@@ -280,7 +304,10 @@ def write(config_path: Path, answers: Answers, *, force: bool) -> Written:
             except OSError as exc:
                 raise _WriteFailed(directory, exc) from None
             made.append(directory)
-        kept = _write_together([(config_path, text, 0o666), (env_path, env_text(), 0o600)])
+        files = [(config_path, text, 0o666)]
+        if env:
+            files.append((env_path, env_text(), 0o600))
+        kept = _write_together(files)
     except _WriteFailed as failed:
         for directory in reversed(made):
             with contextlib.suppress(OSError):
@@ -403,10 +430,19 @@ def cannot_write(
     return RuntimeFailure(message, hint="Free space on that disk (or fix it), then run init again.")
 
 
-def next_steps(written: Written) -> list[str]:
+def next_steps(written: Written, *, env_written: bool = True) -> list[str]:
     """What ``init`` says after writing: the files, the copies it kept (never their content:
-    the old .env holds secrets), and what to do next."""
+    the old .env holds secrets), and what to do next. ``env_written`` False: a new fleet in a
+    directory whose .env (the account's secrets) was there already."""
     config_path, env_path, kept = written
+    if not env_written:
+        return [
+            f"Wrote {config_path}: fleet file {config_path.name} of {config_path.parent} (its "
+            f"secrets are the directory's, in {env_path}).",
+            f"Then: vultrscale --config {config_path.parent} config check",
+            f"      vultrscale --config {config_path.parent} --fleet {config_path.stem} "
+            "reconcile --dry-run",
+        ]
     said = [
         f"Kept the previous {config_path.name} as {copy}."
         if copy == backup_path(config_path)

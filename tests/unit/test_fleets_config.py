@@ -140,3 +140,42 @@ def test_a_fleet_command_on_a_directory_of_several_asks_for_fleet(
     code = main(["--config", str(folder), "instances"])
     assert code == 2
     assert "name it with --fleet" in capsys.readouterr().err.lower()
+
+
+def test_init_writes_a_new_fleet_into_the_directory_and_its_env_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "fleets"
+    assert main(["--config", str(d), "init", "--fleet", "web", "--defaults"]) == 0
+    assert main(["--config", str(d), "init", "--fleet", "gpu", "--defaults"]) == 0
+    said = capsys.readouterr().out
+    assert "Wrote" in said and "its secrets are the directory's" in said
+    assert sorted(p.name for p in d.iterdir()) == [".env", "gpu.toml", "web.toml"]
+    fleets = load_fleets(d, {})
+    assert fleets.names == ["gpu", "web"] and not fleets.bad
+    gpu = fleets.configs[0]
+    assert (gpu.fleet.tag, gpu.fleet.label_prefix, gpu.worker.queue, gpu.queue.queue) == (
+        "vultrscale-gpu",
+        "gpu",
+        "gpu",
+        "gpu",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        pytest.param(["init", "--defaults"], "init writes one new fleet into it", id="no-name"),
+        pytest.param(
+            ["init", "--fleet", "web", "--defaults"], "is fleet 'web' already", id="same-name"
+        ),
+        pytest.param(["init", "--fleet", "../x", "--defaults"], "is not a fleet name", id="bad"),
+    ],
+)
+def test_init_into_a_directory_refuses_what_would_clash(
+    folder: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str
+) -> None:
+    before = sorted(p.name for p in folder.iterdir())
+    assert main(["--config", str(folder), *args]) == 2
+    assert said in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == before

@@ -52,6 +52,9 @@ class Fleets:
     directory: bool  # a directory of fleet files, not a single file
     configs: tuple[Config, ...]
     bad: tuple[BadFile, ...] = ()
+    # Every fleet a file of the path names, those of files that cannot run too, whichever
+    # ``select`` kept: a fleet in the database not among them is one no file describes.
+    described: tuple[str, ...] = ()
 
     @property
     def names(self) -> list[str]:
@@ -125,7 +128,7 @@ def load_fleets(
         where = Path(path).expanduser()
     if not _is_dir(where):
         cfg = load(path, env, flags, require_file=require_file)
-        return Fleets(where, False, (cfg,))
+        return Fleets(where, False, (cfg,), (), (cfg.fleet.name,))
     files = sorted(p for p in where.glob("*.toml") if not p.name.startswith(".") and p.is_file())
     if not files:
         raise ConfigError(
@@ -146,7 +149,14 @@ def load_fleets(
         (dataclasses.replace(c, account=account) for c in loaded.values()),
         key=lambda c: c.fleet.name,
     )
-    return Fleets(where, True, tuple(configs), tuple(bad[f] for f in files if f in bad))
+    named = [c.fleet.name for c in configs] + [b.name for b in bad.values() if b.name]
+    return Fleets(
+        where,
+        True,
+        tuple(configs),
+        tuple(bad[f] for f in files if f in bad),
+        tuple(sorted(set(named))),
+    )
 
 
 def _is_dir(path: Path) -> bool:
@@ -155,13 +165,36 @@ def _is_dir(path: Path) -> bool:
 
 def _raw_name(file: Path) -> str | None:
     """The ``[fleet] name`` a file gives, read as plain TOML (None: it cannot be read)."""
+    return _raw(file, "name")
+
+
+def _raw(file: Path, key: str) -> str | None:
+    """``[fleet] key`` as a file gives it, read as plain TOML, its default when the file does
+    not set it (None: the file or the value cannot be read)."""
+    from vultrscale.config.schema import FleetConfig
+
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
         return None
     fleet = data.get("fleet")
-    name = fleet.get("name", "workers") if isinstance(fleet, dict) else "workers"
-    return name if isinstance(name, str) else None
+    default = getattr(FleetConfig, key)
+    value = fleet.get(key, default) if isinstance(fleet, dict) else default
+    return value if isinstance(value, str) else None
+
+
+def clash(directory: Path, name: str, tag: str) -> str | None:
+    """What a new fleet ``name`` with ``tag`` would clash with in ``directory`` (the file that
+    gives the same name, or the same tag in any case); None: nothing. `init --fleet` asks."""
+    for file in sorted(directory.glob("*.toml")):
+        if file.name.startswith("."):
+            continue
+        if _raw(file, "name") == name:
+            return f"{file} is fleet {name!r} already"
+        other = _raw(file, "tag")
+        if other is not None and other.casefold() == tag.casefold():
+            return f"{file} has the tag {other!r} already (each fleet would adopt the other's)"
+    return None
 
 
 def _clashes(loaded: dict[Path, Config], bad: dict[Path, BadFile]) -> None:
@@ -185,8 +218,7 @@ def _clashes(loaded: dict[Path, Config], bad: dict[Path, BadFile]) -> None:
                         "would adopt the other's instances"
                     )
     for file, said in problems.items():
-        del loaded[file]
-        bad[file] = BadFile(file, tuple(said), _FIX_CLASH, None)
+        bad[file] = BadFile(file, tuple(said), _FIX_CLASH, loaded.pop(file).fleet.name)
 
 
 def _account(files: list[Path], loaded: Mapping[Path, Config], env: Mapping[str, str]) -> Any:
