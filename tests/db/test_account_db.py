@@ -181,3 +181,28 @@ def test_without_an_account_ceiling_each_fleet_has_its_own(db_url: str, tmp_path
     gpu.run()
     assert _live(db_url) == {"web": 5, "gpu": 5}
     assert dataclasses.replace(web.cfg.account).monthly_ceiling_usd == 0.0
+
+
+def test_a_pass_session_asks_the_server_to_notice_a_vanished_scaler(db_url: str) -> None:
+    """Power lost on the host holding a fleet's lock: the server ends its session (and frees
+    the lock) within about PASS_STALL_S / 2 of silence, not after the kernel's two hours."""
+    store = PgStore(db_url, keep=True)
+    try:
+        cfg = config_mod.Config()
+        with store.session(cfg) as (ledger, _signals):
+            conn = ledger.conn  # type: ignore[attr-defined]
+            shown = {
+                name: conn.execute(f"SHOW {name}").fetchone()[0]
+                for name in (
+                    "tcp_keepalives_idle",
+                    "tcp_keepalives_interval",
+                    "tcp_keepalives_count",
+                )
+            }
+    finally:
+        store.close()
+    assert shown == {
+        "tcp_keepalives_idle": "5",
+        "tcp_keepalives_interval": "2",
+        "tcp_keepalives_count": "3",
+    }

@@ -859,9 +859,17 @@ class PgStore:
                 conn.close()
         # Its times in UTC, the tzinfo the pass computes in; a stalled statement or network
         # an error within PASS_STALL_S, not a pass (and its lock) held for TCP's 15 minutes.
-        return pg.connect(
+        conn = pg.connect(
             self.url, statement_timeout_s=pg.PASS_STALL_S, **pg.keepalives(pg.PASS_STALL_S)
         )
+        try:
+            with pg.translated("setting up the pass's session", self.url):
+                # A scaler host that vanishes mid-pass frees its locks for the other's passes.
+                pg.server_keepalives(conn, pg.PASS_STALL_S)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _release(self, conn: psycopg.Connection[Any]) -> None:
         """Free the session's locks, then keep ``conn`` for the next session if asked and it
