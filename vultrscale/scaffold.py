@@ -568,17 +568,44 @@ def unit_files(config_path: Path | None) -> UnitFiles:
     return UnitFiles(_unit_path("The config's directory", str(absolute.parent)), name)
 
 
+def is_fleets_dir(config_path: Path | None) -> bool:
+    """``config_path`` names a directory of fleet files: one that is, or a path without a
+    suffix that is not there yet (the units are often written before the config)."""
+    if config_path is None:
+        return False
+    return config_path.is_dir() or (not config_path.exists() and not config_path.suffix)
+
+
+# The unit's lines that name the one config file, and what a directory of fleets puts there:
+# every file of the directory a credential (fleets_NAME.toml), the directory of credentials
+# the config (README "Several fleets, two hosts"), its .env the secrets.
+_CONFIG_CREDENTIAL = f"LoadCredential={_UNIT_CONFIG}:{_UNIT_DIR}/{_UNIT_CONFIG}"
+_CONFIG_VARIABLE = f"VULTRSCALE_CONFIG=%d/{_UNIT_CONFIG}"
+_CONFIG_COMMENT = f"#   {_UNIT_DIR}/{_UNIT_CONFIG}  the fleet's config (no secret in it)"
+
+
 def systemd_units(command: Sequence[str], config_path: Path | None = None) -> dict[str, str]:
     """The units' text with ``command`` (the program, and ``-m vultrscale`` after a Python) in
-    ExecStart and the files of :func:`unit_files` for /etc/vultrscale's. UsageError for a path
-    the service could not use."""
+    ExecStart and the files of :func:`unit_files` for /etc/vultrscale's; for a directory of
+    fleets (:func:`is_fleets_dir`), every file of it loaded as the config and its .env the
+    secrets, the SSH key beside it. UsageError for a path the service could not use."""
     program, *args = command
     exe = " ".join([_unit_path("The vultrscale program", program), *args])
     files = unit_files(config_path)
+    fleets = is_fleets_dir(config_path)
     out = {}
     for unit in SYSTEMD_UNITS:
         text = (deploy_dir() / unit).read_text(encoding="utf-8")
         text = text.replace(f"ExecStart={_UNIT_EXEC} ", f"ExecStart={exe} ")
+        if fleets:
+            folder = files.config
+            text = text.replace(_CONFIG_CREDENTIAL, f"LoadCredential=fleets:{folder}")
+            text = text.replace(_CONFIG_VARIABLE, "VULTRSCALE_CONFIG=%d")
+            text = text.replace(f"{_UNIT_DIR}/.env", f"{folder}/.env")
+            text = text.replace(
+                _CONFIG_COMMENT,
+                f"#   {folder}/*.toml  the fleets' configs, one file each (no secret in them)",
+            )
         text = text.replace(UnitFiles().config, files.config)
         text = text.replace(f"{_UNIT_DIR}/", f"{files.directory}/")
         out[unit] = text
@@ -629,4 +656,25 @@ def systemd_next_steps(written: Written, executable: str, files: UnitFiles) -> l
         "their copy of it; your own commands as root read this setting)",
         "  systemctl daemon-reload && systemctl enable --now vultrscale.service",
         "  (or one pass per timer tick instead: systemctl enable --now vultrscale-pass.timer)",
+    ]
+
+
+def fleets_next_steps(written: Written, executable: str, files: UnitFiles) -> list[str]:
+    """``init --systemd`` for a directory of fleets: the same units on each scaler host."""
+    folder = files.config
+    return [
+        f"Wrote {', '.join(SYSTEMD_UNITS)} in {written.config} (ExecStart: {executable}), for "
+        f"the directory of fleets {folder}.",
+        *(f"Kept the previous {copy.name[: -len('.bak')]} as {copy}." for copy in written.kept),
+        "The services read, as root, before they drop to a user of their own:",
+        f"  {folder}/*.toml (a fleet each), {folder}/.env (the secrets, mode 0600), "
+        f"{files.ssh_key} (the SSH key).",
+        "Then, as root:",
+        f"  install -d -m 0700 {files.directory} {folder}",
+        f"  vultrscale --config {folder} init --fleet NAME   # once per fleet; fill in the .env",
+        f"  ssh-keygen -t ed25519 -N '' -f {files.ssh_key}",
+        f'  and in each fleet file, [fleet] ssh_key = "{files.ssh_key}"',
+        "  systemctl daemon-reload && systemctl enable --now vultrscale.service",
+        "Two scaler hosts: the same units and files on both, against the same database, and",
+        f"  VULTRSCALE_ACCOUNT_SCALERS=2 in {folder}/.env (each keeps to half the API rate).",
     ]

@@ -737,9 +737,12 @@ def _init_systemd(directory: Path, config_path: str | None, *, force: bool) -> N
     config = Path(config_path) if config_path else None
     units = scaffold.systemd_units(executable, config)
     written = scaffold.write_units(directory, units, force=force)
-    for line in scaffold.systemd_next_steps(
-        written, " ".join(executable), scaffold.unit_files(config)
-    ):
+    steps = (
+        scaffold.fleets_next_steps
+        if scaffold.is_fleets_dir(config)
+        else scaffold.systemd_next_steps
+    )
+    for line in steps(written, " ".join(executable), scaffold.unit_files(config)):
         typer.echo(line)
     # The real interpreter and the prefixes it loads from: a venv's python is a link to them.
     runtime = [os.path.realpath(sys.executable), sys.base_prefix, sys.prefix]
