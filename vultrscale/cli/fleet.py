@@ -240,6 +240,7 @@ def _reconcile_fleets(
     secrets = sorted({v for r in runs for v in r.cfg.secrets.values()})
     say = threading.Lock()  # one fleet's line (or document) at a time
     clock = runs[0].parts.clock
+    watch = _AccountWatch(fleets, runs, families, line_format, say)
     try:
         if metrics_port is not None and families is not None:
             url = f"http://127.0.0.1:{families.serve(metrics_port)}/metrics"
@@ -283,7 +284,6 @@ def _reconcile_fleets(
                     line = passlog.error_line(exc, at, cfg.fleet.name, line_format, secrets)
                     typer.echo(line, err=True)
 
-        watch = _AccountWatch(fleets, runs, families, line_format, say)
         if loop:
             stop = threading.Event()
             last = fleetloop.forever(
@@ -306,6 +306,7 @@ def _reconcile_fleets(
             typer.echo(f"Error: {said}", err=True)
         return max([*codes.values(), 2 if fleets.bad else 0])
     finally:
+        watch.close()
         for run in runs:
             run.parts.close()
 
@@ -395,14 +396,23 @@ class _AccountWatch:
         self.fleets, self.runs, self.families = fleets, runs, families
         self.line_format, self.say = line_format, say
         self.seen: dict[str, int] = {}
+        self._conn: Any = None  # kept from tick to tick: a connect costs more than the reads
 
     def tick(self) -> None:
         from vultrscale.cli import passlog
+        from vultrscale.db import pg
 
         cfg = self.runs[0].cfg
         try:
-            total, orphans = read_account(cfg, list(self.fleets.described))
+            if self._conn is None or self._conn.closed:
+                url = database_url(cfg)
+                self._conn = pg.connect(
+                    url, doing="reading the account's fleets", statement_timeout_s=pg.PASS_STALL_S
+                )
+            with pg.translated("reading the account's fleets"):
+                total, orphans = read_account(cfg, list(self.fleets.described), self._conn)
         except RuntimeFailure:
+            self.close()
             if self.families is not None:
                 self.families.set_account(None, self.fleets.account.monthly_ceiling_usd)
             return  # the fleets' own passes say what is wrong with the database
@@ -417,17 +427,26 @@ class _AccountWatch:
                     typer.echo(passlog.orphans_line(fleet, n, now, self.line_format), err=True)
         self.seen = counts
 
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
-def read_account(cfg: Config, known: list[str]) -> tuple[Any, list[Any]]:
+
+def read_account(cfg: Config, known: list[str], conn: Any = None) -> tuple[Any, list[Any]]:
     """Every fleet's spend this month in the database (``budget.account_spend`` over every
-    ledger row), and the orphans: instances of fleets not in ``known``."""
+    ledger row), and the orphans: instances of fleets not in ``known`` (on ``conn``, else a
+    connection of its own)."""
     from datetime import UTC, datetime
 
     from vultrscale.db import account, pg
     from vultrscale.rules import budget
 
     now = datetime.now(UTC)
-    with pg.session(database_url(cfg), "cannot read the account's fleets") as conn:
+    with contextlib.ExitStack() as stack:
+        if conn is None:
+            url = database_url(cfg)
+            conn = stack.enter_context(pg.session(url, "cannot read the account's fleets"))
         rows = account.others(conn, "", budget.month_bounds(now)[0])  # no fleet is named ""
         orphans = account.orphans(conn, known)
     return budget.account_spend(rows, cfg.account.monthly_ceiling_usd, now), orphans
