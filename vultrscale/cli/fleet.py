@@ -579,9 +579,13 @@ def _status_fleets(fleets: Fleets, *, as_json: bool, watch: bool, every: timedel
     from vultrscale.redaction import redact
     from vultrscale.vultr.client import shared_pace
 
+    if not fleets.configs:  # every file invalid: nothing to show
+        refused = fleets.bad_error()
+        assert refused is not None
+        raise refused
     runs = _fleet_runs(fleets, shared_pace)
     account = fleets.account
-    clock = runs[0].parts.clock if runs else None
+    clock = runs[0].parts.clock
 
     def refresh() -> tuple[int, dict[str, Any], status.RenderableType]:
         results: dict[str, PassResult] = {}
@@ -597,8 +601,7 @@ def _status_fleets(fleets: Fleets, *, as_json: bool, watch: bool, every: timedel
             total, orphans = read_account(runs[0].cfg, list(fleets.described))
         except RuntimeFailure:
             total, orphans = None, []
-        now = clock.now() if clock is not None else None
-        assert now is not None
+        now = clock.now()
         docs: list[dict[str, Any]] = []
         views: list[status.RenderableType] = []
         for run in runs:
