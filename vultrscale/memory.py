@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -42,7 +43,7 @@ from vultrscale.core.model import (
     WorkerView,
 )
 from vultrscale.errors import DatabaseError, SSHError
-from vultrscale.ports import JobHistory, QueueSignals, Session, read_apart
+from vultrscale.ports import AccountLedger, JobHistory, QueueSignals, Session, read_apart
 from vultrscale.rules.decision import Move
 from vultrscale.rules.offerings import OfferingCheck
 from vultrscale.vultr import refusals
@@ -231,6 +232,8 @@ class MemoryLedger:
     # (region, plan) -> the refused creates remembered (offering_marks).
     marks: dict[tuple[str, str], OfferingMark] = field(default_factory=dict)
     profile: Profile | None = None  # the cached forecast profile (``forecast_profiles``)
+    # The account's records (``MemoryAccount.add`` sets it); None: a fleet on its own.
+    account: AccountLedger | None = None
 
     def lock(self) -> bool:
         self.lock_extensions.clear()  # one pass's: a long simulation keeps no history
@@ -449,6 +452,53 @@ class MemorySignals:
         return self.signals
 
 
+class MemoryAccount:
+    """The AccountLedger port over the MemoryLedgers of the account's fleets (one process's
+    passes share it: the lock is a real one, so two fleets' passes in two threads contend)."""
+
+    def __init__(self, ledgers: Iterable[MemoryLedger] = ()) -> None:
+        self.ledgers: list[MemoryLedger] = list(ledgers)
+        self._lock = threading.Lock()
+        self._held = threading.local()
+        self.waits: list[float] = []  # each lock's wait, asked
+
+    def add(self, ledger: MemoryLedger) -> None:
+        """``ledger``'s fleet is one of the account's: its passes read the others' through it."""
+        self.ledgers.append(ledger)
+        ledger.account = _FleetAccount(self, ledger.fleet)
+
+    def others(self, fleet: str, since: datetime) -> list[LedgerRow]:
+        return [r for led in self.ledgers if led.fleet != fleet for r in led.rows(since)]
+
+    def lock(self, wait_s: float) -> bool:
+        self.waits.append(wait_s)
+        got = self._lock.acquire(timeout=wait_s)
+        self._held.on = got
+        return got
+
+    def unlock(self) -> None:
+        if getattr(self._held, "on", False):
+            self._held.on = False
+            self._lock.release()
+
+
+@dataclass(frozen=True)
+class _FleetAccount:
+    """A MemoryAccount as one fleet's pass sees it."""
+
+    account: MemoryAccount
+    fleet: str
+
+    def others(self, since: datetime) -> list[LedgerRow]:
+        return self.account.others(self.fleet, since)
+
+    def lock(self, wait_s: float) -> bool:
+        return self.account.lock(wait_s)
+
+    def unlock(self) -> None:
+        self.account.unlock()
+
+
 @dataclass
 class MemoryStore:
     """The Store port over a MemoryLedger and MemorySignals (one session, reused)."""
@@ -545,10 +595,14 @@ def memory_parts(
     preflight: Sequence[Callable[[], object]] = (),
     seed: int = 0,
     history: JobHistory | None = None,
+    account: MemoryAccount | None = None,
 ) -> Parts:
-    """The Parts of a pass wholly in memory."""
+    """The Parts of a pass wholly in memory; ``account``: the account's fleets, this one's
+    ledger added to them."""
     from vultrscale.ports import Parts
 
+    if account is not None and all(known is not ledger for known in account.ledgers):
+        account.add(ledger)
     return Parts(
         cloud=cloud,
         store=MemoryStore(ledger, signals),

@@ -6,8 +6,9 @@ The registry is our own (not the global default), so tests and several fleets do
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -18,7 +19,7 @@ from prometheus_client import (
 )
 
 from vultrscale.core.limits import Limit
-from vultrscale.core.model import ActionKind, InstanceState
+from vultrscale.core.model import AccountSpend, ActionKind, InstanceState
 from vultrscale.errors import RuntimeFailure, UsageError
 from vultrscale.reconcile import PassResult
 
@@ -37,9 +38,12 @@ _REFUSAL_KINDS = ("unavailable", "unclassified", "instance_limit")
 _DRAINING = (InstanceState.DRAINING, InstanceState.DELETING)
 
 
-class Metrics:
-    def __init__(self, fleet: str) -> None:
-        self.fleet = fleet
+class Families:
+    """Every metric of the scaler in one registry (our own, not the global default): one per
+    process, each fleet's series told apart by their ``fleet`` label (``Metrics``), and the
+    account's figures, which belong to no one fleet."""
+
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r, lbl = self.registry, ["fleet"]
         self.instances = Gauge(
@@ -155,6 +159,94 @@ class Metrics:
             lbl,
             registry=r,
         )
+        # The account's, set by `reconcile --loop` of a directory of fleets (docs/fleets.md);
+        # each series exists from the start, so an alert sees it.
+        self.files_invalid = Gauge(
+            "vultrscale_fleet_files_invalid",
+            "Fleet files of the config directory that cannot run (config check names them)",
+            registry=r,
+        )
+        self.orphans = Gauge(
+            "vultrscale_orphan_instances",
+            "Instances the ledger holds for fleets no config file describes (nothing deletes "
+            "them; status lists them)",
+            registry=r,
+        )
+        self.account_month_to_date = Gauge(
+            "vultrscale_account_month_to_date_usd",
+            "Every fleet's cost this UTC month (NaN: not read)",
+            registry=r,
+        )
+        self.account_committed = Gauge(
+            "vultrscale_account_committed_usd",
+            "This UTC month's bill of every fleet if each ran as it is to the month's end "
+            "(NaN: not read)",
+            registry=r,
+        )
+        self.account_ceiling = Gauge(
+            "vultrscale_account_ceiling_usd",
+            "account.monthly_ceiling_usd (0: none)",
+            registry=r,
+        )
+        self.account_month_to_date.set(_UNKNOWN)
+        self.account_committed.set(_UNKNOWN)
+        self._writing = threading.Lock()
+
+    def set_account(self, total: AccountSpend | None, ceiling: float) -> None:
+        """Every fleet's spend this month and the account's ceiling (None: not read: NaN)."""
+        self.account_ceiling.set(ceiling)
+        self.account_month_to_date.set(_UNKNOWN if total is None else total.month_to_date_usd)
+        self.account_committed.set(_UNKNOWN if total is None else total.committed_usd)
+
+    def write_textfile(self, path: str) -> None:
+        """Write the Prometheus text format atomically (temp file + rename); one fleet's
+        thread at a time."""
+        try:
+            with self._writing:
+                write_to_textfile(str(Path(path).expanduser()), self.registry)
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"cannot write metrics to {path}: {exc.strerror or exc}",
+                hint="Check that the --metrics-file directory exists and is writable.",
+            ) from None
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve /metrics on addr:port, or on a free port the system picks for port 0; the
+        port bound. A port in use or refused is a UsageError (exit 2)."""
+        try:
+            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise UsageError(
+                f"--metrics-port {port}: cannot listen on {addr}:{port}: {exc.strerror or exc}",
+                hint="Pick a free port (`ss -ltn` lists those in use) or drop --metrics-port.",
+            ) from None
+        return int(server.server_port)
+
+
+class Metrics:
+    """One fleet's series in the process's ``Families`` (its own, made here, when not given);
+    a family's collectors are reached as this object's attributes (``m.passes``)."""
+
+    def __init__(self, fleet: str, families: Families | None = None) -> None:
+        self.fleet = fleet
+        self.families = families or Families()
+        self.registry = self.families.registry
+        self._series()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.families, name)
+
+    def write_textfile(self, path: str) -> None:
+        """Write the registry (every fleet's series, the process's one) to ``path``."""
+        self.families.write_textfile(path)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve the registry (every fleet's series) on /metrics; the port bound."""
+        return self.families.serve(port, addr)
+
+    def _series(self) -> None:
+        """Each fleet's counters exist from the start, at 0: increase() sees the first one."""
+        fleet = self.fleet
         for code in _EXIT_CODES:
             self.passes.labels(fleet, code)
         for kind in ActionKind:
@@ -163,11 +255,12 @@ class Metrics:
             self.clamps.labels(fleet, limit.value)
 
     @classmethod
-    def for_config(cls, cfg: Config) -> Metrics:
+    def for_config(cls, cfg: Config, families: Families | None = None) -> Metrics:
         """The metrics of ``cfg``'s fleet, with the settings the alert rules compare to."""
         from vultrscale.rules.lifecycle import DRAIN_MARGIN
 
-        m = cls(cfg.fleet.name)
+        m = cls(cfg.fleet.name, families)
+        m.account_ceiling.set(cfg.account.monthly_ceiling_usd)
         m.ceiling.labels(m.fleet).set(cfg.budget.monthly_ceiling_usd)
         deadline = cfg.drain.timeout + DRAIN_MARGIN
         m.drain_deadline.labels(m.fleet).set(deadline.total_seconds())
@@ -249,28 +342,6 @@ class Metrics:
         )
         for gauge in (*unread, self.committed):
             gauge.labels(f).set(_UNKNOWN)
-
-    def write_textfile(self, path: str) -> None:
-        """Write the Prometheus text format atomically (temp file + rename)."""
-        try:
-            write_to_textfile(str(Path(path).expanduser()), self.registry)
-        except OSError as exc:
-            raise RuntimeFailure(
-                f"cannot write metrics to {path}: {exc.strerror or exc}",
-                hint="Check that the --metrics-file directory exists and is writable.",
-            ) from None
-
-    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve /metrics on addr:port, or on a free port the system picks for port 0; the
-        port bound. A port in use or refused is a UsageError (exit 2)."""
-        try:
-            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as exc:
-            raise UsageError(
-                f"--metrics-port {port}: cannot listen on {addr}:{port}: {exc.strerror or exc}",
-                hint="Pick a free port (`ss -ltn` lists those in use) or drop --metrics-port.",
-            ) from None
-        return int(server.server_port)
 
 
 def check_textfile(path: str) -> None:

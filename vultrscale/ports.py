@@ -72,9 +72,34 @@ class Cloud(Protocol):
         ...
 
 
+class AccountLedger(Protocol):
+    """What every fleet of the account shares in the database: the other fleets' ledger rows
+    (their spend, for ``account.monthly_ceiling_usd``) and the account's lock, which a pass
+    that creates or revives holds from reading them again until its last create intent is
+    written, so that two fleets' passes (in one process or two) never spend the same
+    headroom. ``db.account.PgAccount`` is the real one."""
+
+    def others(self, since: datetime) -> list[LedgerRow]:
+        """Every other fleet's rows not gone, and those gone at or after ``since``."""
+        ...
+
+    def lock(self, wait_s: float) -> bool:
+        """Take the account's lock for this session, waiting at most ``wait_s``; False if
+        another pass still holds it then."""
+        ...
+
+    def unlock(self) -> None:
+        """Release the account's lock if this session holds it."""
+        ...
+
+
 class FleetLedger(Protocol):
     """The fleet's own records (``fleet_instances``, ``fleet_state``, ``fleet_events``, the
-    pass lock and the workers' draining flags), bound to one fleet."""
+    pass lock and the workers' draining flags), bound to one fleet; and ``account``, the
+    records of the account's every fleet on the same session (None: a ledger of one fleet
+    alone, as the replay's)."""
+
+    account: AccountLedger | None
 
     def lock(self) -> bool:
         """Take the fleet's pass lock for this session; False if another pass holds it.

@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING
 
 from vultrscale.config import Config
 from vultrscale.core import forecast
-from vultrscale.core.model import InstanceState, LedgerRow, PlanPrice, ServiceState, WorkerView
+from vultrscale.core.model import (
+    AccountSpend,
+    InstanceState,
+    LedgerRow,
+    PlanPrice,
+    ServiceState,
+    WorkerView,
+)
 from vultrscale.errors import DatabaseError, UsageError
 from vultrscale.ports import Cloud, DrainTransport, FleetLedger, JobHistory, Parts, Session
 from vultrscale.rules import budget, lifecycle, offerings
@@ -112,6 +119,7 @@ def read(cfg: Config, parts: Parts, session: Session, now: datetime, *, probe: b
         probes = _probe_drains(cfg, parts.drain, ledger, rows.values(), listed)
     profile, new_profile = _forecast(cfg, parts, stored.forecast, now)
     return Readings(
+        account=account(cfg, session, now),
         now=now,
         rows=rows,
         gone=tuple(gone),
@@ -132,6 +140,17 @@ def read(cfg: Config, parts: Parts, session: Session, now: datetime, *, probe: b
         new_checks=tuple(asked),
         new_profile=new_profile,
     )
+
+
+def account(cfg: Config, session: Session, now: datetime) -> AccountSpend | None:
+    """The other fleets' spend this month, with ``account.monthly_ceiling_usd`` set and a
+    store that holds the account's fleets (None otherwise: no account rule). Read again, under
+    the account's lock, by a pass about to create (``reconcile``)."""
+    ceiling, account = cfg.account.monthly_ceiling_usd, session.ledger.account
+    if not ceiling or account is None:
+        return None
+    rows = account.others(budget.month_bounds(now)[0])
+    return budget.account_spend(rows, ceiling, now)
 
 
 def snapshot(cfg: Config, parts: Parts, ledger: FleetLedger) -> str:

@@ -22,6 +22,8 @@ by a ledger write that lets the next pass find it, and a pass never waits for a 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,21 +35,24 @@ from vultrscale import interrupts
 from vultrscale.apply import apply, record, remember, save_profile
 from vultrscale.config import Config
 from vultrscale.core.clock import Clock
-from vultrscale.core.model import Action, Observation, PassEvent, Plan
+from vultrscale.core.model import Action, ActionKind, Observation, PassEvent, Plan
 from vultrscale.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_RUNTIME,
     EXIT_USAGE,
+    DatabaseError,
     RuntimeFailure,
     UsageError,
     VultrscaleError,
 )
+from vultrscale.ports import AccountLedger, Session
 from vultrscale.ports import Parts as Parts  # re-exported: the pass's callers build them
-from vultrscale.ports import Session
+from vultrscale.read import account as read_account
 from vultrscale.read import read, snapshot
 from vultrscale.redaction import redact
 from vultrscale.rules.decision import Decision, decide
+from vultrscale.rules.readings import Readings
 
 
 @dataclass
@@ -157,19 +162,22 @@ def _checked_pass(
         reads = read(cfg, parts, session, result.at, probe=not dry_run)
         if not dry_run:
             remember(cfg, ledger, parts.cache, reads)
-        decision = decide(reads, cfg)
-        if decision.refused_outright and reads.refused is not None:  # nothing to wind down
-            raise reads.refused
-        result.decision = decision
-        result.observation, result.plan = decision.observation, decision.plan
-        result.errors.extend(decision.errors)
-        if not dry_run:
-            # Bad input (no snapshot, or one not complete) stops the pass before any change.
-            if decision.creates:  # exit 2 now, not a user-data with the scaler's credentials later
-                cfg.worker_database_url()
-            boot_from = snapshot(cfg, parts, ledger) if decision.creates else ""
-            parts.before_changes(decision.plan)
-            apply(cfg, parts, ledger, decision, boot_from, result)
+        with contextlib.ExitStack() as account_held:
+            decision = decide(reads, cfg)
+            if not dry_run:
+                reads, decision = _account_checked(cfg, session, reads, decision, account_held)
+            if decision.refused_outright and reads.refused is not None:  # nothing to wind down
+                raise reads.refused
+            result.decision = decision
+            result.observation, result.plan = decision.observation, decision.plan
+            result.errors.extend(decision.errors)
+            if not dry_run:
+                # Bad input (no snapshot, or one not complete) stops the pass before any change.
+                if decision.creates:  # exit 2 now, not a user-data with the scaler's credentials
+                    cfg.worker_database_url()
+                boot_from = snapshot(cfg, parts, ledger) if decision.creates else ""
+                parts.before_changes(decision.plan)
+                apply(cfg, parts, ledger, decision, boot_from, result)
         result.exit_code = (
             EXIT_USAGE
             if decision.refused or decision.misconfigured
@@ -208,6 +216,50 @@ def _checked_pass(
                 result.pass_id = record(ledger, result.event(), quiet=failed)
 
 
+# How long a pass that creates waits for the account's lock (another fleet's pass holds it
+# while it writes its create intents and POSTs them: a second or two a create).
+ACCOUNT_LOCK_WAIT_S = 10.0
+
+
+def _account_checked(
+    cfg: Config,
+    session: Session,
+    reads: Readings,
+    decision: Decision,
+    held: contextlib.ExitStack,
+) -> tuple[Readings, Decision]:
+    """A pass that spends (creates, or revives a draining instance) under
+    ``account.monthly_ceiling_usd`` takes the account's lock (kept by ``held`` until its last
+    create intent is written and POSTed) and reads the other fleets' spend again: what
+    another fleet created since this pass read it counts, and the decision is made again on
+    it. The lock not had in time: decided again on an account that may not grow (nothing is
+    created on a guess; the rest of the pass goes on)."""
+    account = session.ledger.account
+    if reads.account is None or account is None or not _spends(decision):
+        return reads, decision
+    if account.lock(ACCOUNT_LOCK_WAIT_S):
+        held.callback(_unlock, account)
+        fresh = read_account(cfg, session, reads.now)
+    else:
+        fresh = dataclasses.replace(
+            reads.account,
+            unknown=f"another pass held the account's lock past {ACCOUNT_LOCK_WAIT_S:g}s",
+        )
+    if fresh == reads.account:
+        return reads, decision
+    reads = dataclasses.replace(reads, account=fresh)
+    return reads, decide(reads, cfg)
+
+
+def _spends(decision: Decision) -> bool:
+    return bool(decision.creates) or any(a.kind is ActionKind.REVIVE for a in decision.plan.actions)
+
+
+def _unlock(account: AccountLedger) -> None:
+    with contextlib.suppress(DatabaseError):  # the session's end frees it in any case
+        account.unlock()
+
+
 # --- the loop ----------------------------------------------------------------------------------
 
 
@@ -221,6 +273,7 @@ def run_forever(
     on_result: Callable[[PassResult], None] = lambda r: None,
     on_error: Callable[[VultrscaleError], None] = lambda e: None,
     max_passes: int | None = None,
+    refuse_early: bool = True,
 ) -> int:
     """Run passes every ``interval`` until ``stop`` is set. A runtime failure (of a pass, or
     of ``on_result``) is reported and the loop goes on. A usage error before a first pass ran
@@ -228,7 +281,8 @@ def run_forever(
     one (the
     price rose past the ceiling, the snapshot was deleted) it is reported and the loop goes on,
     so the fleet comes back when the condition clears: a refused fleet that wound down to
-    nothing used to end the loop there."""
+    nothing used to end the loop there. Without ``refuse_early`` (one fleet of several, whose
+    others run on) a usage error before a first pass is reported and the loop goes on too."""
     stop = stop or threading.Event()
     passes = 0
     ran = False  # a pass has run to its result (not one that found the lock held, or failed)
@@ -241,7 +295,7 @@ def run_forever(
             last = result.exit_code
             on_result(result)
         except UsageError as exc:
-            if not ran:
+            if not ran and refuse_early:
                 raise
             last = exc.exit_code
             on_error(exc)

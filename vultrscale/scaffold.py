@@ -14,7 +14,7 @@ import os
 import secrets
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -34,6 +34,22 @@ class Answers:
     region: str = FleetConfig.region
     plan: str = FleetConfig.plan
     snapshot_id: str = FleetConfig.snapshot_id  # empty: the one `vultrscale snapshot` records
+    # A new fleet of a directory of fleets (`init --fleet NAME`): its own name, tag and labels.
+    name: str = FleetConfig.name
+    tag: str = FleetConfig.tag
+    label_prefix: str = FleetConfig.label_prefix
+    queue: str | None = None  # worker.queue and queue.queue; None: as the template has them
+
+    def named(self, name: str) -> Answers:
+        """These answers for a fleet of its own in a directory: ``name``, the tag
+        ``vultrscale-<name>``, labels ``<name>-...`` (when the name makes a label) and its own
+        queue, ``name`` (a fleet name is a queue name)."""
+        import re
+
+        prefix = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")[:31] or self.label_prefix
+        return replace(
+            self, name=name, tag=f"vultrscale-{name}", label_prefix=prefix, queue=name
+        )
 
 
 @dataclass(frozen=True)
@@ -151,7 +167,9 @@ def config_text(a: Answers) -> str:
     (``config.reference.template``), the answers in their keys."""
     from vultrscale.config import reference
 
-    answers = {key: _toml(getattr(a, attr)) for attr, key, _ in _KEYS}
+    answers = {
+        key: _toml(getattr(a, attr)) for attr, key, _ in _KEYS if getattr(a, attr) is not None
+    }
     return reference.template(answers)
 
 
@@ -191,9 +209,14 @@ def _toml(value: str) -> str:
 
 # Which config key each answer becomes, and the flag that gives it.
 _KEYS = (
+    ("name", "fleet.name", "--fleet"),
     ("region", "fleet.region", "--region"),
     ("plan", "fleet.plan", "--plan"),
     ("snapshot_id", "fleet.snapshot_id", "--snapshot"),
+    ("tag", "fleet.tag", "--fleet"),
+    ("label_prefix", "fleet.label_prefix", "--fleet"),
+    ("queue", "worker.queue", "--fleet"),
+    ("queue", "queue.queue", "--fleet"),
 )
 _BAD_ANSWER_HINT = (
     "Nothing was written. Give a valid --region, --plan or --snapshot (or answer again): "
@@ -207,7 +230,8 @@ def checked_text(a: Answers, config_path: Path) -> str:
     unreadable = []
     for attr, key, flag in _KEYS:
         value = getattr(a, attr)
-        if not is_text(value):  # bytes that were not UTF-8 on the command line
+        # bytes that were not UTF-8 on the command line
+        if value is not None and not is_text(value):
             unreadable.append(f"{key} ({flag}): {value!r} is not UTF-8 text")
     if unreadable:
         raise ConfigError(unreadable, hint=_BAD_ANSWER_HINT)
@@ -224,12 +248,12 @@ def backup_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.bak")
 
 
-def refuse_existing(config_path: Path, *, force: bool) -> None:
+def refuse_existing(config_path: Path, *, force: bool, env: bool = True) -> None:
     """UsageError naming the first of the two files that exists (``--force`` overwrites files)
     or that can never be written (a directory, a link: even with ``force``; with ``force``,
     also where the copy of an existing file would go), or the first existing directory above
-    them that is not a directory."""
-    for path in (config_path, config_path.parent / ".env"):
+    them that is not a directory. ``env``: the .env is written too (else only the config)."""
+    for path in (config_path, config_path.parent / ".env") if env else (config_path,):
         in_the_way = [path, backup_path(path)] if force and path.exists() else [path]
         for p in in_the_way:
             if p.is_symlink() or (p.exists() and not p.is_file()):
@@ -263,7 +287,7 @@ class Written(NamedTuple):
     kept: tuple[Path, ...] = ()
 
 
-def write(config_path: Path, answers: Answers, *, force: bool) -> Written:
+def write(config_path: Path, answers: Answers, *, force: bool, env: bool = True) -> Written:
     """Write the config and the .env next to it (where the config loader reads it); nothing
     when either exists, unless ``force``, and nothing when an answer is not valid config. Both
     are written to temporary files next to them first and renamed into place only once both
@@ -271,7 +295,7 @@ def write(config_path: Path, answers: Answers, *, force: bool) -> Written:
     mode 0600 from its first byte. With ``force``, an existing file whose content differs is
     first kept as ``NAME.bak`` (see :func:`_write_together`)."""
     text = checked_text(answers, config_path)
-    refuse_existing(config_path, force=force)
+    refuse_existing(config_path, force=force, env=env)
     env_path = config_path.parent / ".env"
     made: list[Path] = []
     try:
@@ -281,7 +305,10 @@ def write(config_path: Path, answers: Answers, *, force: bool) -> Written:
             except OSError as exc:
                 raise _WriteFailed(directory, exc) from None
             made.append(directory)
-        kept = _write_together([(config_path, text, 0o666), (env_path, env_text(), 0o600)])
+        files = [(config_path, text, 0o666)]
+        if env:
+            files.append((env_path, env_text(), 0o600))
+        kept = _write_together(files)
     except _WriteFailed as failed:
         for directory in reversed(made):
             with contextlib.suppress(OSError):
@@ -404,10 +431,19 @@ def cannot_write(
     return RuntimeFailure(message, hint="Free space on that disk (or fix it), then run init again.")
 
 
-def next_steps(written: Written) -> list[str]:
+def next_steps(written: Written, *, env_written: bool = True) -> list[str]:
     """What ``init`` says after writing: the files, the copies it kept (never their content:
-    the old .env holds secrets), and what to do next."""
+    the old .env holds secrets), and what to do next. ``env_written`` False: a new fleet in a
+    directory whose .env (the account's secrets) was there already."""
     config_path, env_path, kept = written
+    if not env_written:
+        return [
+            f"Wrote {config_path}: fleet file {config_path.name} of {config_path.parent} (its "
+            f"secrets are the directory's, in {env_path}).",
+            f"Then: vultrscale --config {config_path.parent} config check",
+            f"      vultrscale --config {config_path.parent} --fleet {config_path.stem} "
+            "reconcile --dry-run",
+        ]
     said = [
         f"Kept the previous {config_path.name} as {copy}."
         if copy == backup_path(config_path)
@@ -533,17 +569,44 @@ def unit_files(config_path: Path | None) -> UnitFiles:
     return UnitFiles(_unit_path("The config's directory", str(absolute.parent)), name)
 
 
+def is_fleets_dir(config_path: Path | None) -> bool:
+    """``config_path`` names a directory of fleet files: one that is, or a path without a
+    suffix that is not there yet (the units are often written before the config)."""
+    if config_path is None:
+        return False
+    return config_path.is_dir() or (not config_path.exists() and not config_path.suffix)
+
+
+# The unit's lines that name the one config file, and what a directory of fleets puts there:
+# every file of the directory a credential (fleets_NAME.toml), the directory of credentials
+# the config (docs/fleets.md), its .env the secrets.
+_CONFIG_CREDENTIAL = f"LoadCredential={_UNIT_CONFIG}:{_UNIT_DIR}/{_UNIT_CONFIG}"
+_CONFIG_VARIABLE = f"VULTRSCALE_CONFIG=%d/{_UNIT_CONFIG}"
+_CONFIG_COMMENT = f"#   {_UNIT_DIR}/{_UNIT_CONFIG}  the fleet's config (no secret in it)"
+
+
 def systemd_units(command: Sequence[str], config_path: Path | None = None) -> dict[str, str]:
     """The units' text with ``command`` (the program, and ``-m vultrscale`` after a Python) in
-    ExecStart and the files of :func:`unit_files` for /etc/vultrscale's. UsageError for a path
-    the service could not use."""
+    ExecStart and the files of :func:`unit_files` for /etc/vultrscale's; for a directory of
+    fleets (:func:`is_fleets_dir`), every file of it loaded as the config and its .env the
+    secrets, the SSH key beside it. UsageError for a path the service could not use."""
     program, *args = command
     exe = " ".join([_unit_path("The vultrscale program", program), *args])
     files = unit_files(config_path)
+    fleets = is_fleets_dir(config_path)
     out = {}
     for unit in SYSTEMD_UNITS:
         text = (deploy_dir() / unit).read_text(encoding="utf-8")
         text = text.replace(f"ExecStart={_UNIT_EXEC} ", f"ExecStart={exe} ")
+        if fleets:
+            folder = files.config
+            text = text.replace(_CONFIG_CREDENTIAL, f"LoadCredential=fleets:{folder}")
+            text = text.replace(_CONFIG_VARIABLE, "VULTRSCALE_CONFIG=%d")
+            text = text.replace(f"{_UNIT_DIR}/.env", f"{folder}/.env")
+            text = text.replace(
+                _CONFIG_COMMENT,
+                f"#   {folder}/*.toml  the fleets' configs, one file each (no secret in them)",
+            )
         text = text.replace(UnitFiles().config, files.config)
         text = text.replace(f"{_UNIT_DIR}/", f"{files.directory}/")
         out[unit] = text
@@ -594,4 +657,25 @@ def systemd_next_steps(written: Written, executable: str, files: UnitFiles) -> l
         "their copy of it; your own commands as root read this setting)",
         "  systemctl daemon-reload && systemctl enable --now vultrscale.service",
         "  (or one pass per timer tick instead: systemctl enable --now vultrscale-pass.timer)",
+    ]
+
+
+def fleets_next_steps(written: Written, executable: str, files: UnitFiles) -> list[str]:
+    """``init --systemd`` for a directory of fleets: the same units on each scaler host."""
+    folder = files.config
+    return [
+        f"Wrote {', '.join(SYSTEMD_UNITS)} in {written.config} (ExecStart: {executable}), for "
+        f"the directory of fleets {folder}.",
+        *(f"Kept the previous {copy.name[: -len('.bak')]} as {copy}." for copy in written.kept),
+        "The services read, as root, before they drop to a user of their own:",
+        f"  {folder}/*.toml (a fleet each), {folder}/.env (the secrets, mode 0600), "
+        f"{files.ssh_key} (the SSH key).",
+        "Then, as root:",
+        f"  install -d -m 0700 {files.directory} {folder}",
+        f"  vultrscale --config {folder} init --fleet NAME   # once per fleet; fill in the .env",
+        f"  ssh-keygen -t ed25519 -N '' -f {files.ssh_key}",
+        f'  and in each fleet file, [fleet] ssh_key = "{files.ssh_key}"',
+        "  systemctl daemon-reload && systemctl enable --now vultrscale.service",
+        "Two scaler hosts: the same units and files on both, against the same database, and",
+        f"  VULTRSCALE_ACCOUNT_SCALERS=2 in {folder}/.env (each keeps to half the API rate).",
     ]

@@ -12,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from vultrscale.core.model import Instance, Observation, Plan
+from vultrscale.core.model import AccountSpend, Instance, Observation, Plan
 
 if TYPE_CHECKING:
     from vultrscale.core.forecast import SlotForecast
@@ -280,8 +280,12 @@ def age_s(seconds: float) -> str:
 
 
 def events_table(events: list[dict[str, Any]]) -> Table:
-    """The decision ledger as a table: one row per pass."""
+    """The decision ledger as a table: one row per pass (with a fleet column when the rows
+    are of several fleets, each carrying its ``fleet``)."""
     table = Table(title="events", title_justify="left", pad_edge=False)
+    fleets = any("fleet" in e for e in events)
+    if fleets:
+        table.add_column("fleet", no_wrap=True)
     table.add_column("pass", justify="right", no_wrap=True)  # the id the loop's log lines carry
     table.add_column("at (UTC)", no_wrap=True)
     table.add_column("exit", justify="right")
@@ -299,6 +303,7 @@ def events_table(events: list[dict[str, Any]]) -> Table:
         details += [f"error: {x}" for x in e.get("errors") or []]
         at = e["at"]
         table.add_row(
+            *([plain(e.get("fleet", ""))] if fleets else []),
             str(e.get("id", "")),
             at.strftime("%m-%d %H:%M:%S") if isinstance(at, datetime) else str(at),
             str(e.get("exit_code")),
@@ -346,3 +351,80 @@ def forecast_table(slots: Sequence[SlotForecast], slot: timedelta, title: str) -
             Text(str(first.floor), style="bold" if first.floor else "dim"),
         )
     return table
+
+
+# --- the account: every fleet of the database --------------------------------------------------
+
+
+def account_document(
+    total: AccountSpend | None, ceiling: float, orphans: Sequence[Any]
+) -> dict[str, Any]:
+    """The account's part of `status --json` for a directory of fleets: every fleet's spend
+    this month against ``account.monthly_ceiling_usd``, and the instances of fleets no file
+    describes (``db.account.Orphans``)."""
+    return {
+        "ceiling_usd": ceiling or None,
+        "month_to_date_usd": None if total is None else round(total.month_to_date_usd, 2),
+        "committed_usd": None if total is None else round(total.committed_usd, 2),
+        "headroom_usd": round(ceiling - total.committed_usd, 2) if total and ceiling else None,
+        "fleets": [] if total is None else list(total.fleets),
+        "instances": None if total is None else total.instances,
+        "orphans": [
+            {
+                "fleet": o.fleet,
+                "instances": o.instances,
+                "labels": list(o.labels),
+                "oldest": o.oldest.isoformat() if o.oldest else None,
+            }
+            for o in orphans
+        ],
+    }
+
+
+def account_lines(
+    total: AccountSpend | None, ceiling: float, orphans: Sequence[Any], now: datetime
+) -> list[RenderableType]:
+    """Under every fleet's table: the account's spend against its ceiling, and the instances
+    of fleets no file describes (nothing scales or deletes them)."""
+    out: list[RenderableType] = []
+    if total is None:
+        out.append(plain("account: its spend could not be read", style="red"))
+    else:
+        limit = (
+            f"; ceiling ${ceiling:.2f}, headroom ${ceiling - total.committed_usd:.2f}"
+            if ceiling
+            else "; no account ceiling (account.monthly_ceiling_usd = 0)"
+        )
+        style = "red" if ceiling and total.committed_usd > ceiling else ""
+        out.append(
+            plain(
+                f"account: ${total.month_to_date_usd:.2f} billed this month over "
+                f"{len(total.fleets)} fleet(s), ${total.committed_usd:.2f} if each runs as it "
+                f"is to the month's end ({total.instances} instance(s)){limit}",
+                style=style,
+            )
+        )
+    if orphans:
+        from rich import box
+
+        table = Table(
+            title="instances of fleets no config file describes (nothing scales or deletes "
+            "them: put the file back, or drain and delete them by hand)",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            title_style="yellow",
+        )
+        table.add_column("fleet", no_wrap=True)
+        table.add_column("instances", justify="right")
+        table.add_column("oldest", justify="right")
+        table.add_column("labels")
+        for o in orphans:
+            table.add_row(
+                plain(o.fleet),
+                str(o.instances),
+                age(o.oldest, now),
+                plain(", ".join(o.labels[:5]) + (" ..." if len(o.labels) > 5 else "")),
+            )
+        out.append(table)
+    return out

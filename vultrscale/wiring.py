@@ -112,19 +112,23 @@ class _LazyDrain:
             self._drain = None
 
 
-def build_parts(cfg: Config) -> Parts:
+def build_parts(cfg: Config, pace: Any = None) -> Parts:
     """The real parts of a pass: the Vultr client, Postgres, SSH, cloud-init, the system clock,
     and the local check of the scaler's key made before a pass changes anything. The owner
-    closes them (``Parts.close``) after its last pass."""
+    closes them (``Parts.close``) after its last pass. ``pace``: the API pacing this fleet's
+    client shares with the other fleets' of the process (``vultr.client.shared_pace``); None:
+    its own, at ``1/account.scalers`` of the client's rate."""
     from vultrscale.core.clock import PASS_DEADLINE_S, Deadline, SystemClock
     from vultrscale.db.ledger import PgStore
     from vultrscale.ports import Parts
-    from vultrscale.vultr.client import VultrClient
+    from vultrscale.vultr.client import VultrClient, shared_pace
 
     db_url = database_url(cfg)
-    # One deadline per pass, armed by the store's session (the pass) and read by the client.
+    # One deadline per pass, armed by the store's session (the pass) and read by the client:
+    # each fleet has its own, so a slow fleet's pass never eats another's time.
     deadline = Deadline(PASS_DEADLINE_S)
-    client = VultrClient(api_key(cfg), cfg.api_url, deadline=deadline)
+    pace = pace if pace is not None else shared_pace(cfg.account.scalers)
+    client = VultrClient(api_key(cfg), cfg.api_url, deadline=deadline, pace=pace)
 
     def keygen() -> tuple[str, str]:
         from vultrscale.ssh import generate_host_key

@@ -232,3 +232,37 @@ def test_v6_upgrades_a_v5_queue_with_jobs_and_an_old_worker_still_claims(pg_url:
         history.finished_jobs(pg_url, timedelta(hours=1)), since=timedelta(hours=1)
     )
     assert len(trace) == 3 and "2 of them from before the queue recorded a start" in trace.note
+
+
+def test_from_db_of_a_directory_replays_each_fleets_own_queue(
+    db_url: str,
+    tmp_path,  # noqa: ANN001 - pytest's
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two fleets on two queues of one database: each replays its own history."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for queue_name, n in (("web", 3), ("reports", 5)):
+            for _ in range(n):
+                conn.execute(
+                    "INSERT INTO jobs (queue, state, run_at, created_at, started_at, finished_at) "
+                    "VALUES (%s, 'succeeded', now() - interval '10 minutes', "
+                    "now() - interval '10 minutes', now() - interval '9 minutes', "
+                    "now() - interval '8 minutes')",
+                    (queue_name,),
+                )
+    folder = tmp_path / "fleets"
+    folder.mkdir()
+    for name in ("web", "reports"):
+        (folder / f"{name}.toml").write_text(
+            f'[fleet]\nname = "{name}"\ntag = "vs-{name}"\n[worker]\nqueue = "{name}"\n'
+            f'[queue]\nqueue = "{name}"\n'
+        )
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    code = main(
+        ["--config", str(folder), "simulate", "--from-db", "--since", "1h", "--boot-time", "1m",
+         "--json", "--policies", "vultrscale"]
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {f["fleet"]: f["workload"]["jobs"] for f in doc["fleets"]} == {"web": 3, "reports": 5}

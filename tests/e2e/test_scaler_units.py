@@ -120,3 +120,18 @@ def test_the_written_exec_start_is_the_program_on_path(written: Path) -> None:
     exe = shutil.which("vultrscale")
     text = (written / "vultrscale.service").read_text()
     assert f"ExecStart={os.path.abspath(exe or '')} reconcile --loop" in text
+
+
+def test_the_units_for_a_directory_of_fleets_pass_systemds_checks(tmp_path: Path) -> None:
+    """The same units on both scaler hosts of the two-host layout (README "Several fleets, two
+    hosts"): the directory of fleets loaded whole as the config."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scaffold, "_HIDDEN", clone_let_through(scaffold._HIDDEN))
+        assert main(["--config", "/etc/vultrscale/fleets", "init", "--systemd", str(tmp_path)]) == 0
+    for name in ("vultrscale.service", "vultrscale-pass.service"):
+        unit = tmp_path / name
+        assert "LoadCredential=fleets:/etc/vultrscale/fleets" in unit.read_text()
+        result = _analyze("verify", str(unit))
+        assert result.returncode == 0, result.stderr
+        _, word = _rating(unit)
+        assert word in GOOD, word

@@ -182,3 +182,31 @@ def test_the_scaler_units_hold_no_secret_and_name_the_root_only_files() -> None:
     assert svc["EnvironmentFile"] == "/etc/vultrscale/.env"
     assert svc["DynamicUser"] == "yes" and svc["NoNewPrivileges"] == "yes"
     assert svc["ProtectSystem"] == "strict" and svc["PrivateTmp"] == "yes"
+
+
+def test_a_directory_of_fleets_is_loaded_whole_as_the_config() -> None:
+    """The same units on each scaler host: every file of the directory a credential, the
+    directory of credentials the config, its .env the secrets, the SSH key beside it."""
+    folder = Path("/srv/scaler/fleets")  # not there yet, no suffix: a directory of fleets
+    units = scaffold.systemd_units(["/usr/bin/vultrscale"], folder)
+    for name in ("vultrscale.service", "vultrscale-pass.service"):
+        text = units[name]
+        svc = _service(text)["Service"]
+        assert svc["EnvironmentFile"] == f"{folder}/.env"
+        assert f"LoadCredential=fleets:{folder}\n" in text
+        assert "LoadCredential=ssh_key:/srv/scaler/ssh_key" in text
+        assert "VULTRSCALE_CONFIG=%d VULTRSCALE_FLEET_SSH_KEY=%d/ssh_key" in text
+        assert "vultrscale.toml" not in text.split("[Service]", 1)[1]
+    assert f"#   {folder}/*.toml  the fleets' configs" in units["vultrscale.service"]
+
+
+@pytest.mark.usefixtures("clone_anywhere")
+def test_init_systemd_for_a_directory_says_how_to_run_it_on_two_hosts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    units = tmp_path / "units"
+    units.mkdir()
+    assert main(["--config", "/etc/vultrscale/fleets", "init", "--systemd", str(units)]) == 0
+    said = capsys.readouterr().out
+    assert "vultrscale --config /etc/vultrscale/fleets init --fleet NAME" in said
+    assert "VULTRSCALE_ACCOUNT_SCALERS=2" in said

@@ -13,7 +13,13 @@ import respx
 from vultrscale.core.clock import Deadline, FakeClock
 from vultrscale.fake_vultr.app import Simulator
 from vultrscale.fake_vultr.server import SimTransport
-from vultrscale.vultr.client import API_PACE, API_RATE_LIMIT, PACE_BURST, VultrClient
+from vultrscale.vultr.client import (
+    API_PACE,
+    API_RATE_LIMIT,
+    PACE_BURST,
+    VultrClient,
+    shared_pace,
+)
 from vultrscale.vultr.errors import RateLimited
 
 BASE = "https://api.vultr.test"
@@ -177,3 +183,35 @@ def test_a_paced_burst_earns_no_429_from_a_server_that_enforces_the_rate() -> No
 def test_an_unpaced_burst_does_earn_429s() -> None:
     # the control: the simulator does enforce the rate the paced client keeps under
     assert _burst_against_the_simulator(None) > 0
+
+
+def test_clients_of_one_shared_pace_keep_to_it_together(
+    api: respx.MockRouter, fake: FakeClock
+) -> None:
+    """A directory of fleets: one client per fleet, one pace for the key. Sixty deletes made
+    by three clients take the time sixty made by one would, not a third of it."""
+    api.delete(f"/v2/instances/{ID}").mock(return_value=httpx.Response(204))
+    pace = shared_pace(1, fake.monotonic)
+    clients = [
+        VultrClient(KEY, BASE, sleep=fake.sleep, monotonic=fake.monotonic, pace=pace)
+        for _ in range(3)
+    ]
+    began = fake.monotonic()
+    for i in range(60):
+        clients[i % 3].delete_instance(ID)
+    assert fake.monotonic() - began == pytest.approx((60 - PACE_BURST) / API_PACE)
+    for c in clients:
+        c.close()
+
+
+def test_two_scalers_on_one_key_each_keep_to_half(api: respx.MockRouter, fake: FakeClock) -> None:
+    """account.scalers = 2: each process sends at most half the pace, bursts of half: the two
+    together never pass what one process would send."""
+    api.delete(f"/v2/instances/{ID}").mock(return_value=httpx.Response(204))
+    half = shared_pace(2, fake.monotonic)
+    assert (half.rate, half.burst) == (API_PACE / 2, PACE_BURST // 2)
+    began = fake.monotonic()
+    with VultrClient(KEY, BASE, sleep=fake.sleep, monotonic=fake.monotonic, pace=half) as c:
+        for _ in range(30):
+            c.delete_instance(ID)
+    assert fake.monotonic() - began == pytest.approx((30 - PACE_BURST // 2) / (API_PACE / 2))

@@ -69,7 +69,7 @@ _BY_NAME = {e.name: e for e in COMMANDS}
 
 # Root options, accepted anywhere before a bare `--` (moved in front of the command).
 _GLOBAL_FLAGS = ("--debug",)
-_GLOBAL_VALUED = ("--config",)
+_GLOBAL_VALUED = ("--config", "--fleet")
 
 
 class LazyGroup(TyperGroup):
@@ -111,7 +111,7 @@ app = typer.Typer(
         "vultrscale status                # the fleet and why it has that size",
         "vultrscale reconcile --loop --debug --config prod.toml",
     )
-    + "\n\nGlobal options (--config, --debug) go before or after the command.",
+    + "\n\nGlobal options (--config, --fleet, --debug) go before or after the command.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -133,7 +133,19 @@ def _root(
         typer.Option(
             "--config",
             metavar="PATH",
-            help=shown("TOML config file.", "$VULTRSCALE_CONFIG, else ./vultrscale.toml"),
+            help=shown(
+                "TOML config file, or a directory of them (one fleet each).",
+                "$VULTRSCALE_CONFIG, else ./vultrscale.toml",
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            "--fleet",
+            metavar="NAME",
+            help="With a directory of fleets: act on this fleet only.",
             show_default=False,
         ),
     ] = None,
@@ -152,6 +164,7 @@ def _root(
     ] = False,
 ) -> None:
     state.config_path = config
+    state.fleet = fleet
     state.debug = debug
     library_logs(debug)
 

@@ -11,24 +11,37 @@ import typer
 
 if TYPE_CHECKING:
     from vultrscale.config import Config
+    from vultrscale.config.fleets import Fleets
 
 
 @dataclass
 class Globals:
-    """The root options (``--config``, ``--debug``), set before a command runs."""
+    """The root options (``--config``, ``--fleet``, ``--debug``), set before a command runs."""
 
     config_path: str | None = None
+    fleet: str | None = None
     debug: bool = False
 
 
 state = Globals()
 
 
-def load_config(flags: dict[str, Any] | None = None) -> Config:
-    """The resolved config for this invocation (flags > environment > file > defaults)."""
-    from vultrscale import config as cfg
+def load_config(flags: dict[str, Any] | None = None, *, any_fleet: bool = False) -> Config:
+    """The resolved config for this invocation (flags > environment > file > defaults): the
+    file's, or with a directory of fleets the one ``--fleet`` names (a directory of several
+    needs it, unless ``any_fleet``: a command that reads only the environment's secrets)."""
+    fleets = load_fleets(flags)
+    if any_fleet and state.fleet is None and fleets.configs:
+        return fleets.configs[0]
+    return fleets.one()
 
-    return cfg.load(state.config_path, os.environ, flags)
+
+def load_fleets(flags: dict[str, Any] | None = None) -> Fleets:
+    """Every fleet of the config path (a directory's ``*.toml``, or the one file), or only the
+    one ``--fleet`` names: for the commands that act on every fleet."""
+    from vultrscale.config.fleets import load_fleets as load
+
+    return load(state.config_path, os.environ, flags).select(state.fleet)
 
 
 def print_json(data: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from vultrscale import params
-from vultrscale.cli._common import JsonFlag, examples, group, load_config, print_json, shown
+from vultrscale.cli._common import JsonFlag, examples, group, print_json, shown
 from vultrscale.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageError
 
 app = group()
@@ -237,8 +237,17 @@ def init_cmd(
     if systemd is not None:
         _init_systemd(systemd, state.config_path, force=force)
         return
-    path, _ = resolve_config_path(state.config_path, os.environ)
-    scaffold.refuse_existing(path, force=force)
+    path, named = resolve_config_path(state.config_path, os.environ)
+    # A directory of fleets (one named that is, or a path not ending .toml with --fleet): a
+    # new fleet file in it, NAME.toml; the directory's .env (the account's secrets) written
+    # only if it has none.
+    name = state.fleet
+    into_directory = (named or name is not None) and path.is_dir()
+    into_directory = into_directory or (name is not None and path.suffix != ".toml")
+    with_env = True
+    if into_directory:
+        path, with_env = _new_fleet_path(path, name)
+    scaffold.refuse_existing(path, force=force, env=with_env)
     given = {"region": region, "plan": plan, "snapshot_id": snapshot}
     answers = replace(scaffold.Answers(), **{k: v for k, v in given.items() if v is not None})
     if not defaults and sys.stdin.isatty() and sys.stdout.isatty():
@@ -267,8 +276,38 @@ def init_cmd(
                 catalog.client.close()
     elif not defaults:
         typer.echo("No terminal to ask on: writing the defaults and the options given.")
-    for line in scaffold.next_steps(scaffold.write(path, answers, force=force)):
+    if into_directory and name is not None:
+        answers = answers.named(name)
+    written = scaffold.write(path, answers, force=force, env=with_env)
+    for line in scaffold.next_steps(written, env_written=with_env or not into_directory):
         typer.echo(line)
+
+
+def _new_fleet_path(directory: Path, name: str | None) -> tuple[Path, bool]:
+    """Where `init --fleet NAME` writes a new fleet of ``directory``, and whether the .env
+    is to be written too (the directory has none yet). UsageError when no name is given, the
+    name is not a fleet name, or a fleet file there has the name or the tag already."""
+    from vultrscale.config.fleets import clash
+    from vultrscale.config.kinds import FLEET_NAME
+
+    if not name:
+        raise UsageError(
+            f"{directory} is a directory of fleets: init writes one new fleet into it",
+            hint=f"Name it: vultrscale --config {directory} init --fleet NAME",
+        )
+    if not FLEET_NAME.fullmatch(name):
+        raise UsageError(
+            f"--fleet {name[:80]!r} is not a fleet name (1-64 letters, digits, '.', '_' or '-')",
+            hint="Pick a name such as web, reports or gpu.",
+        )
+    tag = f"vultrscale-{name}"
+    found = clash(directory, name, tag) if directory.is_dir() else None
+    if found:
+        raise UsageError(
+            f"fleet {name!r} (tag {tag!r}) cannot join {directory}: {found}; nothing written",
+            hint="Pick another --fleet NAME, or edit that file.",
+        )
+    return directory / f"{name}.toml", not (directory / ".env").exists()
 
 
 @app.command(
@@ -421,15 +460,83 @@ def simulate_cmd(
         plot=Path(plot) if plot else None,
         as_json=as_json,
     )
-    return command.execute(
-        opts,
-        load_config(),
-        config_path=state.config_path,
-        env=os.environ,
-        out=views.console(),
-        err=views.console(stderr=True),
-        print_json=print_json,
-    )
+    from vultrscale.cli._common import load_fleets
+
+    fleets = load_fleets()
+    if not fleets.directory:
+        return command.execute(
+            opts,
+            fleets.one(),
+            config_path=state.config_path,
+            env=os.environ,
+            out=views.console(),
+            err=views.console(stderr=True),
+            print_json=print_json,
+        )
+    if not from_db or len(fleets.configs) + len(fleets.bad) == 1:
+        cfg = fleets.one()  # one workload replays through one fleet's config
+        return command.execute(
+            opts,
+            cfg,
+            config_path=cfg.source,
+            env=os.environ,
+            out=views.console(),
+            err=views.console(stderr=True),
+            print_json=print_json,
+        )
+    return _simulate_fleets(fleets, opts, as_json)
+
+
+def _simulate_fleets(fleets: Any, opts: Any, as_json: bool) -> int:
+    """`simulate --from-db` of a directory: each fleet's own queue history replayed through its
+    own config, one after the other; one table each (one JSON document for all). A fleet whose
+    replay is refused (a preset that keeps no history) is said and the others replay."""
+    from vultrscale.cli import fail, views
+    from vultrscale.errors import VultrscaleError
+    from vultrscale.replay import command
+
+    out = views.console()
+    docs: list[dict[str, Any]] = []
+    codes: list[int] = []
+    for cfg in fleets.configs:
+        name = cfg.fleet.name
+        got: list[Any] = []
+        if not as_json:
+            out.print(
+                f"fleet {name} (queue {cfg.queue.queue or '*'} of {cfg.queue.preset}):",
+                style="bold",
+                markup=False,
+                highlight=False,
+            )
+        try:
+            codes.append(
+                command.execute(
+                    opts,
+                    cfg,
+                    config_path=cfg.source,
+                    env=os.environ,
+                    out=out,
+                    err=views.console(stderr=True),
+                    print_json=got.append,
+                )
+            )
+        except VultrscaleError as exc:
+            codes.append(exc.exit_code)
+            if as_json:
+                docs.append({"fleet": name, "exit_code": exc.exit_code, "error": exc.message})
+            else:
+                fail(f"fleet {name}: {exc.message}", exc.hint, exc.exit_code)
+            continue
+        docs += [{"fleet": name, **doc} for doc in got]
+    bad = fleets.bad_error()
+    if bad is not None:
+        codes.append(bad.exit_code)
+        if not as_json:
+            fail(bad.message, bad.hint, bad.exit_code)
+    if as_json:
+        invalid = [{"file": str(b.path), "problems": list(b.problems)} for b in fleets.bad]
+        print_json({"fleets": docs, "invalid": invalid})
+    return max(codes, default=0)
 
 
 @sim_app.command(
@@ -574,23 +681,52 @@ def config_check(as_json: JsonFlag = False) -> None:
     counts jobs the fleet's workers never take. `vultrscale queue detect` reads the queue."""
     from dataclasses import asdict
 
+    from vultrscale.cli._common import load_fleets
     from vultrscale.config import queue_warnings
     from vultrscale.db.roles import worker_access
 
-    cfg = load_config()
-    data = cfg.masked()
-    access = worker_access(cfg)
-    warnings = queue_warnings(cfg)
-    if as_json:
-        print_json({**data, "worker_access": asdict(access), "warnings": list(warnings)})
-        return
-    from vultrscale.cli.views import print_config
+    fleets = load_fleets()
+    docs = []
+    for cfg in fleets.configs:
+        access = worker_access(cfg)
+        warnings = queue_warnings(cfg)
+        docs.append((cfg, cfg.masked(), access, warnings))
+    bad = fleets.bad_error()
+    if not fleets.directory:  # a single file: as it always printed
+        cfg, data, access, warnings = docs[0]
+        if as_json:
+            print_json({**data, "worker_access": asdict(access), "warnings": list(warnings)})
+            return
+        from vultrscale.cli.views import print_config
 
-    print_config(data, access, warnings)
-    typer.echo(
-        f"The queue (preset {cfg.queue.preset}) as a pass reads it, and which queues the "
-        "database holds: vultrscale queue detect"
-    )
+        print_config(data, access, warnings)
+        typer.echo(
+            f"The queue (preset {cfg.queue.preset}) as a pass reads it, and which queues the "
+            "database holds: vultrscale queue detect"
+        )
+        return
+    if as_json:
+        print_json(
+            {
+                "directory": str(fleets.source),
+                "account": fleets.configs[0].masked()["account"] if fleets.configs else None,
+                "fleets": [
+                    {**d, "worker_access": asdict(a), "warnings": list(w)} for _, d, a, w in docs
+                ],
+                "invalid": [
+                    {"file": str(b.path), "fleet": b.name, "problems": list(b.problems)}
+                    for b in fleets.bad
+                ],
+            }
+        )
+    else:
+        from vultrscale.cli.views import print_config, print_fleets
+
+        print_fleets(fleets)
+        for _, data, access, warnings in docs:
+            print_config(data, access, warnings)
+    if bad is not None:  # the valid fleets are printed (and run); the invalid ones said: exit 2
+        raise bad
 
 
 def _init_systemd(directory: Path, config_path: str | None, *, force: bool) -> None:
@@ -601,9 +737,12 @@ def _init_systemd(directory: Path, config_path: str | None, *, force: bool) -> N
     config = Path(config_path) if config_path else None
     units = scaffold.systemd_units(executable, config)
     written = scaffold.write_units(directory, units, force=force)
-    for line in scaffold.systemd_next_steps(
-        written, " ".join(executable), scaffold.unit_files(config)
-    ):
+    steps = (
+        scaffold.fleets_next_steps
+        if scaffold.is_fleets_dir(config)
+        else scaffold.systemd_next_steps
+    )
+    for line in steps(written, " ".join(executable), scaffold.unit_files(config)):
         typer.echo(line)
     # The real interpreter and the prefixes it loads from: a venv's python is a link to them.
     runtime = [os.path.realpath(sys.executable), sys.base_prefix, sys.prefix]

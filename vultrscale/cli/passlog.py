@@ -170,3 +170,57 @@ def _one_line(text: str, secrets: Iterable[str]) -> str:
 
     # one_line drops control characters; splitlines also breaks at U+2028 and its kin.
     return " ".join(one_line(redact(text, secrets)).splitlines())
+
+
+def invalid_line(
+    file: str, problems: Iterable[str], at: datetime, fmt: LogFormat, secrets: Iterable[str]
+) -> str:
+    """A fleet file of the directory that cannot run, said once as the loop starts (the other
+    fleets run; `vultrscale_fleet_files_invalid` counts it)."""
+    said = list(problems)
+    record = {
+        "time": _when(at),
+        "level": "error",
+        "msg": "fleet file invalid",
+        "file": file,
+        "problems": said,
+        "hint": "Fix it (`vultrscale config check` lists every problem); the other fleets run.",
+    }
+    if fmt is LogFormat.JSON:
+        return _json_line(record, secrets)
+    return _one_line(
+        f"{record['time']} fleet file {file} is invalid, not run: {'; '.join(said)}. "
+        f"Fix: {record['hint']}",
+        secrets,
+    )
+
+
+def orphans_line(fleet: str, instances: int, at: datetime, fmt: LogFormat) -> str:
+    """Instances the ledger holds for a fleet no config file describes: nothing deletes them."""
+    record = {
+        "time": _when(at),
+        "level": "warning",
+        "msg": "orphan instances",
+        "fleet": fleet,
+        "instances": instances,
+        "hint": "Put the fleet's file back, or drain and delete them by hand (`vultrscale "
+        "status` lists them).",
+    }
+    if fmt is LogFormat.JSON:
+        return _json_line(record, ())
+    return _one_line(
+        f"{record['time']} fleet {fleet}: {instances} instance(s) in the ledger, but no config "
+        f"file describes the fleet: nothing scales or deletes them. Fix: {record['hint']}",
+        (),
+    )
+
+
+def failed_fleets(codes: dict[str, int], invalid: Iterable[str]) -> str | None:
+    """The one-shot pass of a directory: which fleets failed, and how (None: none did)."""
+    bad = list(invalid)
+    failed = [f"{name} (exit {code})" for name, code in sorted(codes.items()) if code]
+    failed += [f"{file} (invalid, not run)" for file in bad]
+    if not failed:
+        return None
+    total = len(codes) + len(bad)
+    return f"{len(failed)} of {total} fleet(s) failed: {', '.join(failed)}"

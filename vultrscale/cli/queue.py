@@ -76,13 +76,21 @@ app.add_typer(queue_app, name="queue")
     epilog=examples("DATABASE_URL=postgresql://... vultrscale db init"),
 )
 def db_init() -> None:
-    """Create or upgrade the schema and the workers' role with its grants (idempotent)."""
-    from vultrscale.cli._common import load_config
+    """Create or upgrade the schema and the workers' role with its grants (idempotent); with
+    a directory of fleets, each fleet's workers' role."""
+    from vultrscale.cli._common import load_fleets
     from vultrscale.db import roles
 
-    cfg = load_config()
-    for line in roles.init_database(database_url(cfg), cfg):
-        typer.echo(line)
+    fleets = load_fleets()
+    shown: set[str] = set()
+    for cfg in fleets.configs:
+        for line in roles.init_database(database_url(cfg), cfg):
+            if line not in shown:  # the schema's line, and a role two fleets share, once
+                shown.add(line)
+                typer.echo(line)
+    bad = fleets.bad_error()
+    if bad is not None:
+        raise bad
 
 
 @app.command(
@@ -257,7 +265,7 @@ def enqueue_cmd(
     from vultrscale.cli._common import load_config
     from vultrscale.redaction import mask_url
 
-    conninfo = database_url(load_config())
+    conninfo = database_url(load_config(any_fleet=True))  # its secrets: any fleet's
     from vultrscale.db import pg, queue
 
     with pg.session(conninfo, f"cannot enqueue at {mask_url(conninfo)}") as conn:

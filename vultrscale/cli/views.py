@@ -23,6 +23,7 @@ from vultrscale.status import clean, plain
 if TYPE_CHECKING:
     from rich.live import Live
 
+    from vultrscale.config.fleets import Fleets
     from vultrscale.db.roles import WorkerAccess
     from vultrscale.demo import Summary, Tick
     from vultrscale.reconcile import PassResult
@@ -169,6 +170,44 @@ def print_config(data: dict[str, Any], access: WorkerAccess, warnings: Sequence[
                 plain(key), plain(json.dumps(value) if not isinstance(value, str) else value)
             )
         out.print(table)
+
+
+def print_fleets(fleets: Fleets) -> None:
+    """`config check` of a directory: its fleets in a table (file, tag, where they run, the
+    cap, the fleet's ceiling), the account's settings, and every file that cannot run with its
+    problems; each valid fleet's whole config follows (``print_config``)."""
+    out = console()
+    out.print(plain(f"{len(fleets.configs)} fleet(s) in {fleets.source}"))
+    table = Table(box=box.SIMPLE_HEAD)
+    for col in ("fleet", "file", "tag", "offerings", "queue", "max", "ceiling $"):
+        table.add_column(col)
+    from vultrscale.rules.offerings import of
+
+    for cfg in fleets.configs:
+        table.add_row(
+            plain(cfg.fleet.name),
+            plain(cfg.source.rsplit("/", 1)[-1]),
+            plain(cfg.fleet.tag),
+            plain(", ".join(o.name for o in of(cfg))),
+            plain(f"{cfg.queue.preset}:{cfg.queue.queue or '*'}"),
+            str(cfg.policy.max_instances),
+            f"{cfg.budget.monthly_ceiling_usd:g}",
+        )
+    out.print(table)
+    account = fleets.account
+    ceiling = account.monthly_ceiling_usd
+    limit = f"${ceiling:g} over every fleet" if ceiling else "none (monthly_ceiling_usd = 0)"
+    out.print(
+        plain(
+            f"account: monthly ceiling {limit}; API pacing shared by {account.scalers} "
+            "scaler process(es)"
+        )
+    )
+    for bad in fleets.bad:
+        named = f" (fleet {bad.name})" if bad.name else ""
+        out.print(Text("invalid: ", style="red") + plain(f"{bad.path.name}{named}, not run:"))
+        for problem in bad.problems:
+            out.print(plain(f"  - {problem}"))
 
 
 # --- the demo ---------------------------------------------------------------------------------

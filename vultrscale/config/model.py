@@ -12,6 +12,7 @@ from typing import Any
 from vultrscale.config.kinds import WaitTarget, spec_of
 from vultrscale.config.schema import (
     SECTIONS,
+    AccountConfig,
     BudgetConfig,
     DrainConfig,
     FleetConfig,
@@ -35,6 +36,7 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    account: AccountConfig = field(default_factory=AccountConfig)
     secrets: Secrets = field(default_factory=Secrets)
     api_url: str = DEFAULT_API_URL
     source: str = "defaults"  # which file (if any) the values came from

@@ -31,7 +31,7 @@ from vultrscale.config.secrets import VARIABLES
 from vultrscale.core.values import format_duration, toml_value
 
 # Sections the template shows commented out, as examples.
-_COMMENTED_SECTIONS = frozenset({"simulate"})
+_COMMENTED_SECTIONS = frozenset({"simulate", "account"})
 _WIDTH = 100
 _COMMENT_AT = 30  # the column the template's comments start at
 

@@ -377,6 +377,25 @@ class BudgetConfig:
 
 
 @dataclass(frozen=True)
+class AccountConfig:
+    """``[account]``: what every fleet paid from one Vultr account shares (docs/fleets.md). One
+    fact for the account: in a directory of fleets, the files that set a key must agree (set
+    it once, in the directory's .env as ``VULTRSCALE_ACCOUNT_<KEY>``, or in one file)."""
+
+    # Enforced across every fleet in the database, by every scaler process: creates take the
+    # account's lock from reading its spend to writing their intents (vultrscale.apply).
+    monthly_ceiling_usd: float = setting(
+        0.0, NUMBER, "hard, across every fleet in the database: no scale-up of any fleet that "
+        "could take the account's bill this month past it; 0: none", bounds=(0, 10_000_000),
+    )
+    # Vultr's rate limit is per key: each scaler process paces its requests at a share of it.
+    scalers: int = setting(
+        1, INTEGER, "scaler processes (hosts) using this API key at once: each sends at most "
+        "1/scalers of the 25 requests/s the client keeps to", bounds=(1, 10),
+    )
+
+
+@dataclass(frozen=True)
 class DrainConfig:
     timeout: timedelta = setting(
         timedelta(minutes=5), DURATION, ">= the unit's TimeoutStopSec (drain_seconds + margin)"
@@ -437,6 +456,7 @@ SECTIONS: dict[str, type] = {
     "budget": BudgetConfig,
     "drain": DrainConfig,
     "simulate": SimulateConfig,
+    "account": AccountConfig,
 }
 
 # What each section is for, in a line: the template's and the reference's headings (a table
@@ -449,6 +469,7 @@ SECTION_HELP = {
     "budget": "the monthly ceiling",
     "drain": "how an instance is drained before it is deleted",
     "simulate": "the world `vultrscale simulate` replays in; the pass never reads it",
+    "account": "the Vultr account every fleet shares: one ceiling, one API rate",
 }
 
 

@@ -25,6 +25,7 @@ class Limit(enum.Enum):
     PRICE_UNKNOWN = "price_unknown"  # no price: the budget cannot be checked, nothing created
     BUDGET_MONTHLY = "budget_monthly"  # the budget's rule (a): N x the monthly cost
     BUDGET_MONTH_BILL = "budget_month_bill"  # the budget's rule (b): this month's bill
+    BUDGET_ACCOUNT = "budget_account"  # account.monthly_ceiling_usd, over every fleet
     COOLDOWN_UP = "cooldown_up"  # scale_up_cooldown since the last scale-up
     STEP = "max_step_up"  # new instances a pass may create
     ERROR_HOLD = "error_hold"  # an error holds the fleet below its floor
@@ -51,6 +52,7 @@ _RULES = {
     Limit.PRICE_UNKNOWN: "budget",
     Limit.BUDGET_MONTHLY: "budget",
     Limit.BUDGET_MONTH_BILL: "budget",
+    Limit.BUDGET_ACCOUNT: "budget",
     Limit.COOLDOWN_UP: "cool-down",
     Limit.STEP: "max_step_up",
     Limit.ERROR_HOLD: "error hold",
@@ -66,6 +68,7 @@ _SCALE_UP = frozenset(
         Limit.PRICE_UNKNOWN,
         Limit.BUDGET_MONTHLY,
         Limit.BUDGET_MONTH_BILL,
+        Limit.BUDGET_ACCOUNT,
         Limit.COOLDOWN_UP,
         Limit.STEP,
     }
@@ -122,6 +125,11 @@ class Clamp:
                 return (
                     f"budget: rule {rule} within ${limit or 0:.2f} limits {asked} -> {allowed} "
                     f"({self.detail})"
+                )
+            case Limit.BUDGET_ACCOUNT:
+                return (
+                    f"budget: the account's ceiling ${limit or 0:.2f} over every fleet limits "
+                    f"{asked} -> {allowed} ({self.detail})"
                 )
             case Limit.COOLDOWN_UP:
                 return (

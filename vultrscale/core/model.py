@@ -291,6 +291,23 @@ class PlanPrice:
         return self.hourly_cost if self.hourly_cost else self.monthly / HOURS_PER_MONTH
 
 
+@dataclass(frozen=True, slots=True)
+class AccountSpend:
+    """What the account's other fleets (every fleet in the database but the pass's own) spend
+    this UTC month, for ``account.monthly_ceiling_usd``: their bill so far, that bill if
+    their capacity (create intents included) runs to the month's end, and that capacity's
+    monthly prices (``budget.account_spend``). ``unknown``: why it could not be read again
+    before a create (the account's lock not had in time): no fleet grows on a guess."""
+
+    ceiling: float
+    month_to_date_usd: float = 0.0
+    committed_usd: float = 0.0
+    monthly_usd: float = 0.0
+    instances: int = 0  # the others' capacity
+    fleets: tuple[str, ...] = ()  # the other fleets with a row this month
+    unknown: str = ""
+
+
 @dataclass(frozen=True)
 class Observation:
     """Everything one pass observed. ``signals`` is None when they could not be read."""
@@ -309,6 +326,8 @@ class Observation:
     # Create to worker up, learned from the ledger (vultrscale.core.boottime); None: not known
     # (then the policy plans with policy.boot_time).
     boot_time: BootTime | None = None
+    # The account's other fleets, with account.monthly_ceiling_usd set; None: no such ceiling.
+    account: AccountSpend | None = None
 
     def summary(self) -> dict[str, Any]:
         """What the pass saw, as the ledger, `--json` and `status` show it."""

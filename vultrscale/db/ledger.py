@@ -34,10 +34,13 @@ from vultrscale.core.model import (
     retired_label,
 )
 from vultrscale.db import pg, plan_checks
+from vultrscale.db.account import PgAccount
 from vultrscale.db.locks import lock_key as lock_key  # re-exported: the pass lock's key
+from vultrscale.db.rows import COLUMNS as _COLUMNS
+from vultrscale.db.rows import ledger_rows
 from vultrscale.db.snapshots import recorded_snapshot
 from vultrscale.errors import DatabaseError, PassStuck
-from vultrscale.ports import QueueSignals, Session
+from vultrscale.ports import AccountLedger, QueueSignals, Session
 from vultrscale.rules.lifecycle import LabelHolder, adoption
 from vultrscale.rules.offerings import OfferingCheck
 
@@ -141,13 +144,6 @@ def lock_holder(conn: psycopg.Connection[Any], fleet: str) -> LockHolder | None:
     return LockHolder(pid, None if idle_since is None else now - idle_since, None)
 
 
-_COLUMNS = (
-    "label, fleet, state, instance_id, plan, region, hourly_rate, monthly_cost, host_key, "
-    "main_ip, internal_ip, created_at, posted_at, active_at, running_at, draining_at, "
-    "deleting_at, gone_at, state_since, delete_attempts, last_error, never_revive"
-)
-_FIELDS = tuple(c.strip() for c in _COLUMNS.split(","))
-_STATES = {s.value: s for s in InstanceState}
 
 
 _ROWS = (
@@ -173,7 +169,7 @@ def boot_rows(
     """The fleet's boots (``boottime.is_boot``) created within ``within``, newest first, the
     ``limit`` newest (None: all of them)."""
     with conn.cursor(binary=True) as cur:
-        return _ledger_rows(cur.execute(_BOOTS, (fleet, within, limit)))
+        return ledger_rows(cur.execute(_BOOTS, (fleet, within, limit)))
 
 
 def rows(
@@ -182,19 +178,7 @@ def rows(
     """The fleet's ledger: every row not gone, plus gone rows that ended after ``since``."""
     # Binary results: nine timestamps a row arrive as numbers, not text to parse.
     with conn.cursor(binary=True) as cur:
-        return _ledger_rows(cur.execute(_ROWS, (fleet, since, since)))
-
-
-def _ledger_rows(cur: psycopg.Cursor[Any]) -> list[LedgerRow]:
-    # Plain tuples, each made a LedgerRow in one step: a pass reads every row of the fleet.
-    fields, states, new, out = _FIELDS, _STATES, object.__new__, []
-    for t in cur.fetchall():
-        row = new(LedgerRow)
-        values = row.__dict__  # frozen_from, inlined: this loop runs per row per pass
-        values.update(zip(fields, t, strict=True))
-        values["state"] = states[values["state"]]
-        out.append(row)
-    return out
+        return ledger_rows(cur.execute(_ROWS, (fleet, since, since)))
 
 
 _PROFILE = "SELECT profile FROM forecast_profiles WHERE fleet = %s"
@@ -275,14 +259,14 @@ def reads(
             except DatabaseError as exc:
                 signal_error = exc
         return StoredReads(
-            _ledger_rows(in_rows),
+            ledger_rows(in_rows),
             _workers(in_workers),
             _fleet_state(in_state.fetchone()),
             signals,
             signal_error,
             marks=plan_checks.marks(in_marks.fetchall()),
             forecast=_profile(in_profile.fetchone()) if forecast else None,
-            boots=_ledger_rows(in_boots),
+            boots=ledger_rows(in_boots),
         )
 
 
@@ -625,6 +609,7 @@ class PgLedger:
     ) -> None:
         self.conn, self.fleet, self.url = conn, fleet, url
         self.deadline_s = deadline_s
+        self.account: AccountLedger | None = PgAccount(conn, fleet, url)
 
     def _t(self, doing: str) -> AbstractContextManager[None]:
         return pg.translated(f"fleet ledger: {doing}", self.url)
@@ -874,9 +859,17 @@ class PgStore:
                 conn.close()
         # Its times in UTC, the tzinfo the pass computes in; a stalled statement or network
         # an error within PASS_STALL_S, not a pass (and its lock) held for TCP's 15 minutes.
-        return pg.connect(
+        conn = pg.connect(
             self.url, statement_timeout_s=pg.PASS_STALL_S, **pg.keepalives(pg.PASS_STALL_S)
         )
+        try:
+            with pg.translated("setting up the pass's session", self.url):
+                # A scaler host that vanishes mid-pass frees its locks for the other's passes.
+                pg.server_keepalives(conn, pg.PASS_STALL_S)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _release(self, conn: psycopg.Connection[Any]) -> None:
         """Free the session's locks, then keep ``conn`` for the next session if asked and it

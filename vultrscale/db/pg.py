@@ -95,6 +95,21 @@ def keepalives(within_s: float) -> dict[str, Any]:
     }
 
 
+def server_keepalives(conn: psycopg.Connection[Any], within_s: float) -> None:
+    """The server's side of ``keepalives``: the server ends this session within about
+    ``within_s`` of its client vanishing without a word (a scaler host's power lost, its
+    network cut), so the advisory locks the session holds (a fleet's pass lock, the
+    account's) are free for the other host's next pass; the server's defaults wait two hours.
+    A killed process's socket is closed by its kernel and frees them at once. Ignored on a
+    Unix socket; ``tcp_user_timeout`` needs Postgres 12."""
+    idle, interval = max(1, int(within_s / 6)), max(1, int(within_s / 12))
+    conn.execute(f"SET tcp_keepalives_idle = {idle}")
+    conn.execute(f"SET tcp_keepalives_interval = {interval}")
+    conn.execute("SET tcp_keepalives_count = 3")
+    if conn.info.server_version >= 120000:
+        conn.execute(f"SET tcp_user_timeout = {int(max(2.0, within_s / 3) * 1000)}")
+
+
 def configure(conn: psycopg.Connection[Any], statement_timeout_s: float = 0.0) -> None:
     """The session settings every connection gets, the pooled ones too (``pool``).
 

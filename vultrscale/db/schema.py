@@ -213,6 +213,17 @@ ALTER TABLE fleet_instances ADD COLUMN IF NOT EXISTS never_revive boolean NOT NU
 UPDATE fleet_instances SET never_revive = true WHERE last_error LIKE 'systemctl start failed%';
 """
 
+# v11: several fleets share the database (docs/fleets.md): a pass with
+# account.monthly_ceiling_usd reads every other fleet's live rows and those gone this month
+# (db.account), and `status` the live rows of fleets no file describes; without these the
+# read would scan every row the ledger ever kept, of every fleet.
+_V11 = """
+CREATE INDEX IF NOT EXISTS fleet_instances_live_idx ON fleet_instances (fleet)
+    WHERE state <> 'gone';
+CREATE INDEX IF NOT EXISTS fleet_instances_gone_idx ON fleet_instances (gone_at)
+    WHERE state = 'gone';
+"""
+
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1),
     (2, _V2),
@@ -223,6 +234,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     (8, _V8),
     (9, _V9),
     (10, _V10),
+    (11, _V11),
 )
 """(version, SQL) in order. Append new versions; never edit one that has shipped. Versions
 are applied when missing, not only when above the highest applied one, so versions numbered

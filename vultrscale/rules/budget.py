@@ -15,6 +15,10 @@ counted. A fleet of N instances is allowed only if both hold:
 
 Draining and deleting instances count with their cost so far (the current started hour
 included) but are not projected to the month's end: they are on their way out.
+
+With ``account.monthly_ceiling_usd`` both rules hold for the account too: the fleet's figures
+plus the other fleets' (``account_spend``, from their ledger rows, create intents counted as
+instances) within the account's ceiling.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from typing import NamedTuple, Protocol
 from vultrscale.core.model import (
     CAPACITY_STATES,
     HOURS_PER_MONTH,
+    AccountSpend,
     Instance,
     InstanceState,
+    LedgerRow,
     Observation,
     PlanPrice,
 )
@@ -147,6 +153,40 @@ def ledger_bills(
     return bills
 
 
+def account_spend(rows: Iterable[LedgerRow], ceiling: float, now: datetime) -> AccountSpend:
+    """The other fleets' spend this UTC month from their ledger rows (every row not gone, and
+    those gone this month), each billed at the price it was created at: their bill so far,
+    that bill with their capacity (create intents included: an intent is written before its
+    POST, so a create another fleet is making counts) run to the month's end, and that
+    capacity's monthly prices. A row without a price (adopted on a plan Vultr lists without
+    one) counts as an instance at no cost."""
+    start, end = month_bounds(now)
+    now = utc(now)
+    so_far = rest = monthly = 0.0
+    count = 0
+    fleets: set[str] = set()
+    for r in rows:
+        fleets.add(r.fleet)
+        month = r.monthly_cost or 0.0
+        hourly = r.hourly_rate or month / HOURS_PER_MONTH
+        created = _utc(r.created_at)
+        stop = _utc(r.gone_at) if r.gone_at is not None else now
+        billed_now = _billed(created, stop, hourly, month, start, end)
+        so_far += billed_now
+        if r.state in CAPACITY_STATES:
+            count += 1
+            monthly += month
+            rest += max(_billed(created, end, hourly, month, start, end) - billed_now, 0.0)
+    return AccountSpend(
+        ceiling=ceiling,
+        month_to_date_usd=so_far,
+        committed_usd=so_far + rest,
+        monthly_usd=monthly,
+        instances=count,
+        fleets=tuple(sorted(fleets)),
+    )
+
+
 def _live(instance: Instance) -> bool:
     return instance.state is not InstanceState.GONE
 
@@ -235,6 +275,10 @@ class BudgetCheck:
     new_instance_usd: float  # one new instance run to the month's end
     monthly_kept_usd: float  # rule (a): the monthly cost of the instances that keep running
     plan_monthly_usd: float  # rule (a): one more instance-month at the plan's price
+    # The largest fleet the account's ceiling allows, both rules over every fleet (None: no
+    # account ceiling), and the other fleets' figures it was judged on.
+    by_account: int | None = None
+    account: AccountSpend | None = None
 
     @property
     def reasons(self) -> tuple[str, str]:
@@ -247,6 +291,30 @@ class BudgetCheck:
             f"(b) ${self.month_to_date_usd:.2f} billed this month, ${self.committed_usd:.2f} if "
             f"the fleet runs to the month's end; one more instance adds "
             f"${self.new_instance_usd:.2f}: room for {max(self.by_month_end - n, 0)} more",
+        )
+
+    @property
+    def account_binds(self) -> bool:
+        """The account's ceiling, not the fleet's own, sets ``max_total``."""
+        return self.by_account is not None and self.by_account < min(
+            self.by_monthly, self.by_month_end
+        )
+
+    @property
+    def account_reason(self) -> str:
+        """The account rule's arithmetic in words ("" without an account ceiling)."""
+        a = self.account
+        if a is None:
+            return ""
+        if a.unknown:
+            return f"the account's spend could not be checked ({a.unknown})"
+        others = ", ".join(a.fleets) or "none"
+        n = self.current
+        return (
+            f"other fleets ({others}): ${a.month_to_date_usd:.2f} billed this month, "
+            f"${a.committed_usd:.2f} to the month's end, {a.instances} instance(s) at "
+            f"${a.monthly_usd:.2f}/month; this fleet ${self.committed_usd:.2f}: room for "
+            f"{max((self.by_account or 0) - n, 0)} more within ${a.ceiling:.2f}"
         )
 
     @property
@@ -286,10 +354,18 @@ def check(
     by_a = n + _whole(room_a, price.monthly)
     room_b = ceiling - committed
     by_b = n + _whole(room_b, per_new)
+    account, by_account = observation.account, None
+    if account is not None:
+        if account.unknown:
+            by_account = n  # not grown on a guess; nothing removed either
+        else:
+            acct_a = account.ceiling - account.monthly_usd - monthly_kept
+            acct_b = account.ceiling - account.committed_usd - committed
+            by_account = n + min(_whole(acct_a, price.monthly), _whole(acct_b, per_new))
     return BudgetCheck(
         ceiling=ceiling,
         current=n,
-        max_total=min(by_a, by_b),
+        max_total=min(by_a, by_b, by_b if by_account is None else by_account),
         by_monthly=by_a,
         by_month_end=by_b,
         month_to_date_usd=mtd,
@@ -297,6 +373,8 @@ def check(
         new_instance_usd=per_new,
         monthly_kept_usd=monthly_kept,
         plan_monthly_usd=price.monthly,
+        by_account=by_account,
+        account=account,
     )
 
 

@@ -382,6 +382,7 @@ def decide(reads: Readings, cfg: Config) -> Decision:
         boot_time=boottime.learn(
             [*reads.boots, *reads.gone, *rows.values()], cfg.policy.boot_time, now
         ),
+        account=reads.account,
     )
     plan = policy.decide(observation, cfg, now)
     # A revived instance's drain ends here: no verdict for it (no delete, no stop sent again),

@@ -379,7 +379,12 @@ class _Sizing:
                 leaving=[i.label for i in replaced],
             )
             budget_max = max(check.max_total, 0)
-            if check.over_budget:
+            if check.over_budget and check.account_binds:
+                self.warnings.append(
+                    f"over the account's budget: {check.account_reason}; no scale-up of this "
+                    "fleet until the account fits its ceiling (nothing is removed for it)"
+                )
+            elif check.over_budget:
                 self.warnings.append(
                     f"over budget: {check.current} instance(s) and ${check.month_to_date_usd:.2f} "
                     f"billed this month do not fit the ${check.ceiling:.2f} monthly ceiling "
@@ -572,7 +577,17 @@ class _Sizing:
             monthly = check.by_monthly <= check.by_month_end  # rule (a), else (b)
             # Named only where it lowers the goal (as the cap's leaving clamp): "limits 5 -> 5"
             # says a larger ceiling would help where only the cap holds the fleet.
-            if allowed < goal:
+            if allowed < goal and check.account_binds:
+                self.clamps.append(
+                    Clamp(
+                        Limit.BUDGET_ACCOUNT,
+                        asked=goal,
+                        allowed=allowed,
+                        limit=check.account.ceiling if check.account else None,
+                        detail=check.account_reason,
+                    )
+                )
+            elif allowed < goal:
                 self.clamps.append(
                     Clamp(
                         Limit.BUDGET_MONTHLY if monthly else Limit.BUDGET_MONTH_BILL,

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from vultrscale.core.model import (
+    AccountSpend,
     FleetState,
     LedgerRow,
     PlanPrice,
@@ -57,6 +58,8 @@ class Readings:
     forecast: Profile | None = None
     # The fleet's newest boots, older ones too (``StoredReads.boots``): the boot time's.
     boots: tuple[LedgerRow, ...] = ()
+    # The account's other fleets' spend (account.monthly_ceiling_usd set); None: no ceiling.
+    account: AccountSpend | None = None
     # What this pass learnt that the ledger does not hold yet, for the pass to remember: the
     # offerings it asked Vultr about, and a forecast profile newer than the ledger's.
     new_checks: tuple[OfferingCheck, ...] = ()

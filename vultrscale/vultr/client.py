@@ -137,6 +137,13 @@ class _Pace:
             self._local.woke = float("-inf")
 
 
+def shared_pace(share: int = 1, monotonic: Callable[[], float] = time.monotonic) -> _Pace:
+    """One pace for the clients of one API key in a process (``reconcile`` of a directory of
+    fleets: a client per fleet), at ``1/share`` of the client's own when ``share`` scaler
+    processes use the key at once (``account.scalers``): together they keep to it."""
+    return _Pace(API_PACE / share, max(1, PACE_BURST // share), monotonic)
+
+
 class _OutOfTime(tenacity.stop.stop_base):
     """Stop retrying when the wait asked for (backoff, ``Retry-After``) would end past
     ``last_start``, the latest time an attempt may begin."""
@@ -243,7 +250,8 @@ class VultrClient:
     them (tests inject a fake clock's); ``timeout`` bounds each attempt in total, and
     ``deadline`` (armed by the pass's owner for each pass) every call made while it runs.
     ``pace`` requests a second (after bursts of ``pace_burst``) is the most the client sends,
-    over all its calls and threads; None sends as fast as the calls come."""
+    over all its calls and threads; a ``shared_pace`` is shared with the other clients given
+    it; None sends as fast as the calls come."""
 
     def __init__(
         self,
@@ -257,7 +265,7 @@ class VultrClient:
         monotonic: Callable[[], float] = time.monotonic,
         deadline: Deadline | None = None,
         user_agent: str = f"vultrscale/{__version__}",
-        pace: float | None = API_PACE,
+        pace: float | _Pace | None = API_PACE,
         pace_burst: int = PACE_BURST,
     ) -> None:
         self.base_url = _validate_base_url(base_url)
@@ -273,7 +281,10 @@ class VultrClient:
         self._monotonic = monotonic
         self.deadline = deadline
         self._limit = Limit()
-        self._pace = _Pace(pace, pace_burst, monotonic) if pace is not None else None
+        if isinstance(pace, _Pace) or pace is None:
+            self._pace = pace
+        else:
+            self._pace = _Pace(pace, pace_burst, monotonic)
         self.paced_seconds = 0.0  # the waits pacing asked for, in all
         # 0.5 s, 1 s, 2 s ... capped at 8 s, plus up to 0.25 s of jitter so that several
         # clients behind one address do not retry in step.
