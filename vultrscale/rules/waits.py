@@ -36,6 +36,7 @@ does not report them) the depth rule decides alone.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -222,17 +223,19 @@ def _worst(
     of the ``queued`` (arrived by now) and the jobs arriving at ``rate`` over ``horizon``.
 
     Job ``queued + j`` (the ``j``-th arrival, at ``j / rate``) starts at the later of its
-    arrival and the ``queued + j``-th slot start. Between two moments at which the fleet's
-    slots change (a group freeing, ``ready_at``) the wait grows or shrinks steadily with ``j``,
-    so the longest is at one of those moments or at an end: only they are looked at."""
+    arrival and the ``queued + j``-th slot start (a slot starts a job every ``mean`` from when
+    it is free). Of the jobs that start at one slot start, the first arrived waits longest, so
+    only the first job of each slot start is looked at. Between two moments at which the
+    fleet's slots change (a group freeing, ``ready_at``) the starts repeat every ``mean``, each
+    round ``mean`` later and the same number of jobs on, so a round's waits change by the same
+    amount each round: the longest is in the first or the last round of such a stretch, and
+    only those rounds are walked (a few dozen starts, however many jobs arrive)."""
     if queued == 0 and rate <= 0:
         return 0.0
-    last = math.floor(rate * horizon) if rate > 0 else 0
-    picks = {0, last}
-    if rate > 0:
-        for t in {*(free for free, _ in groups), ready_at}:
-            for j in (_starts_by(t, groups, mean) - queued, math.floor(rate * t)):
-                picks.update(k for k in (j, j + 1) if 0 <= k <= last)
+    if not groups:
+        return math.inf
+    arriving = rate * horizon if rate > 0 else 0.0
+    last = math.floor(min(arriving, _MOST_ARRIVALS))
 
     def wait(j: int) -> float:
         if queued + j < 1:
@@ -240,7 +243,37 @@ def _worst(
         arrived = j / rate if j else 0.0
         return max(0.0, _start_of(queued + j, groups, mean) - max(arrived, ready_at))
 
-    return max(wait(j) for j in picks)
+    best = max(wait(0), wait(last))
+    if last == 0:
+        return best
+    end = _start_of(queued + last, groups, mean) + 1.0  # past the last job's start
+    # Where the rounds stop repeating alike: a group freeing, ``ready_at``, just after the
+    # last queued job's start (the jobs up to it arrived at once, by now), and just after the
+    # start of the last job that arrives before ``ready_at`` (a wait counts from the later).
+    kinks = {queued, queued + math.ceil(ready_at * rate) - 1}
+    starts = {_start_of(k, groups, mean) + _EPS for k in kinks if 0 < k <= queued + last}
+    cuts = sorted({0.0, ready_at, *(free for free, _ in groups), *starts, end})
+    cuts = [c for c in cuts if c <= end]
+    for lo, hi in itertools.pairwise(cuts):
+        for a, b in ((lo, min(lo + mean, hi)), (max(hi - mean, lo), hi)):
+            for free, _ in groups:
+                m = max(0, math.ceil((a - free) / mean - _EPS))
+                while (t := free + m * mean) < b:
+                    j = _starts_before(t, groups, mean) + 1 - queued
+                    if 1 <= j <= last:
+                        best = max(best, t - max(j / rate, ready_at))
+                    m += 1
+    return best
+
+
+# More arrivals than this over a horizon are no estimate (and would overflow the arithmetic).
+_MOST_ARRIVALS = 1e9
+_EPS = 1e-9
+
+
+def _starts_before(t: float, groups: Sequence[tuple[float, int]], mean: float) -> int:
+    """How many slot starts come strictly before ``t``."""
+    return sum(n * math.ceil((t - free) / mean - _EPS) for free, n in groups if free < t)
 
 
 def _slots(
