@@ -94,6 +94,10 @@ class Profile:
     # predicted over them that came (None: it predicted none).
     checked_days: int = 0
     skill: float | None = None
+    # Per slot of the pool, the jobs a second that arrived in it (the same quantile across
+    # the weeks as ``loads``): the wait rule's expected arrivals (``arrival_rate``). Empty: a
+    # profile cached before they were kept.
+    arrivals: tuple[float, ...] = ()
 
     @property
     def enough(self) -> bool:
@@ -148,6 +152,7 @@ class Profile:
             "pool": self.pool,
             "checked_days": self.checked_days,
             "skill": self.skill,
+            "arrivals": list(self.arrivals),
         }
 
     @classmethod
@@ -166,6 +171,7 @@ class Profile:
             pool=str(data.get("pool", "week")),
             checked_days=int(data.get("checked_days", 0)),
             skill=None if data.get("skill") is None else float(data["skill"]),
+            arrivals=tuple(float(x) for x in data.get("arrivals", ())),
         )
 
     def fits(self, cfg: Settings) -> bool:
@@ -306,19 +312,23 @@ def compute(
     width = slot.total_seconds()
     # Every whole slot from the first job to now: each one a sample of its slot of the pool.
     samples: list[list[float]] = [[] for _ in range(pool_slots(slot, pool))]
-    loads_at = {}
+    rates: list[list[float]] = [[] for _ in range(pool_slots(slot, pool))]
+    loads_at, rates_at = {}, {}
     for b in found:
         run = b.run_seconds / b.finished if b.finished else mean
         loads_at[b.start] = b.arrivals * run / width
+        rates_at[b.start] = b.arrivals / width
     t = slot_start(first, slot)
     while t + slot <= now:
         samples[slot_key(t, slot, pool)].append(loads_at.get(t, 0.0))
+        rates[slot_key(t, slot, pool)].append(rates_at.get(t, 0.0))
         t += slot
     loads = tuple(_nearest_rank(s, quantile) for s in samples)
-    if not check:
-        return Profile(now, slot, loads, history, min_history, weeks, quantile, jobs, mean, pool)
-    profile = Profile(now, slot, loads, history, min_history, weeks, quantile, jobs, mean, pool)
-    return backtest(profile, found, loads_at)
+    arrivals = tuple(_nearest_rank(r, quantile) for r in rates)
+    profile = Profile(
+        now, slot, loads, history, min_history, weeks, quantile, jobs, mean, pool, arrivals=arrivals
+    )
+    return backtest(profile, found, loads_at) if check else profile
 
 
 def backtest(profile: Profile, found: Sequence[Bucket], loads_at: dict[datetime, float]) -> Profile:
@@ -445,17 +455,17 @@ def floor_at(
 
 
 def arrival_rate(profile: Profile, now: datetime, lead: timedelta) -> float | None:
-    """The jobs a second the profile expects to arrive over the next ``lead`` (a slot's load
-    is its arrivals times their mean run over its length: Little's law read backwards); None
-    when it is not trusted (``Profile.trusted``) or knows no run time."""
-    mean = profile.mean_run_seconds
-    if not profile.trusted or not mean or mean <= 0:
+    """The jobs a second the profile expects to arrive over the next ``lead``: its slots'
+    arrivals (a high value across the weeks, as ``loads``), averaged over the slots the lead
+    spans. None when it is not trusted (``Profile.trusted``) or keeps no arrivals (cached
+    before it did)."""
+    if not profile.trusted or len(profile.arrivals) != len(profile.loads):
         return None
-    t, end, loads = now, now + max(lead, timedelta(seconds=1)), []
+    t, end, rates = now, now + max(lead, timedelta(seconds=1)), []
     while t < end:
-        loads.append(profile.loads[slot_key(t, profile.slot, profile.pool)])
+        rates.append(profile.arrivals[slot_key(t, profile.slot, profile.pool)])
         t = slot_start(t, profile.slot) + profile.slot
-    return sum(loads) / len(loads) / mean
+    return sum(rates) / len(rates)
 
 
 def next_change(profile: Profile | None, now: datetime, lead: timedelta) -> datetime | None:
