@@ -904,6 +904,32 @@ def test_the_sockets_of_the_api_and_of_an_environment_proxy_are_all_bounded(
 
 
 @pytest.mark.parametrize(
+    ("no_proxy", "url", "proxied"),
+    [
+        ("127.0.0.1:8080", "http://127.0.0.1:8080/v2/account", False),  # a host with its port
+        ("127.0.0.1:8080", "http://127.0.0.1:9090/v2/account", True),
+        ("*", "https://api.vultr.com/v2/account", False),
+        ("", "https://api.vultr.com/v2/account", True),
+    ],
+)
+def test_no_proxy_names_a_host_with_or_without_its_port_or_every_host(
+    monkeypatch: pytest.MonkeyPatch, no_proxy: str, url: str, proxied: bool
+) -> None:
+    import httpcore
+
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", no_proxy)
+    transport = transport_mod.BoundedTransport(transport_mod.Limit())
+    try:
+        pool = transport.pool_for(httpx.URL(url))
+        assert isinstance(pool, httpcore.HTTPProxy) is proxied
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize(
     "status, text, kind",
     [
         (

@@ -159,12 +159,14 @@ class BoundedTransport(httpx.BaseTransport):
         self._ssl = httpx.create_ssl_context()
         self.backend = LimitedBackend(httpcore.SyncBackend(), limit)
         self._direct = httpcore.ConnectionPool(ssl_context=self._ssl, network_backend=self.backend)
-        self._proxies: dict[str, httpcore.ConnectionPool] = {}
-        for scheme, url in getproxies().items():
-            if scheme in ("http", "https", "all") and url:
-                self._proxies[scheme] = self._proxy(
-                    httpx.Proxy(url if "://" in url else f"http://{url}")
-                )
+        found = getproxies()
+        # NO_PROXY "*": nothing goes through a proxy (urllib's proxy_bypass reads it so too).
+        self._proxy_urls = (
+            {}
+            if found.get("no", "").strip() == "*"
+            else {k: v for k, v in found.items() if k in ("http", "https", "all") and v}
+        )
+        self._proxies: dict[str, httpcore.ConnectionPool] = {}  # made on first use
 
     def _proxy(self, proxy: httpx.Proxy) -> httpcore.ConnectionPool:
         url = httpcore.URL(
@@ -194,10 +196,15 @@ class BoundedTransport(httpx.BaseTransport):
         unless NO_PROXY names its host, else straight."""
         from urllib.request import proxy_bypass
 
-        proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
-        if proxy is None or proxy_bypass(url.host):
+        scheme = url.scheme if url.scheme in self._proxy_urls else "all"
+        proxy_url = self._proxy_urls.get(scheme)
+        # The host with its port: NO_PROXY may name either (urllib checks both).
+        if proxy_url is None or proxy_bypass(url.netloc.decode("ascii")):
             return self._direct
-        return proxy
+        if scheme not in self._proxies:
+            full = proxy_url if "://" in proxy_url else f"http://{proxy_url}"
+            self._proxies[scheme] = self._proxy(httpx.Proxy(full))
+        return self._proxies[scheme]
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, httpx.SyncByteStream)
