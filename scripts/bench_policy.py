@@ -4,14 +4,16 @@ hindsight and one always-on instance (vultrscale/replay/suite.py says what a cel
 
 Prints one line per cell (cost in dollars and p50/p95 wait of each row, jobs lost) and then,
 for each candidate, the summary the defaults are chosen by (docs/policy.md "How the defaults
-were chosen"): the cells where it is dominated by the depth rule or by KEDA-style (no cheaper
-and no quicker at p95, worse on one), the cells where it is dearer than the depth rule or its
+were chosen"): the cells where it is dominated by the depth rule or by KEDA-style (the other
+both cheaper and quicker at p95), the cells where it is dearer than the depth rule or its
 p95 is past 1.25x (or 60 s above) the depth rule's, its median cost and worst p95 against the
-depth rule, its median cost against hindsight, the jobs it lost and the largest share of jobs
-that waited past target_wait plus the boot time.
+depth rule, its median cost against hindsight, the jobs it lost and the share of jobs that
+waited past target_wait plus the boot time (the median cell's, and the largest where no cap
+or budget held the fleet back).
 
 The candidate is the defaults; --set changes one of its settings, --candidates names several
-(a TOML file of tables of dotted keys, as `simulate --variants` reads). The whole suite (10
+(a TOML file of tables of dotted keys, as `simulate --variants` reads). Candidates of one run
+differ in their policy only: the baselines replay one fleet. The whole suite (10
 workloads x 3 seeds x boots of 1, 4 and 12 minutes, 14 days each) takes about 10 minutes on
 2 cores; --seeds 0 --boots 12m runs a corner of it.
 

@@ -98,3 +98,14 @@ def test_a_candidate_sets_the_wait_rules_constants_by_name() -> None:
 def test_an_unknown_constant_is_refused_before_any_replay() -> None:
     with pytest.raises(ValueError, match="waits.AUTO_SHAER"):
         suite.run({"x": {"waits.AUTO_SHAER": 1}}, [], workers=1)
+
+
+def test_candidates_differing_in_more_than_policy_or_named_as_a_baseline_are_refused() -> None:
+    with pytest.raises(ValueError, match="named as a baseline: depth"):
+        suite.run({"depth": {}}, [], workers=1)
+    with pytest.raises(ValueError, match="other keys than policy"):
+        suite.run(
+            {"a": {}, "b": {"policy.max_instances": 3, "budget.monthly_ceiling_usd": 99}},
+            [],
+            workers=1,
+        )

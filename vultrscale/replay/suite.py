@@ -205,6 +205,15 @@ def run(
 ) -> list[CellResult]:
     """Every cell of ``grid`` under each candidate (name -> settings) and the baselines; the
     depth rule's row is the first candidate's config with ``DEPTH``."""
+    if clash := sorted(set(candidates) & {*BASELINES}):
+        raise ValueError(f"a candidate is named as a baseline: {', '.join(clash)}")
+    # The baselines replay one fleet: the candidates may differ in their policy only.
+    fleet = {frozenset(_fleet_keys(s).items()) for s in candidates.values()}
+    if len(fleet) > 1:
+        raise ValueError(
+            "the candidates set other keys than policy.* differently: judge them in runs of "
+            "their own (the baselines replay one fleet)"
+        )
     first = next(iter(candidates.values()), {})
     configs = {name: load_config(s) for name, s in candidates.items()}
     configs["depth"] = load_config({**first, **DEPTH})
@@ -234,6 +243,13 @@ def run(
 
 
 # --- the summary -------------------------------------------------------------------------------
+
+
+def _fleet_keys(settings: Mapping[str, object]) -> dict[str, str]:
+    """A candidate's settings that are not its policy (nor the wait rule's constants)."""
+    return {
+        k: repr(v) for k, v in settings.items() if not k.startswith(("policy.", CONSTANTS))
+    }
 
 
 def dominated(a: Outcome, by: Outcome) -> bool:
