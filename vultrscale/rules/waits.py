@@ -28,10 +28,14 @@ asks). So a job waits longer than the target plus a boot only when the fleet is 
 (the cap, the budget, a cool-down) or more work came than the recent rate said.
 
 The target is ``policy.target_wait``: a duration, or "auto" (the default), ``AUTO_SHARE`` of
-the learned boot time, so a fleet that boots in a minute keeps its waits to seconds and one
-that boots in twelve trades a few minutes of wait for the boots it does not buy. Without
+the learned boot time and at most ``AUTO_MAX``: 30 s for a one-minute boot, a minute for
+Vultr's 10-15 minute snapshot boots (the workload suite chose them, docs/policy.md). Without
 ``MIN_JOBS`` recent finished jobs, or without the arrival count (a new queue, a preset that
 does not report them) the depth rule decides alone.
+
+An approximation: a slot free now is counted as starting jobs from now on, every ``d``, though
+it waits for its first job to arrive; when the arrivals later outrun the fleet, the waits are
+under-estimated by up to the time such a slot stood idle.
 """
 
 from __future__ import annotations

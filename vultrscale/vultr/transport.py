@@ -4,7 +4,8 @@ httpx bounds each read only, so a server sending a byte every few seconds held a
 ``BoundedTransport`` is an httpx transport made of httpcore's pools through httpcore's public
 API, with a network backend of ours that cuts every connect, TLS handshake, read and write to
 the time the call has left (``Limit``); httpx's own transport takes no backend. Proxies come
-from the environment as httpx reads them.
+from the environment as httpx reads them. The name lookup is not bounded: the standard
+library's ``getaddrinfo`` takes no timeout.
 """
 
 from __future__ import annotations
