@@ -14,6 +14,7 @@ HEAVY = ("httpx", "psycopg", "paramiko", "rich", "tenacity", "prometheus_client"
 # building their command trees is most of a slow start-up) and the config loader.
 COMMAND_MODULES = (
     "vultrscale.cli.fleet",
+    "vultrscale.cli.forecast",
     "vultrscale.cli.image",
     "vultrscale.cli.queue",
     "vultrscale.cli.local",

@@ -48,7 +48,7 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("status", "vultrscale.cli.fleet", "The fleet, the queue, the plan and the budget."),
     Entry("events", "vultrscale.cli.fleet", "The decision ledger: every pass and what it did."),
     Entry("instances", "vultrscale.cli.fleet", "The fleet's instances as Vultr reports them."),
-    Entry("forecast", "vultrscale.cli.fleet", "The floor forecast for the next 48 hours."),
+    Entry("forecast", "vultrscale.cli.forecast", "The floor forecast for the next 48 hours."),
     Entry("snapshot", "vultrscale.cli.image", "Bake the base image new instances boot from."),
     Entry("cloud-init", "vultrscale.cli.image", "The user-data new instances get."),
     Entry("db", "vultrscale.cli.queue", "Create or upgrade the database schema."),
