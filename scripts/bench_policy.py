@@ -190,8 +190,12 @@ def _summary_lines(s: suite.Summary) -> list[str]:
         f"worst p95 vs the depth rule: {s.worst_p95_vs_depth:.2f} ({s.worst_p95_cell})",
         f"median cost vs hindsight: {s.median_cost_vs_hindsight:.2f}",
         f"jobs lost: {s.lost}",
-        f"jobs past target_wait + boot: median {s.median_over_target:.1%} a cell, at most "
-        f"{s.worst_over_target:.1%} where no cap or budget held ({s.worst_over_cell})",
+        f"jobs past target_wait + boot: median {s.median_over_target:.1%} a cell, "
+        + (
+            f"at most {s.worst_over_target:.1%} where no cap or budget held ({s.worst_over_cell})"
+            if s.worst_over_cell
+            else "none where no cap or budget held"
+        ),
         f"holds (none of the above, nothing lost): {'yes' if s.holds else 'no'}",
     ]
 
