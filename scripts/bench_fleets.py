@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -139,13 +138,11 @@ def _when(rec: dict[str, Any]) -> float:
 def _loop(
     folder: Path, env: dict[str, str], sim: Simulator, n: int, args: argparse.Namespace, slow: bool
 ) -> Run:
-    exe = shutil.which("vultrscale")
-    assert exe, "vultrscale is not on PATH (activate the project's .venv)"
     log = folder.parent / f"{folder.name}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [exe, "reconcile", "--loop", "--interval", f"{args.interval:g}s"]
-            + ["--log-format", "json"],
+            [sys.executable, "-m", "vultrscale", "reconcile", "--loop"]
+            + ["--interval", f"{args.interval:g}s", "--log-format", "json"],
             env={**env, "VULTRSCALE_CONFIG": str(folder)},
             stdout=out,
             stderr=subprocess.DEVNULL,
