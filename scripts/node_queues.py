@@ -11,8 +11,9 @@ repository: nothing fetched is committed), then for each library, on an empty da
    library's own timeout has passed (pg-boss: the queue's expireInSeconds, 4 s here;
    graphile-worker: its 4-hour lock timeout, which the script passes by moving the job's
    locked_at back 4 hours: the library hard-codes it);
-4. a second worker's own recovery (pg-boss's supervisor, graphile-worker's resetLockedAt sweep)
-   gives the job back and runs it again: the preset counts nothing left;
+4. a second worker's own recovery (pg-boss's supervisor, which expires jobs in its monitor step:
+   every second here, every 60 s by default; graphile-worker's resetLockedAt sweep) gives the
+   job back and runs it again: the preset counts nothing left;
 5. a job running when the worker gets SIGTERM is finished before it exits (the drain), and
    recorded finished (graphile-worker: with completeJobBatchDelay 0; its default -1 left the
    job locked in every run here: COMPLETE_JOB_BATCH_DELAY=-1 shows it).
@@ -23,8 +24,8 @@ Each step checks the preset's numbers (read_signals) and prints them; exit 0 whe
 library's migrations create, dumped with pg_dump (the tests load these).
 
 Postgres: --database-url (an empty database of yours), else a throwaway server is started.
-Needs node and npm on PATH. tests/db/test_node_presets.py runs this with
-VULTRSCALE_TEST_NODE_QUEUES=1.
+Needs node and npm on PATH. tests/db/test_node_presets.py runs this wherever they are
+(VULTRSCALE_TEST_NODE_QUEUES=0 turns that off).
 
     python scripts/node_queues.py                  # both libraries, a throwaway Postgres
     python scripts/node_queues.py --library pg-boss --database-url postgresql://...
@@ -34,6 +35,7 @@ VULTRSCALE_TEST_NODE_QUEUES=1.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -96,7 +98,12 @@ PGBOSS_JS = r"""
 import { PgBoss } from "pg-boss";
 const [cmd, url, ...rest] = process.argv.slice(2);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const boss = new PgBoss({ connectionString: url, superviseIntervalSeconds: 1 });
+// The supervisor expires jobs in its monitor step, every monitorIntervalSeconds (60 s by default).
+const boss = new PgBoss({
+  connectionString: url,
+  superviseIntervalSeconds: 1,
+  monitorIntervalSeconds: 1,
+});
 boss.on("error", (e) => console.error(e));
 await boss.start();
 if (cmd === "migrate") {
@@ -158,29 +165,39 @@ def say(text: str) -> None:
 
 
 def install(directory: Path) -> None:
-    """npm install the pinned versions into ``directory`` (skipped when they are there)."""
+    """npm install the pinned versions into ``directory`` (skipped when they are there), one
+    process at a time: the tests run the two libraries at once, each by a process of this."""
     directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # let go when the file closes
+        _install(directory)
+
+
+def _install(directory: Path) -> None:
     wanted = {name: version for name, version in VERSIONS.items()}
     manifest = directory / "package.json"
     current = json.loads(manifest.read_text()) if manifest.exists() else {}
     installed = all(
         (directory / "node_modules" / name / "package.json").exists()
-        and json.loads((directory / "node_modules" / name / "package.json").read_text())[
-            "version"
-        ]
+        and json.loads((directory / "node_modules" / name / "package.json").read_text())["version"]
         == version
         for name, version in wanted.items()
     )
     if current.get("dependencies") != wanted or not installed:
         manifest.write_text(json.dumps({"private": True, "dependencies": wanted}, indent=2))
         say(f"npm install {' '.join(f'{n}@{v}' for n, v in wanted.items())} in {directory}")
-        subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=directory,
-            check=True,
+        done = subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"], cwd=directory
         )
+        if done.returncode != 0:
+            raise SystemExit(
+                f"npm install failed (exit {done.returncode}; is npm's registry reachable?); "
+                "VULTRSCALE_TEST_NODE_QUEUES=0 runs the tests without the live Node workers"
+            )
     for filename, text in PROGRAMS.values():
-        (directory / filename).write_text(text)
+        program = directory / filename
+        if not program.exists() or program.read_text() != text:  # never under a running node
+            program.write_text(text)
 
 
 def node(directory: Path, library: str, *args: str) -> None:
