@@ -42,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -243,8 +244,10 @@ def live(library: str, url: str, directory: Path) -> None:
     from vultrscale.db.signals import read_signals
 
     cfg = QueueConfig(preset=library)
-    log = directory / f"{library}-worker.log"
-    log.write_text("")
+    # A log of this run's own: another run (a test, this script by hand) may share the directory.
+    fd, name = tempfile.mkstemp(prefix=f"{library}-worker-", suffix=".log", dir=directory)
+    os.close(fd)
+    log = Path(name)
 
     def signals() -> Any:
         s = read_signals(url, cfg)
@@ -259,6 +262,7 @@ def live(library: str, url: str, directory: Path) -> None:
             return conn.execute(query).fetchall()  # type: ignore[arg-type]
 
     say(f"{library} {VERSIONS[library]}: migrate, enqueue 4 short jobs and 1 of {LONG_S} s")
+    say(f"  the workers' output: {log} (removed when every step holds)")
     node(directory, library, "migrate", url)
     node(directory, library, "add", url, "0.2", "4")
     node(directory, library, "add", url, str(LONG_S), "1")
@@ -317,6 +321,7 @@ def live(library: str, url: str, directory: Path) -> None:
         s = signals()
         assert (s.ready, s.in_flight, s.expired_leases) == (0, 0, 0), s
     say(f"{library}: every step as the preset reads it")
+    log.unlink()  # kept when a step fails, for its workers' output
 
 
 def dump_schemas(url: str, directory: Path) -> None:
