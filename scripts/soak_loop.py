@@ -70,7 +70,7 @@ from vultrscale import metrics as metrics_mod
 from vultrscale.cli import passlog
 from vultrscale.core.model import HostTarget, ServiceState
 from vultrscale.db import queue, schema, throwaway
-from vultrscale.db.ledger import PgStore
+from vultrscale.db.store import PgStore
 from vultrscale.errors import SSHError
 from vultrscale.reconcile import Parts, PassResult, run_forever
 from vultrscale.ssh import generate_host_key

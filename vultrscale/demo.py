@@ -455,7 +455,7 @@ class _Run:
     def run(self, database_url: str | None) -> Summary:
         from vultrscale import ssh
         from vultrscale.db import pg, schema
-        from vultrscale.db.ledger import PgStore
+        from vultrscale.db.store import PgStore
         from vultrscale.fake_vultr import Simulator, Timings, start_server
         from vultrscale.fake_vultr.hosts import Hosts, LoopbackIps
         from vultrscale.vultr.client import VultrClient

@@ -3,7 +3,7 @@
 The pass (``vultrscale.reconcile``: ``read`` and ``apply``) knows nothing of HTTP, SQL or SSH;
 it talks to these. The ledger is handed the decision's step values (``decision.Adopt``,
 ``decision.Move``), not their fields one by one.
-The adapters are ``vultr.client.VultrClient`` (Cloud), ``db.ledger.PgStore`` (Store: the
+The adapters are ``vultr.client.VultrClient`` (Cloud), ``db.store.PgStore`` (Store: the
 FleetLedger and QueueSignals of one Postgres session), ``ssh.SSHDrain`` (DrainTransport) and
 ``clock.SystemClock`` (Clock). ``vultrscale.memory`` holds in-memory ones for the unit tests
 and the what-if simulator. ``Parts`` bundles one set of them for a pass, with the local checks

@@ -119,7 +119,7 @@ def build_parts(cfg: Config, pace: Any = None) -> Parts:
     client shares with the other fleets' of the process (``vultr.client.shared_pace``); None:
     its own, at ``1/account.scalers`` of the client's rate."""
     from vultrscale.core.clock import PASS_DEADLINE_S, Deadline, SystemClock
-    from vultrscale.db.ledger import PgStore
+    from vultrscale.db.store import PgStore
     from vultrscale.ports import Parts
     from vultrscale.vultr.client import VultrClient, shared_pace
 

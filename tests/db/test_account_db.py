@@ -16,7 +16,7 @@ from vultrscale.core.clock import FakeClock
 from vultrscale.core.limits import Limit
 from vultrscale.core.model import Signals
 from vultrscale.db import account as account_db
-from vultrscale.db.ledger import PgStore
+from vultrscale.db.store import PgStore
 from vultrscale.memory import SNAPSHOT, MemoryCloud, MemoryDrain, host_keys
 from vultrscale.ports import Parts
 from vultrscale.reconcile import PassResult, run_pass

@@ -20,7 +20,7 @@ from vultrscale.core.clock import FakeClock
 from vultrscale.core.forecast import Bucket
 from vultrscale.db import ledger
 from vultrscale.db.history import PgHistory
-from vultrscale.db.ledger import PgStore
+from vultrscale.db.store import PgStore
 from vultrscale.errors import VultrscaleError
 from vultrscale.memory import SNAPSHOT, MemoryCloud, MemoryDrain, MemoryHistory, host_keys
 from vultrscale.ports import Parts

@@ -10,7 +10,7 @@ import pytest
 
 from vultrscale.config import Offering
 from vultrscale.core.model import InstanceState, LedgerRow, PlanPrice
-from vultrscale.db import ledger
+from vultrscale.db import ledger, store
 from vultrscale.rules import budget
 from vultrscale.rules.decision import Adopt, Move
 from vultrscale.rules.offerings import Choice
@@ -224,6 +224,6 @@ def test_the_postgres_and_the_in_memory_ledger_adopt_alike(db_url: str, history:
     from vultrscale.memory import MemoryLedger
 
     with psycopg.connect(db_url, autocommit=True) as conn:
-        pg = ledger.PgLedger(conn, "workers")
+        pg = store.PgLedger(conn, "workers")
         in_pg = _rows_after(pg, history)
     assert in_pg == _rows_after(MemoryLedger("workers"), history)

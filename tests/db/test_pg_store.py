@@ -20,14 +20,13 @@ from vultrscale.core.model import PlanPrice, StoredReads
 from vultrscale.db import pg, queue
 from vultrscale.db import signals as signals_mod
 from vultrscale.db.ledger import (
-    PgLedger,
-    PgStore,
     extend_pass_lock,
     lock_holder,
     lock_key,
     take_pass_lock,
     try_lock,
 )
+from vultrscale.db.store import PgLedger, PgStore
 from vultrscale.errors import DatabaseError, PassStuck
 from vultrscale.rules.offerings import Choice
 from vultrscale.ssh import fan_out_bound_s

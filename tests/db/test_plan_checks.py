@@ -11,7 +11,7 @@ import psycopg
 from vultrscale.config import Config
 from vultrscale.core.model import OfferingMark, PlanPrice
 from vultrscale.db import plan_checks
-from vultrscale.db.ledger import PgLedger, PgStore
+from vultrscale.db.store import PgLedger, PgStore
 from vultrscale.rules.offerings import OfferingCheck
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)

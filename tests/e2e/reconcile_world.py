@@ -20,7 +20,7 @@ from vultrscale import config as config_mod
 from vultrscale.core.clock import FakeClock
 from vultrscale.core.model import HostTarget, ServiceState
 from vultrscale.db import queue
-from vultrscale.db.ledger import PgStore
+from vultrscale.db.store import PgStore
 from vultrscale.errors import SSHError
 from vultrscale.fake_vultr.app import Simulator, Timings
 from vultrscale.fake_vultr.server import ServerHandle, start_server

@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.cli_world import scaler_key, simulator_with_snapshot
 from vultrscale import cloudinit
 from vultrscale.cli import main
-from vultrscale.db import ledger, queue
+from vultrscale.db import ledger, queue, store
 from vultrscale.errors import RuntimeFailure
 from vultrscale.fake_vultr.app import Simulator
 from vultrscale.fake_vultr.server import ServerHandle
@@ -426,15 +426,15 @@ def test_a_loop_runs_pass_after_pass_on_one_postgres_backend(
     from vultrscale import reconcile
 
     pids: list[int] = []
-    lock = ledger.PgLedger.lock
+    lock = store.PgLedger.lock
 
-    def lock_and_note_backend(self: ledger.PgLedger) -> bool:
+    def lock_and_note_backend(self: store.PgLedger) -> bool:
         row = self.conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
         pids.append(int(row[0]))
         return lock(self)
 
-    monkeypatch.setattr(ledger.PgLedger, "lock", lock_and_note_backend)
+    monkeypatch.setattr(store.PgLedger, "lock", lock_and_note_backend)
     monkeypatch.setattr(reconcile, "_wait", lambda clock, stop, seconds: None)  # no interval
     monkeypatch.setattr(
         reconcile, "run_forever", functools.partial(reconcile.run_forever, max_passes=3)
