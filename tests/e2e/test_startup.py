@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "vultrscale.cli.image",
     "vultrscale.cli.queue",
     "vultrscale.cli.local",
+    "vultrscale.cli.simulate",
     "vultrscale.cli.views",
     "vultrscale.config",
     "logging",

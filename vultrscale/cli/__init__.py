@@ -59,7 +59,7 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("sim", "vultrscale.cli.local", "The Vultr API simulator."),
     Entry(
         "simulate",
-        "vultrscale.cli.local",
+        "vultrscale.cli.simulate",
         "Replay a workload through the real pass; compare policies and tune.",
     ),
     Entry("config", "vultrscale.cli.local", "Check the configuration."),
