@@ -11,6 +11,7 @@ import typer
 from vultrscale import params
 from vultrscale.cli._common import JsonFlag, examples, group, print_json, shown
 from vultrscale.errors import UsageError
+from vultrscale.replay.workload import DEFAULT_JOBS_PER_DAY, PER_WEEKDAY, SHAPES
 
 app = group()
 
@@ -35,7 +36,7 @@ def simulate_cmd(
             "--workload",
             metavar="SHAPE|PATH.csv",
             help=shown(
-                "bursty-day, steady, spiky, or a CSV of arrival_seconds,duration_seconds.",
+                f"{', '.join(SHAPES)}, or a CSV of arrival_seconds,duration_seconds.",
                 "bursty-day",
             ),
             show_default=False,
@@ -43,7 +44,7 @@ def simulate_cmd(
     ] = None,
     from_db: Annotated[
         bool,
-        typer.Option("--from-db", help="Replay the built-in queue's own history (DATABASE_URL)."),
+        typer.Option("--from-db", help="Replay the queue's own history (DATABASE_URL)."),
     ] = False,
     since: Annotated[
         str | None,
@@ -69,7 +70,9 @@ def simulate_cmd(
             "--jobs-per-day",
             parser=params.count_or_zero(params.MAX_JOBS_PER_DAY),
             metavar="N",
-            help="Volume of a built-in shape (bursty-day 600 per weekday, steady 2000, spiky 400).",
+            help="Volume of a built-in shape (default: "
+            + ", ".join(f"{name} {n}" for name, n in DEFAULT_JOBS_PER_DAY.items())
+            + f"; {' and '.join(PER_WEEKDAY)} per weekday).",
         ),
     ] = None,
     policies: Annotated[
@@ -138,8 +141,8 @@ def simulate_cmd(
     # Flags the chosen workload would ignore are refused, not dropped in silence.
     if from_db and workload is not None:
         raise UsageError(
-            "--workload and --from-db name two workloads: --from-db replays the built-in "
-            "queue's own history",
+            "--workload and --from-db name two workloads: --from-db replays the queue's own "
+            "history",
             hint="Drop --workload to replay the history, or --from-db to replay the shape.",
         )
     if since is not None and not from_db:

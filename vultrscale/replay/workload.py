@@ -46,6 +46,8 @@ DEFAULT_JOBS_PER_DAY = {
     "long-jobs": 80,
     "mixed": 1_200,
 }
+# The shapes whose volume counts weekdays only (their weekends are quieter).
+PER_WEEKDAY = ("bursty-day", "office")
 # What each shape is, in one line (`simulate --help`, the workload suite's table).
 SHAPE_NOTES = {
     "bursty-day": "four office bursts a weekday (09:00, 11:30, 14:00, 16:30) and a trickle",
@@ -250,7 +252,7 @@ def shape(name: str, *, days: int, seed: int, jobs_per_day: int | None = None) -
                 jobs += [job(at + rng.uniform(0.0, 300.0)) for _ in range(round(per_day * 0.7 / 6))]
     span = days * DAY
     jobs = [(a, d) for a, d in jobs if 0.0 <= a < span]
-    per = "weekday" if name in ("bursty-day", "office") else "day"
+    per = "weekday" if name in PER_WEEKDAY else "day"
     note = f"{name}, {days} day(s), {per_day} jobs per {per}, seed {seed}"
     return from_jobs(name, jobs, span=span, note=note)
 
